@@ -1,0 +1,86 @@
+"""Stage: CDL codes -> L3 ids on an embedding raster's grid (nearest resampling, windowed).
+
+Output ``results/labels/{source}/{region}.tif``: (H, W) uint8, 255 = ignore, georeferenced
+exactly like the embedding raster (profile copied, either orientation). A sidecar JSON counts
+the pixels sent to ignore, per reason and per unmapped CDL code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import rasterio
+from rasterio.enums import Resampling
+from rasterio.warp import reproject
+from rasterio.windows import Window
+
+from emb.classes import IGNORE, ClassMap, load_class_map
+from emb.io import atomic_path
+from emb.rasters import nodata_mask
+
+
+def _windows(height: int, width: int, block: int):
+    for row in range(0, height, block):
+        for col in range(0, width, block):
+            yield Window(col, row, min(block, width - col), min(block, height - row))
+
+
+def align_labels(
+    emb_path: Path, cdl_path: Path, cmap: ClassMap, out_path: Path, block: int = 512
+) -> dict:
+    """Write the L3 label raster; peak memory is bounded by ``block`` (pixels per side)."""
+    counts: Counter[str] = Counter()
+    codes: Counter[int] = Counter()
+    with rasterio.open(emb_path) as emb, rasterio.open(cdl_path) as cdl:
+        profile = emb.profile.copy()
+        profile.update(count=1, dtype="uint8", nodata=IGNORE, compress="deflate")
+        if emb.height >= 16 and emb.width >= 16:
+            profile.update(tiled=True, blockxsize=256, blockysize=256)
+        cdl_band = rasterio.band(cdl, 1)
+        with atomic_path(out_path) as tmp, rasterio.open(tmp, "w", **profile) as dst:
+            for win in _windows(emb.height, emb.width, block):
+                codes_win = np.zeros((win.height, win.width), np.uint8)
+                reproject(
+                    source=cdl_band,
+                    destination=codes_win,
+                    dst_transform=emb.window_transform(win),
+                    dst_crs=emb.crs,
+                    dst_nodata=0,
+                    resampling=Resampling.nearest,
+                )
+                l3 = cmap.cdl_to_l3[codes_win]
+                missing = nodata_mask(emb.read(window=win), emb.nodata)
+                unmapped = (l3 == IGNORE) & ~missing
+                counts["emb_nodata"] += int(missing.sum())
+                counts["cdl_background"] += int((unmapped & (codes_win == 0)).sum())
+                counts["cdl_unmapped"] += int((unmapped & (codes_win != 0)).sum())
+                values, n = np.unique(codes_win[unmapped & (codes_win != 0)], return_counts=True)
+                codes.update(dict(zip(values.tolist(), n.tolist(), strict=True)))
+                l3[missing] = IGNORE
+                counts["labelled"] += int((l3 != IGNORE).sum())
+                dst.write(l3, 1, window=win)
+        counts["pixels"] = emb.height * emb.width
+    return {"counts": dict(counts), "unmapped_codes": {str(k): v for k, v in sorted(codes.items())}}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--emb", type=Path, required=True, help="embedding raster")
+    parser.add_argument("--cdl", type=Path, required=True, help="CDL raster")
+    parser.add_argument("--classes", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True, help="label GeoTIFF")
+    parser.add_argument("--report", type=Path, required=True, help="sidecar JSON")
+    parser.add_argument("--block", type=int, default=512)
+    args = parser.parse_args(argv)
+    report = align_labels(args.emb, args.cdl, load_class_map(args.classes), args.out, args.block)
+    report.update(emb=str(args.emb), cdl=str(args.cdl))
+    args.report.write_text(json.dumps(report, indent=2))
+    print(json.dumps(report["counts"]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,71 @@
+"""Stage: merge the per-region shard indexes of one source into ``manifest.json``.
+
+The manifest is what the loader, the statistics and the trainer read: per split the shard
+list, sample count, labelled pixels and the L3 class histogram; for the source its ``in_dim``,
+tile size and dtype.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+from emb.io import write_json
+from emb.tiles import SPLITS
+
+
+class ManifestError(ValueError):
+    """Region indexes that cannot form one manifest."""
+
+
+def merge_indexes(indexes: list[dict], paths: list[Path]) -> dict:
+    """One manifest from region indexes of the same source (checked to agree)."""
+    first = indexes[0]
+    for key in ("source", "in_dim", "tile_size", "dtype"):
+        for idx, path in zip(indexes, paths, strict=True):
+            if idx[key] != first[key]:
+                raise ManifestError(f"{path}: {key} is {idx[key]!r}, {paths[0]} has {first[key]!r}")
+    manifest = {key: first[key] for key in ("source", "in_dim", "tile_size", "dtype")}
+    manifest["regions"] = [idx["region"] for idx in indexes]
+    dropped: Counter[str] = Counter()
+    for idx in indexes:
+        dropped.update(idx["dropped"])
+    manifest["dropped"] = dict(dropped)
+    manifest["splits"] = {}
+    for split in SPLITS:
+        parts = [idx["splits"][split] for idx in indexes]
+        shards = [s for p in parts for s in p["shards"]]
+        n = sum(p["samples"] for p in parts)
+        manifest["splits"][split] = {
+            "shards": [s["path"] for s in shards],
+            "shard_samples": [s["samples"] for s in shards],
+            "samples": n,
+            "labelled_pixels": sum(p["labelled_pixels"] for p in parts),
+            "class_hist": np.sum([p["class_hist"] for p in parts], axis=0).tolist(),
+            "bytes_per_sample": sum(s["bytes"] for s in shards) / n if n else 0,
+        }
+    return manifest
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("indexes", type=Path, nargs="+", help="region index JSON files")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    manifest = merge_indexes([json.loads(p.read_text()) for p in args.indexes], args.indexes)
+    for split in ("train", "val", "test"):
+        if manifest["splits"][split]["samples"] == 0:
+            raise SystemExit(
+                f"error: split {split!r} of {manifest['source']} has no tiles "
+                f"(dropped: {manifest['dropped']}); lower tiles.min_valid or change the split"
+            )
+    write_json(args.out, manifest)
+    print({s: v["samples"] for s, v in manifest["splits"].items()})
+
+
+if __name__ == "__main__":
+    main()

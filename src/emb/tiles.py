@@ -1,0 +1,157 @@
+"""Tiles (fixed-size windows) and their spatial train/val/test split.
+
+Splits are assigned per square block of ``block_m`` metres in map coordinates: the blocks under
+a raster's tiles are ordered by a seeded per-block draw (independent of the grid) and cut at
+the configured fractions, so the fractions hold exactly and sources of one region on similar
+extents get (nearly) the same split map. A tile whose footprint touches blocks of different
+splits is dropped: no tile straddles splits.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+from affine import Affine
+from rasterio.windows import Window
+
+from emb.classes import IGNORE
+
+SPLITS = ("train", "val", "test")
+
+
+class TilingError(ValueError):
+    """A tiling request that cannot give any tile."""
+
+
+@dataclass(frozen=True)
+class TileSpec:
+    size: int = 64
+    stride: int | None = None  # None: equal to size (no overlap)
+    min_valid: float = 0.25  # minimum fraction of labelled pixels
+
+
+@dataclass(frozen=True)
+class SplitSpec:
+    block_m: float = 1280.0
+    fractions: dict[str, float] = field(
+        default_factory=lambda: {"train": 0.7, "val": 0.15, "test": 0.15}
+    )
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Tile:
+    row: int
+    col: int
+    size: int
+    split: str
+    labelled: int
+
+    @property
+    def window(self) -> Window:
+        return Window(self.col, self.row, self.size, self.size)
+
+
+def tile_windows(
+    height: int, width: int, spec: TileSpec, offset: tuple[int, int] = (0, 0)
+) -> list[Window]:
+    """Row-major windows of ``spec.size`` at ``spec.stride`` from pixel ``offset`` (row, col)
+    that lie inside the raster."""
+    if spec.size > height or spec.size > width:
+        raise TilingError(f"tile_size {spec.size} is larger than the raster ({height}x{width})")
+    stride = spec.stride or spec.size
+    return [
+        Window(col, row, spec.size, spec.size)
+        for row in range(offset[0], height - spec.size + 1, stride)
+        for col in range(offset[1], width - spec.size + 1, stride)
+    ]
+
+
+def block_aligned_offset(transform: Affine, stride: int, block_m: float) -> tuple[int, int]:
+    """(row, col) of the first tile origin that falls on a block edge, so tiles tessellate the
+    blocks instead of straddling them (exact when the block is a multiple of the stride)."""
+    col = round((math.ceil(transform.c / block_m) * block_m - transform.c) / transform.a)
+    row = round((math.ceil(transform.f / block_m) * block_m - transform.f) / transform.e)
+    return row % stride, col % stride
+
+
+def block_draw(region: str, bx: int, by: int, spec: SplitSpec) -> float:
+    """A seeded uniform number per block, independent of any raster grid."""
+    key = [spec.seed, zlib.crc32(region.encode()), bx & 0xFFFFFFFF, by & 0xFFFFFFFF]
+    return float(np.random.default_rng(key).random())
+
+
+def blocks_of(window: Window, transform: Affine, block_m: float) -> list[tuple[int, int]]:
+    """Indices (bx, by) of every block holding a pixel centre of the window."""
+    corners = [
+        transform * (window.col_off + dc, window.row_off + dr)
+        for dr in (0.5, window.height - 0.5)
+        for dc in (0.5, window.width - 0.5)
+    ]
+    xs, ys = zip(*corners, strict=True)
+    bxs = range(math.floor(min(xs) / block_m), math.floor(max(xs) / block_m) + 1)
+    bys = range(math.floor(min(ys) / block_m), math.floor(max(ys) / block_m) + 1)
+    return [(bx, by) for bx in bxs for by in bys]
+
+
+def assign_blocks(region: str, blocks: list[tuple[int, int]], spec: SplitSpec) -> dict:
+    """Blocks -> split with exact fractions (largest remainder, every asked-for split >= 1
+    block when there are enough), in the order of each block's seeded draw."""
+    blocks = sorted(set(blocks), key=lambda b: block_draw(region, *b, spec))
+    weights = np.array([spec.fractions.get(s, 0.0) for s in SPLITS], float)
+    exact = weights / weights.sum() * len(blocks)
+    counts = np.floor(exact).astype(int)
+    for i in np.argsort(-(exact - counts), kind="stable")[: len(blocks) - counts.sum()]:
+        counts[i] += 1
+    for i in np.flatnonzero((weights > 0) & (counts == 0)):
+        donor = int(np.argmax(counts))
+        if counts[donor] > 1:
+            counts[donor] -= 1
+            counts[i] += 1
+    names = [s for s, n in zip(SPLITS, counts, strict=True) for _ in range(n)]
+    return dict(zip(blocks, names, strict=True))
+
+
+def window_split(window: Window, transform: Affine, splits: dict, spec: SplitSpec) -> str | None:
+    """The split of the blocks under ``window``, or None when they disagree."""
+    found = {splits[b] for b in blocks_of(window, transform, spec.block_m)}
+    return found.pop() if len(found) == 1 else None
+
+
+def plan_tiles(
+    labels: np.ndarray,
+    transform: Affine,
+    region: str,
+    tile_spec: TileSpec,
+    split_spec: SplitSpec,
+    fixed_split: str | None = None,
+) -> tuple[list[Tile], Counter[str]]:
+    """Kept tiles of an (H, W) uint8 label raster, and the count of dropped tiles per reason.
+
+    ``fixed_split`` puts the whole region in one split (``regions.tsv`` column ``split``).
+    """
+    kept: list[Tile] = []
+    dropped: Counter[str] = Counter()
+    stride = tile_spec.stride or tile_spec.size
+    offset = (0, 0) if fixed_split else block_aligned_offset(transform, stride, split_spec.block_m)
+    windows = tile_windows(*labels.shape, tile_spec, offset)
+    blocks = [b for win in windows for b in blocks_of(win, transform, split_spec.block_m)]
+    splits = assign_blocks(region, blocks, split_spec)
+    for win in windows:
+        patch = labels[
+            win.row_off : win.row_off + win.height, win.col_off : win.col_off + win.width
+        ]
+        labelled = int((patch != IGNORE).sum())
+        if labelled < tile_spec.min_valid * patch.size:
+            dropped["too_little_valid"] += 1
+            continue
+        split = fixed_split or window_split(win, transform, splits, split_spec)
+        if split is None:
+            dropped["straddles_splits"] += 1
+            continue
+        kept.append(Tile(win.row_off, win.col_off, tile_spec.size, split, labelled))
+    return kept, dropped

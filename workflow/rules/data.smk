@@ -1,0 +1,65 @@
+rule align_labels:
+    input:
+        emb=get_emb,
+        cdl=get_cdl,
+        classes=config["classes"],
+    output:
+        labels="results/labels/{source}/{region}.tif",
+        report="results/labels/{source}/{region}.json",
+    log:
+        "logs/align_labels/{source}/{region}.log",
+    benchmark:
+        "benchmarks/align_labels/{source}/{region}.tsv"
+    threads: 1
+    resources:
+        mem_mb=4000,
+        runtime=60,
+    shell:
+        "python -m emb.align_labels --emb {input.emb} --cdl {input.cdl} --classes {input.classes}"
+        " --out {output.labels} --report {output.report} > {log} 2>&1"
+
+
+rule shards:
+    input:
+        emb=get_emb,
+        labels="results/labels/{source}/{region}.tif",
+    output:
+        index="results/shards/{source}/{region}/index.json",
+    log:
+        "logs/shards/{source}/{region}.log",
+    benchmark:
+        "benchmarks/shards/{source}/{region}.tsv"
+    params:
+        split=get_split,
+        tiles=config["tiles"],
+        splits=config["splits"],
+        shards=config["shards"],
+    threads: 1
+    resources:
+        mem_mb=4000,
+        runtime=120,
+    shell:
+        "python -m emb.shards --source {wildcards.source} --region {wildcards.region}"
+        " --emb {input.emb} --labels {input.labels} --index {output.index}"
+        " --tile-size {params.tiles[size]} --stride {params.tiles[stride]}"
+        " --min-valid {params.tiles[min_valid]} --block-m {params.splits[block_m]}"
+        " --fractions {params.splits[fractions]} --seed {params.splits[seed]}"
+        " --split {params.split} --max-samples {params.shards[max_samples]}"
+        " --max-bytes {params.shards[max_bytes]} > {log} 2>&1"
+
+
+rule manifest:
+    input:
+        get_region_indexes,
+    output:
+        "results/shards/{source}/manifest.json",
+    log:
+        "logs/manifest/{source}.log",
+    benchmark:
+        "benchmarks/manifest/{source}.tsv"
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=10,
+    shell:
+        "python -m emb.manifest {input} --out {output} > {log} 2>&1"

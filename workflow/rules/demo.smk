@@ -1,0 +1,23 @@
+rule demo_region:
+    input:
+        classes=config["classes"],
+    output:
+        aef="resources/demo/{region}/aef.tif",
+        tessera="resources/demo/{region}/tessera.tif",
+        cdl="resources/demo/{region}/cdl.tif",
+    log:
+        "logs/demo_region/{region}.log",
+    benchmark:
+        "benchmarks/demo_region/{region}.tsv"
+    wildcard_constraints:
+        region="|".join(DEMO_NAMES),
+    params:
+        size=config["demo"]["size"],
+        seed=config["demo"]["seed"],
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=10,
+    shell:
+        "python -m emb.demo --region {wildcards.region} --size {params.size} --seed {params.seed}"
+        " --classes {input.classes} --out-dir resources/demo/{wildcards.region} > {log} 2>&1"

@@ -1,0 +1,21 @@
+rule channel_stats:
+    input:
+        manifest="results/shards/{source}/manifest.json",
+    output:
+        mean="results/stats/{source}/channel_mean.npy",
+        std="results/stats/{source}/channel_std.npy",
+        record="results/stats/{source}/stats.json",
+    log:
+        "logs/channel_stats/{source}.log",
+    benchmark:
+        "benchmarks/channel_stats/{source}.tsv"
+    params:
+        n_tiles=config["stats"]["n_tiles"],
+        seed=config["stats"]["seed"],
+    threads: 1
+    resources:
+        mem_mb=4000,
+        runtime=60,
+    shell:
+        "python -m emb.channel_stats --manifest {input.manifest} --n-tiles {params.n_tiles}"
+        " --seed {params.seed} --out-dir results/stats/{wildcards.source} > {log} 2>&1"
