@@ -1,6 +1,5 @@
 """emb: satellite embeddings + CDL labels -> trained crop-type segmentation models."""
 
-
 from snakemake.utils import min_version
 
 min_version("8.20")

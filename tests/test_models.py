@@ -43,7 +43,7 @@ def test_gradients_reach_every_parameter(arch: str) -> None:
     for name, p in model.named_parameters():
         assert p.grad is not None, name
         assert torch.isfinite(p.grad).all(), name
-    assert model.stem.parameters().__next__().grad.abs().sum() > 0
+    assert next(model.stem.parameters()).grad.abs().sum() > 0
     for key in SHAPES:
         assert model.heads.heads[key].weight.grad.abs().sum() > 0, key
 

@@ -93,7 +93,7 @@ class Scene:
 
 def _pixel_centres(transform: Affine, height: int, width: int) -> tuple[np.ndarray, np.ndarray]:
     cols, rows = np.meshgrid(np.arange(width) + 0.5, np.arange(height) + 0.5)
-    return transform * (cols, rows)
+    return transform @ (cols, rows)
 
 
 def _prototypes(rng: np.random.Generator, keys: list[int], dim: int) -> dict[int, np.ndarray]:

@@ -88,7 +88,7 @@ def block_draw(region: str, bx: int, by: int, spec: SplitSpec) -> float:
 def blocks_of(window: Window, transform: Affine, block_m: float) -> list[tuple[int, int]]:
     """Indices (bx, by) of every block holding a pixel centre of the window."""
     corners = [
-        transform * (window.col_off + dc, window.row_off + dr)
+        transform @ (window.col_off + dc, window.row_off + dr)
         for dr in (0.5, window.height - 0.5)
         for dc in (0.5, window.width - 0.5)
     ]

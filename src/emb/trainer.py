@@ -94,6 +94,7 @@ class Trainer:
                 self.log(f"step {self.step} loss {float(loss):.4f} lr {lr:.2e}")
             tick = time.perf_counter()
         seconds = time.perf_counter() - start
+        self.average_buffers()
         out = {
             f"train_{k}" if k == "loss" else f"train_loss_{k}": v / max(n, 1)
             for k, v in sums.items()
@@ -104,6 +105,18 @@ class Trainer:
             data_wait=wait / max(seconds, 1e-9),
         )
         return out
+
+    @torch.no_grad()
+    def average_buffers(self) -> None:
+        """Average float buffers (BatchNorm running stats) over ranks: each rank updated them
+        on its own batches, and validation and checkpoints must see one model."""
+        if not (dist.is_available() and dist.is_initialized()):
+            return
+        world = dist.get_world_size()
+        for buffer in unwrap(self.model).buffers():
+            if buffer.is_floating_point():
+                dist.all_reduce(buffer)
+                buffer /= world
 
     @torch.no_grad()
     def validate(self, batches: Iterable) -> dict[str, float]:

@@ -8,7 +8,6 @@ from emb.config import ConfigError, resolve
 from emb.demo import DEMO_REGIONS
 from emb.regions import RegionsError, check_regions, read_regions
 
-
 validate(config, "../schemas/config.schema.yaml")
 
 REGIONS = read_regions(config["regions"])
@@ -25,7 +24,7 @@ except RegionsError as err:
     raise WorkflowError(str(err)) from None
 
 RUNS = config["runs"]
-TRAIN_SCHEMA = Path(workflow.basedir) / "workflow/schemas/train.schema.yaml"
+TRAIN_SCHEMA = str(Path(workflow.basedir) / "workflow/schemas/train.schema.yaml")
 
 
 def train_config_files(run):
@@ -38,7 +37,7 @@ def train_config_files(run):
 
 def resolved_train_config(run):
     try:
-        return resolve([Path(f) for f in train_config_files(run)], [], TRAIN_SCHEMA)
+        return resolve([Path(f) for f in train_config_files(run)], [], Path(TRAIN_SCHEMA))
     except (ConfigError, FileNotFoundError, WorkflowError) as err:
         raise WorkflowError(f"train config of run {run!r}: {err}") from None
 

@@ -10,6 +10,8 @@ rule align_labels:
         "logs/align_labels/{source}/{region}.log",
     benchmark:
         "benchmarks/align_labels/{source}/{region}.tsv"
+    conda:
+        "../../envs/emb.yaml"
     threads: 1
     resources:
         mem_mb=4000,
@@ -29,15 +31,17 @@ rule shards:
         "logs/shards/{source}/{region}.log",
     benchmark:
         "benchmarks/shards/{source}/{region}.tsv"
+    conda:
+        "../../envs/emb.yaml"
+    threads: 1
+    resources:
+        mem_mb=4000,
+        runtime=120,
     params:
         split=get_split,
         tiles=config["tiles"],
         splits=config["splits"],
         shards=config["shards"],
-    threads: 1
-    resources:
-        mem_mb=4000,
-        runtime=120,
     shell:
         "python -m emb.shards --source {wildcards.source} --region {wildcards.region}"
         " --emb {input.emb} --labels {input.labels} --index {output.index}"
@@ -57,6 +61,8 @@ rule manifest:
         "logs/manifest/{source}.log",
     benchmark:
         "benchmarks/manifest/{source}.tsv"
+    conda:
+        "../../envs/emb.yaml"
     threads: 1
     resources:
         mem_mb=1000,

@@ -11,13 +11,15 @@ rule demo_region:
         "benchmarks/demo_region/{region}.tsv"
     wildcard_constraints:
         region="|".join(DEMO_NAMES),
-    params:
-        size=config["demo"]["size"],
-        seed=config["demo"]["seed"],
+    conda:
+        "../../envs/emb.yaml"
     threads: 1
     resources:
         mem_mb=2000,
         runtime=10,
+    params:
+        size=config["demo"]["size"],
+        seed=config["demo"]["seed"],
     shell:
         "python -m emb.demo --region {wildcards.region} --size {params.size} --seed {params.seed}"
         " --classes {input.classes} --out-dir resources/demo/{wildcards.region} > {log} 2>&1"

@@ -11,12 +11,14 @@ rule summary:
         "logs/summary.log",
     benchmark:
         "benchmarks/summary.tsv"
-    params:
-        runs=RUNS,
+    conda:
+        "../../envs/emb.yaml"
     threads: 1
     resources:
         mem_mb=500,
         runtime=5,
+    params:
+        runs=RUNS,
     shell:
         "python -m emb.summary --runs {params.runs} --metrics {input.metrics}"
         " --out {output} > {log} 2>&1"

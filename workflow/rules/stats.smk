@@ -9,13 +9,15 @@ rule channel_stats:
         "logs/channel_stats/{source}.log",
     benchmark:
         "benchmarks/channel_stats/{source}.tsv"
-    params:
-        n_tiles=config["stats"]["n_tiles"],
-        seed=config["stats"]["seed"],
+    conda:
+        "../../envs/emb.yaml"
     threads: 1
     resources:
         mem_mb=4000,
         runtime=60,
+    params:
+        n_tiles=config["stats"]["n_tiles"],
+        seed=config["stats"]["seed"],
     shell:
         "python -m emb.channel_stats --manifest {input.manifest} --n-tiles {params.n_tiles}"
         " --seed {params.seed} --out-dir results/stats/{wildcards.source} > {log} 2>&1"

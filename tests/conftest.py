@@ -1,0 +1,76 @@
+"""Shared fixtures: a tiny demo (two regions, both sources) built by the real stage code."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from emb.align_labels import align_labels
+from emb.classes import ClassMap, load_class_map
+from emb.demo import DEMO_REGIONS, write_region
+from emb.manifest import merge_indexes
+from emb.shards import build_region
+from emb.tiles import SplitSpec, TileSpec
+
+REPO = Path(__file__).resolve().parents[1]
+CLASSES_CSV = REPO / "config" / "classes.csv"
+TINY = {"size": 128, "tile": 32, "block_m": 320.0, "max_samples": 6}
+
+
+def venv_env() -> dict[str, str]:
+    """The environment for subprocesses: this interpreter's bin first on PATH."""
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+@dataclass(frozen=True)
+class TinyDemo:
+    root: Path
+    rasters: dict[str, dict[str, Path]]  # region -> {"aef", "tessera", "cdl"} paths
+    labels: dict[tuple[str, str], Path]  # (source, region) -> label GeoTIFF
+    manifests: dict[str, Path]  # source -> manifest.json
+
+    def manifest(self, source: str) -> dict:
+        return json.loads(self.manifests[source].read_text())
+
+
+@pytest.fixture(scope="session")
+def class_map() -> ClassMap:
+    return load_class_map(CLASSES_CSV)
+
+
+@pytest.fixture(scope="session")
+def tiny_demo(tmp_path_factory: pytest.TempPathFactory, class_map: ClassMap) -> TinyDemo:
+    """Demo rasters -> labels -> shards -> manifests, 128 px regions, 32 px tiles."""
+    root = tmp_path_factory.mktemp("tiny_demo")
+    rasters, labels, manifests = {}, {}, {}
+    for region in DEMO_REGIONS:
+        rasters[region.name] = write_region(
+            region, TINY["size"], root / "demo" / region.name, CLASSES_CSV, seed=7
+        )
+    for source in ("aef", "tessera"):
+        indexes, paths = [], []
+        for name, files in rasters.items():
+            label = root / "labels" / source / f"{name}.tif"
+            align_labels(files[source], files["cdl"], class_map, label)
+            labels[(source, name)] = label
+            out_dir = root / "shards" / source / name
+            indexes.append(
+                build_region(
+                    source, name, files[source], label, out_dir,
+                    TileSpec(TINY["tile"]), SplitSpec(TINY["block_m"]),
+                    max_samples=TINY["max_samples"],
+                )
+            )  # fmt: skip
+            paths.append(out_dir / "index.json")
+        manifest = root / "shards" / source / "manifest.json"
+        manifest.write_text(json.dumps(merge_indexes(indexes, paths)))
+        manifests[source] = manifest
+    return TinyDemo(root, rasters, labels, manifests)
