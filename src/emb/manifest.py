@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -51,10 +52,23 @@ def merge_indexes(indexes: list[dict], paths: list[Path]) -> dict:
     return manifest
 
 
+def shard_count_warnings(manifest: dict, ranks: int, workers: int) -> list[str]:
+    """Splits with fewer shards than ranks x workers: some reader would idle or repeat."""
+    readers = ranks * max(workers, 1)
+    return [
+        f"{manifest['source']} split {split!r} has {len(part['shards'])} shards for {ranks} "
+        f"ranks x {max(workers, 1)} workers = {readers} readers; lower shards.max_samples"
+        for split, part in manifest["splits"].items()
+        if len(part["shards"]) < readers
+    ]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("indexes", type=Path, nargs="+", help="region index JSON files")
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--ranks", type=int, default=1, help="training processes (all nodes)")
+    parser.add_argument("--workers", type=int, default=0, help="loader workers per process")
     args = parser.parse_args(argv)
     manifest = merge_indexes([json.loads(p.read_text()) for p in args.indexes], args.indexes)
     for split in ("train", "val", "test"):
@@ -63,6 +77,9 @@ def main(argv: list[str] | None = None) -> None:
                 f"error: split {split!r} of {manifest['source']} has no tiles "
                 f"(dropped: {manifest['dropped']}); lower tiles.min_valid or change the split"
             )
+    manifest["warnings"] = shard_count_warnings(manifest, args.ranks, args.workers)
+    for warning in manifest["warnings"]:
+        print(f"warning: {warning}", file=sys.stderr)
     write_json(args.out, manifest)
     print({s: v["samples"] for s, v in manifest["splits"].items()})
 

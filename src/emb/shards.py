@@ -147,6 +147,7 @@ def main(argv: list[str] | None = None) -> None:
         metavar=("TRAIN", "VAL", "TEST"),
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--buffer-m", type=float, default=0.0)
     parser.add_argument("--split", default="", help="whole region in one split (regions.tsv)")
     parser.add_argument("--max-samples", type=int, default=256)
     parser.add_argument("--max-bytes", type=int, default=1 << 30)
@@ -159,7 +160,9 @@ def main(argv: list[str] | None = None) -> None:
         args.labels,
         args.index.parent,
         TileSpec(args.tile_size, args.stride, args.min_valid),
-        SplitSpec(args.block_m, dict(zip(SPLITS, args.fractions, strict=True)), args.seed),
+        SplitSpec(
+            args.block_m, dict(zip(SPLITS, args.fractions, strict=True)), args.seed, args.buffer_m
+        ),
         fixed,
         args.max_samples,
         args.max_bytes,

@@ -41,6 +41,7 @@ class SplitSpec:
         default_factory=lambda: {"train": 0.7, "val": 0.15, "test": 0.15}
     )
     seed: int = 0
+    buffer_m: float = 0.0  # drop tiles within this distance of a block of another split
 
 
 @dataclass(frozen=True)
@@ -122,6 +123,16 @@ def window_split(window: Window, transform: Affine, splits: dict, spec: SplitSpe
     return found.pop() if len(found) == 1 else None
 
 
+def _near_other_split(
+    window: Window, transform: Affine, splits: dict, spec: SplitSpec, split: str
+) -> bool:
+    """Whether the window grown by ``spec.buffer_m`` reaches a block of another split."""
+    pad = math.ceil(spec.buffer_m / abs(transform.a))
+    grown = Window(window.col_off - pad, window.row_off - pad,
+                   window.width + 2 * pad, window.height + 2 * pad)  # fmt: skip
+    return any(splits.get(b, split) != split for b in blocks_of(grown, transform, spec.block_m))
+
+
 def plan_tiles(
     labels: np.ndarray,
     transform: Affine,
@@ -152,6 +163,13 @@ def plan_tiles(
         split = fixed_split or window_split(win, transform, splits, split_spec)
         if split is None:
             dropped["straddles_splits"] += 1
+            continue
+        if (
+            not fixed_split
+            and split_spec.buffer_m > 0
+            and _near_other_split(win, transform, splits, split_spec, split)
+        ):
+            dropped["within_buffer"] += 1
             continue
         kept.append(Tile(win.row_off, win.col_off, tile_spec.size, split, labelled))
     return kept, dropped

@@ -37,12 +37,15 @@ def train_config_files(run):
 
 def resolved_train_config(run):
     try:
-        return resolve([Path(f) for f in train_config_files(run)], [], Path(TRAIN_SCHEMA))
+        return resolve(
+            [Path(f) for f in train_config_files(run)], [], Path(TRAIN_SCHEMA)
+        )
     except (ConfigError, FileNotFoundError, WorkflowError) as err:
         raise WorkflowError(f"train config of run {run!r}: {err}") from None
 
 
-RUN_SOURCE = {run: resolved_train_config(run)["data"]["source"] for run in RUNS}
+RUN_CONFIG = {run: resolved_train_config(run) for run in RUNS}
+RUN_SOURCE = {run: cfg["data"]["source"] for run, cfg in RUN_CONFIG.items()}
 
 
 wildcard_constraints:
@@ -72,6 +75,18 @@ def get_region_indexes(wildcards):
         f"results/shards/{wildcards.source}/{region}/index.json"
         for region in regions_of(wildcards.source)
     ]
+
+
+def loader_workers(wildcards):
+    """The most data-loader workers any run of this source asks for (shard-count warning)."""
+    return max(
+        [
+            c["train"]["num_workers"]
+            for c in RUN_CONFIG.values()
+            if c["data"]["source"] == wildcards.source
+        ],
+        default=0,
+    )
 
 
 def get_run_inputs(wildcards):

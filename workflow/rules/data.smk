@@ -48,6 +48,7 @@ rule shards:
         " --tile-size {params.tiles[size]} --stride {params.tiles[stride]}"
         " --min-valid {params.tiles[min_valid]} --block-m {params.splits[block_m]}"
         " --fractions {params.splits[fractions]} --seed {params.splits[seed]}"
+        " --buffer-m {params.splits[buffer_m]}"
         " --split {params.split} --max-samples {params.shards[max_samples]}"
         " --max-bytes {params.shards[max_bytes]} > {log} 2>&1"
 
@@ -67,5 +68,9 @@ rule manifest:
     resources:
         mem_mb=1000,
         runtime=10,
+    params:
+        ranks=config["train"]["nproc_per_node"],
+        workers=loader_workers,
     shell:
-        "python -m emb.manifest {input} --out {output} > {log} 2>&1"
+        "python -m emb.manifest {input} --out {output} --ranks {params.ranks}"
+        " --workers {params.workers} > {log} 2>&1"

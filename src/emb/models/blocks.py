@@ -73,7 +73,10 @@ class Heads(nn.Module):
     def __init__(self, dim: int, num_classes: tuple[int, int, int]) -> None:
         super().__init__()
         self.heads = nn.ModuleDict(
-            {name: nn.Conv2d(dim, n, kernel_size=1) for name, n in zip(LEVELS, num_classes)}
+            {
+                name: nn.Conv2d(dim, n, kernel_size=1)
+                for name, n in zip(LEVELS, num_classes, strict=True)
+            }
         )
 
     def forward(self, x: torch.Tensor, size: tuple[int, int]) -> dict[str, torch.Tensor]:

@@ -90,7 +90,7 @@ class ResNetEncoder(nn.Module):
         self.stem = Stem(cfg.in_dim, cfg.widths[0])
         rates = drop_path_rates(cfg.depths, cfg.drop_path)
         stages, stride, dilation, c_in = [], 4, 1, cfg.widths[0]
-        for i, (width, stage_rates) in enumerate(zip(cfg.widths, rates)):
+        for i, (width, stage_rates) in enumerate(zip(cfg.widths, rates, strict=True)):
             step = 1
             if i > 0 and stride < OUTPUT_STRIDE:
                 step, stride = 2, stride * 2

@@ -77,18 +77,18 @@ class ConvNeXtEncoder(nn.Module):
         self.stem = Stem(cfg.in_dim, cfg.widths[0])
         rates = drop_path_rates(cfg.depths, cfg.drop_path)
         self.downsamples = nn.ModuleList([nn.Identity()])
-        for c_in, c_out in zip(cfg.widths[:-1], cfg.widths[1:]):
+        for c_in, c_out in zip(cfg.widths[:-1], cfg.widths[1:], strict=True):
             down = nn.Sequential(LayerNorm2d(c_in), nn.Conv2d(c_in, c_out, 2, stride=2))
             self.downsamples.append(down)
         self.stages = nn.ModuleList(
             nn.Sequential(*(ConvNeXtBlock(w, p) for p in stage_rates))
-            for w, stage_rates in zip(cfg.widths, rates)
+            for w, stage_rates in zip(cfg.widths, rates, strict=True)
         )
 
     def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
         x = self.stem(x)
         feats = []
-        for down, stage in zip(self.downsamples, self.stages):
+        for down, stage in zip(self.downsamples, self.stages, strict=True):
             x = stage(down(x))
             feats.append(x)
         return feats
@@ -115,7 +115,7 @@ class MLPDecoder(nn.Module):
         size = feats[0].shape[-2:]
         ups = [
             F.interpolate(p(f), size=size, mode="bilinear", align_corners=False) if i else p(f)
-            for i, (p, f) in enumerate(zip(self.proj, feats))
+            for i, (p, f) in enumerate(zip(self.proj, feats, strict=True))
         ]
         return self.fuse(torch.cat(ups, dim=1))
 
