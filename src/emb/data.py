@@ -1,49 +1,92 @@
-"""Loader: WebDataset shards -> (x, y) batches for training and evaluation.
+"""Loader: WebDataset shards -> compact batches; :class:`Dequantize` makes them model inputs.
 
-``x``: (B, D, T, T) float32, de-quantized (AEF) or de-quantized and normalized (TESSERA),
-nodata pixels 0. ``y``: (B, T, T) int64 L3 ids, 255 = ignore (L2/L1 come from lookup tables
-on the device). Every rank reads a disjoint set of shards; a training epoch is a fixed number
-of batches on every rank, so DDP never waits on a rank that ran out of data.
+Batches stay in the shards' compact dtypes all the way to the device (DESIGN.md section 8):
+``{"emb": (B, D, T, T) int8, "label": (B, T, T) uint8}`` plus ``"scale": (B, T, T) float32``
+for TESSERA. :class:`Dequantize` (an ``nn.Module``, run on the device) turns a batch into
+``x`` (B, D, T, T) float32 (de-quantized, normalized for TESSERA, nodata 0) and ``y``
+(B, T, T) int64 L3 ids, 255 = ignore.
+
+Every rank reads a disjoint set of shards; a training epoch is a fixed number of batches on
+every rank (so DDP never waits on a rank that ran out of data), and its order is a pure
+function of (seed, epoch, rank), so a resumed run can continue an epoch at any batch.
 """
 
 from __future__ import annotations
 
-import io
 import itertools
 import json
 import math
 import random
-from collections.abc import Callable, Iterator
+import tarfile
+import warnings
+from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 import webdataset as wds
+from torch import nn
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from emb.rasters import to_float, valid_pixels
+from emb.rasters import AEF_NODATA
 
 
 class LoaderError(ValueError):
-    """Shards that cannot feed the requested ranks."""
+    """Shards that cannot be read as promised by the manifest."""
+
+
+def decode_npy(data: bytes) -> np.ndarray:
+    """``.npy`` bytes -> array viewing the same memory (no copy; read-only)."""
+    buf = memoryview(data)
+    version = np.lib.format.read_magic(_Reader(buf))
+    reader = _Reader(buf, 8)
+    if version == (1, 0):
+        shape, fortran, dtype = np.lib.format.read_array_header_1_0(reader)
+    else:
+        shape, fortran, dtype = np.lib.format.read_array_header_2_0(reader)
+    if fortran or dtype.hasobject:
+        raise ValueError("only C-ordered, non-object .npy arrays are supported")
+    count = math.prod(shape)
+    return np.frombuffer(buf, dtype=dtype, count=count, offset=reader.pos).reshape(shape)
+
+
+class _Reader:
+    """The minimal file-like object numpy's header readers need, over a memoryview."""
+
+    def __init__(self, buf: memoryview, pos: int = 0) -> None:
+        self.buf, self.pos = buf, pos
+
+    def read(self, n: int) -> bytes:
+        out = bytes(self.buf[self.pos : self.pos + n])
+        self.pos += len(out)
+        return out
 
 
 def decode_sample(sample: dict) -> dict:
-    """Raw WebDataset sample -> arrays (``.npy``) and dicts (``.json``); others dropped."""
-    out: dict = {"__key__": sample["__key__"]}
+    """Raw WebDataset sample -> arrays (``.npy``) and dicts (``.json``), key and url kept."""
+    out: dict = {"__key__": sample["__key__"], "__url__": sample.get("__url__", "")}
     for name, value in sample.items():
         if name.endswith(".npy"):
-            out[name[:-4]] = np.load(io.BytesIO(value), allow_pickle=False)
+            out[name[:-4]] = decode_npy(value)
         elif name.endswith(".json"):
             out[name[:-5]] = json.loads(value)
     return out
 
 
+def _raw_samples(shards: list[str]) -> wds.WebDataset:
+    return wds.WebDataset(shards, shardshuffle=False, nodesplitter=None, empty_check=False)
+
+
 def iter_samples(shards: list[str]) -> Iterator[dict]:
     """Every sample of ``shards`` in order, decoded, in this process."""
-    dataset = wds.WebDataset(shards, shardshuffle=False, nodesplitter=None, empty_check=False)
-    yield from map(decode_sample, dataset)
+    if not shards:
+        return
+    try:
+        yield from map(decode_sample, _raw_samples(shards))
+    except (tarfile.TarError, OSError, ValueError) as err:
+        raise LoaderError(f"{err.args[-1]}: corrupt or truncated shard ({err.args[0]})") from err
 
 
 def shards_for_rank(shards: list[str], rank: int, world: int) -> list[str]:
@@ -52,79 +95,101 @@ def shards_for_rank(shards: list[str], rank: int, world: int) -> list[str]:
 
 
 @dataclass(frozen=True)
-class Normalization:
-    """Per-channel (D,) mean and std applied after de-quantization (TESSERA), or none (AEF)."""
-
-    mean: np.ndarray | None = None
-    std: np.ndarray | None = None
-
-    @classmethod
-    def from_files(cls, mean_path: Path, std_path: Path) -> Normalization:
-        return cls(np.load(mean_path).astype(np.float32), np.load(std_path).astype(np.float32))
-
-
-def to_tensors(sample: dict, source: str, norm: Normalization) -> tuple[torch.Tensor, torch.Tensor]:
-    x = to_float(source, sample)
-    if norm.mean is not None:
-        valid = valid_pixels(source, sample)
-        x = (x - norm.mean[:, None, None]) / norm.std[:, None, None]
-        x[:, ~valid] = 0.0
-    return torch.from_numpy(x), torch.from_numpy(sample["label"].astype(np.int64))
-
-
-def augment(pair: tuple[torch.Tensor, torch.Tensor], rng: random.Random) -> tuple:
-    """Random flip and rot90, applied identically to x (D, H, W) and y (H, W)."""
-    x, y = pair
-    k = rng.randrange(4)
-    if rng.random() < 0.5:
-        x, y = x.flip(-1), y.flip(-1)
-    return x.rot90(k, (-2, -1)).contiguous(), y.rot90(k, (-2, -1)).contiguous()
-
-
-class _Tiles(IterableDataset):
-    """Samples of some shards as tensors; ``repeat`` cycles them for fixed-length epochs."""
-
-    def __init__(
-        self,
-        shards: list[str],
-        source: str,
-        norm: Normalization,
-        train: bool,
-        seed: int,
-        shuffle_buffer: int,
-    ) -> None:
-        super().__init__()
-        self.shards, self.source, self.norm = shards, source, norm
-        self.train, self.seed, self.shuffle_buffer = train, seed, shuffle_buffer
-
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        info = get_worker_info()
-        worker = info.id if info else 0
-        rng = random.Random(self.seed * 1000 + worker)
-        shards = list(self.shards)
-        pipeline: Callable[[list[str]], wds.WebDataset] = lambda urls: wds.WebDataset(  # noqa: E731
-            urls, shardshuffle=False, nodesplitter=None, empty_check=False
-        )
-        for cycle in itertools.count():
-            if self.train:
-                random.Random(self.seed + cycle).shuffle(shards)
-            ds = pipeline(shards)
-            if self.train:
-                ds = ds.shuffle(self.shuffle_buffer, rng=random.Random(self.seed + cycle + 7))
-            for sample in ds.map(decode_sample):
-                pair = to_tensors(sample, self.source, self.norm)
-                yield augment(pair, rng) if self.train else pair
-            if not self.train:
-                return
-
-
-@dataclass(frozen=True)
 class LoaderSpec:
     source: str
+    in_dim: int
     batch_size: int
     num_workers: int = 0
     shuffle_buffer: int = 256
     seed: int = 0
+
+
+def _compact(sample: dict, spec: LoaderSpec) -> dict[str, torch.Tensor]:
+    """A decoded sample as compact tensors; checks it against the manifest's promises."""
+    where = f"{sample['__url__']}: sample {sample['__key__']}"
+    missing = [k for k in ("emb", "label") if k not in sample]
+    if missing:
+        raise LoaderError(f"{where}: missing {missing} (truncated shard?)")
+    emb = sample["emb"]
+    if emb.shape[0] != spec.in_dim:
+        raise LoaderError(
+            f"{where}: emb.npy has in_dim {emb.shape[0]}, manifest says {spec.in_dim}"
+        )
+    names = ("emb", "label", "scale") if "scale" in sample else ("emb", "label")
+    return {name: _as_tensor(sample[name]) for name in names}
+
+
+def _as_tensor(array: np.ndarray) -> torch.Tensor:
+    """A tensor sharing the (read-only) decoded buffer; nothing here writes to it in place."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.from_numpy(array)
+
+
+def augment(sample: dict[str, torch.Tensor], rng: random.Random) -> dict[str, torch.Tensor]:
+    """The same random flip and rot90 on every array of a sample (last two axes)."""
+    k, flip = rng.randrange(4), rng.random() < 0.5
+    out = {}
+    for name, t in sample.items():
+        t = t.flip(-1) if flip else t
+        out[name] = t.rot90(k, (-2, -1)).contiguous()
+    return out
+
+
+class _Tiles(IterableDataset):
+    """Compact samples of some shards; in training, cycled and shuffled for fixed-length epochs.
+
+    When a full pass ends, the samples read per shard are checked against ``shard_samples``
+    (the manifest), so a shard truncated between members cannot silently shrink an epoch.
+    """
+
+    def __init__(
+        self, shards: list[str], spec: LoaderSpec, train: bool, seed: int,
+        shard_samples: dict[str, int] | None,
+    ) -> None:  # fmt: skip
+        super().__init__()
+        self.shards, self.spec, self.train, self.seed = shards, spec, train, seed
+        self.shard_samples = shard_samples
+
+    def _pass(self, shards: list[str], cycle: int) -> Iterator[dict]:
+        dataset = wds.WebDataset(shards, shardshuffle=False, nodesplitter=None, empty_check=False)
+        if self.train and self.spec.shuffle_buffer > 1:
+            dataset = dataset.shuffle(
+                self.spec.shuffle_buffer, rng=random.Random(f"{self.seed}-{cycle}-buffer")
+            )
+        seen: Counter[str] = Counter()
+        try:
+            for sample in dataset:
+                seen[sample["__url__"]] += 1
+                yield _compact(decode_sample(sample), self.spec)
+        except (tarfile.TarError, OSError, EOFError) as err:
+            raise LoaderError(
+                f"{err.args[-1]}: corrupt or truncated shard ({err.args[0]})"
+            ) from err
+        for url in self._worker_shards(shards):
+            expected = (self.shard_samples or {}).get(url)
+            if expected is not None and seen[url] != expected:
+                raise LoaderError(
+                    f"{url}: read {seen[url]} samples, the manifest lists {expected} "
+                    "(truncated or replaced shard)"
+                )
+
+    @staticmethod
+    def _worker_shards(shards: list[str]) -> list[str]:
+        info = get_worker_info()
+        return shards[info.id :: info.num_workers] if info else shards
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        info = get_worker_info()
+        rng = random.Random(f"{self.seed}-worker{info.id if info else 0}")
+        for cycle in itertools.count():
+            shards = list(self.shards)
+            if self.train:
+                random.Random(f"{self.seed}-{cycle}-shards").shuffle(shards)
+            for sample in self._pass(shards, cycle):
+                yield augment(sample, rng) if self.train else sample
+            if not self.train:
+                return
 
 
 def train_steps_per_epoch(samples: int, batch_size: int, world: int) -> int:
@@ -133,37 +198,81 @@ def train_steps_per_epoch(samples: int, batch_size: int, world: int) -> int:
 
 
 def train_batches(
-    shards: list[str],
-    samples: int,
-    spec: LoaderSpec,
-    norm: Normalization,
-    rank: int,
-    world: int,
-    epoch: int,
-) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Exactly ``train_steps_per_epoch`` batches of this rank's shards for ``epoch``."""
+    shards: list[str], samples: int, spec: LoaderSpec, rank: int, world: int, epoch: int,
+    start_batch: int = 0, shard_samples: dict[str, int] | None = None,
+) -> Iterator[dict[str, torch.Tensor]]:  # fmt: skip
+    """Batches ``start_batch`` .. ``train_steps_per_epoch`` of this rank's ``epoch``.
+
+    The sequence depends only on (seed, epoch, rank, world, workers): resuming at
+    ``start_batch`` yields exactly the batches an uninterrupted epoch would have yielded.
+    """
     if len(shards) < world:
         raise LoaderError(
             f"train split has {len(shards)} shards, fewer than the {world} ranks: "
             "lower shards.max_samples so that every rank reads its own shards"
         )
     mine = shards_for_rank(shards, rank, world)
-    # Each worker gets its own shards (webdataset splits by worker); never more workers than
-    # shards, or an idle worker would cycle an empty list for ever.
+    # Never more workers than shards: webdataset gives each worker its own shards.
     workers = min(spec.num_workers, len(mine))
-    seed = spec.seed + 1_000_003 * epoch + 7919 * rank
-    dataset = _Tiles(mine, spec.source, norm, True, seed, spec.shuffle_buffer)
+    seed = spec.seed * 1_000_003 + epoch * 7919 + rank
+    dataset = _Tiles(mine, spec, True, seed, shard_samples)
     loader = DataLoader(dataset, batch_size=spec.batch_size, num_workers=workers)
     steps = train_steps_per_epoch(samples, spec.batch_size, world)
-    yield from itertools.islice(loader, steps)
+    yield from itertools.islice(loader, start_batch, steps)
 
 
 def eval_batches(
-    shards: list[str], spec: LoaderSpec, norm: Normalization, rank: int = 0, world: int = 1
-) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    shards: list[str], spec: LoaderSpec, rank: int = 0, world: int = 1,
+    shard_samples: dict[str, int] | None = None,
+) -> Iterator[dict[str, torch.Tensor]]:  # fmt: skip
     """One pass over this rank's share of ``shards``: every sample exactly once across ranks."""
     mine = shards_for_rank(shards, rank, world)
     if not mine:
         return
-    dataset = _Tiles(mine, spec.source, norm, False, spec.seed, 0)
+    dataset = _Tiles(mine, spec, False, spec.seed, shard_samples)
     yield from DataLoader(dataset, batch_size=spec.batch_size, num_workers=0)
+
+
+def shard_sample_counts(split: dict) -> dict[str, int]:
+    """{shard path: sample count} of one manifest split."""
+    return dict(zip(split["shards"], split["shard_samples"], strict=True))
+
+
+class Dequantize(nn.Module):
+    """Compact batch -> (x (B, D, T, T) float32, y (B, T, T) int64), on the batch's device.
+
+    AEF: ``sign(q) * (q / 127.5) ** 2``. TESSERA: ``q * scale``, then ``(x - mean) / std``
+    when statistics are given. Nodata pixels (AEF -128, TESSERA scale 0) become 0.
+    """
+
+    def __init__(self, source: str, mean: np.ndarray | None = None, std: np.ndarray | None = None):
+        super().__init__()
+        self.source = source
+        self.normalize = mean is not None
+        if mean is not None:
+            self.register_buffer("mean", torch.as_tensor(mean, dtype=torch.float32)[:, None, None])
+            self.register_buffer("std", torch.as_tensor(std, dtype=torch.float32)[:, None, None])
+
+    @classmethod
+    def from_stats(cls, source: str, stats_dir: Path | None) -> Dequantize:
+        if stats_dir is None:
+            return cls(source)
+        return cls(
+            source, np.load(stats_dir / "channel_mean.npy"), np.load(stats_dir / "channel_std.npy")
+        )
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        q = batch["emb"]
+        if self.source == "aef":
+            x = q.float() / 127.5
+            x = torch.sign(x) * x * x
+            valid = (q[:, 0] != AEF_NODATA)[:, None]
+        else:
+            scale = batch["scale"].float()
+            scale = scale[:, None] if scale.dim() == 3 else scale
+            x = q.float() * scale
+            valid = (scale > 0).any(1, keepdim=True) if scale.shape[1] > 1 else scale > 0
+        if self.normalize:
+            x = (x - self.mean) / self.std
+        x = torch.where(valid, x, torch.zeros((), device=x.device))
+        return x, batch["label"].long()

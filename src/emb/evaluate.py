@@ -18,7 +18,7 @@ from emb import checkpoint
 from emb import metrics as level_metrics
 from emb.classes import load_class_map
 from emb.config import TrainConfig
-from emb.data import LoaderSpec, Normalization, eval_batches
+from emb.data import Dequantize, LoaderSpec, eval_batches, shard_sample_counts
 from emb.io import atomic_path, write_json
 from emb.loss import HierarchyTargets
 from emb.models import build_model
@@ -35,15 +35,15 @@ def evaluate(
     model.load_state_dict(state["model"])
     model.eval()
     manifest = json.loads(Path(cfg.data.manifest).read_text())
-    norm = Normalization()
-    if cfg.data.normalize:
-        stats = Path(cfg.data.stats_dir or "")
-        norm = Normalization.from_files(stats / "channel_mean.npy", stats / "channel_std.npy")
+    stats = Path(cfg.data.stats_dir) if cfg.data.normalize and cfg.data.stats_dir else None
+    prepare = Dequantize.from_stats(cfg.data.source, stats)
     cmap = load_class_map(cfg.data.classes)
     targets_of = HierarchyTargets(cmap)
     metrics = level_metrics.level_metrics(confusion=True)
-    spec = LoaderSpec(cfg.data.source, batch_size)
-    for x, y in eval_batches(manifest["splits"][split]["shards"], spec, norm):
+    spec = LoaderSpec(cfg.data.source, cfg.model.in_dim, batch_size)
+    part = manifest["splits"][split]
+    for batch in eval_batches(part["shards"], spec, shard_samples=shard_sample_counts(part)):
+        x, y = prepare(batch)
         level_metrics.update(metrics, model(x), targets_of(y))
     result = level_metrics.compute(metrics)
     result.update(split=split, samples=manifest["splits"][split]["samples"], epoch=state["epoch"])

@@ -2,7 +2,7 @@
 
 A sample (DESIGN.md section 5): ``__key__`` = ``{region}_{row}_{col}``, ``emb.npy`` (D, T, T)
 int8, ``label.npy`` (T, T) uint8 L3 (255 = ignore), ``meta.json``; TESSERA adds ``scale.npy``
-(T, T) float32. Each shard is written to a temporary name and renamed when complete.
+(T, T) float32. Shards are staged and published together when the region is complete.
 """
 
 from __future__ import annotations
@@ -10,6 +10,9 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,9 +21,9 @@ import rasterio
 import webdataset as wds
 
 from emb.classes import IGNORE, N_L3
-from emb.io import atomic_path, write_json
+from emb.io import write_json
 from emb.rasters import BANDS, shard_arrays
-from emb.tiles import SPLITS, SplitSpec, Tile, TileSpec, plan_tiles
+from emb.tiles import SPLITS, SplitSpec, Tile, TileSpec, TilingError, plan_tiles
 
 
 def encode_npy(array: np.ndarray) -> bytes:
@@ -53,27 +56,47 @@ def tile_samples(
 def write_shards(
     samples: Iterator[dict], pattern: str, max_samples: int, max_bytes: int
 ) -> list[dict]:
-    """Write samples into ``pattern % n`` shards; returns [{path, samples, bytes}] per shard."""
+    """Stream samples into ``pattern % n`` shards, each closed at ``max_samples`` samples or
+    ``max_bytes`` bytes; returns [{path, samples, bytes}] per shard. Memory holds one sample."""
     shards: list[dict] = []
-    batch: list[dict] = []
-    size = 0
+    sink: wds.TarWriter | None = None
+    count = size = 0
 
-    def flush() -> None:
+    def close() -> None:
+        nonlocal sink
+        assert sink is not None
+        sink.close()
         path = Path(pattern % len(shards))
-        with atomic_path(path) as tmp, wds.TarWriter(str(tmp), encoder=False) as sink:
-            for s in batch:
-                sink.write(s)
-        shards.append({"path": str(path), "samples": len(batch), "bytes": path.stat().st_size})
+        with open(path, "rb+") as fh:
+            os.fsync(fh.fileno())
+        shards.append({"path": str(path), "samples": count, "bytes": path.stat().st_size})
+        sink = None
 
     for sample in samples:
-        batch.append(sample)
+        if sink is None:
+            sink, count, size = wds.TarWriter(pattern % len(shards), encoder=False), 0, 0
+        sink.write(sample)
+        count += 1
         size += sum(len(v) for k, v in sample.items() if k != "__key__")
-        if len(batch) >= max_samples or size >= max_bytes:
-            flush()
-            batch, size = [], 0
-    if batch:
-        flush()
+        if count >= max_samples or size >= max_bytes:
+            close()
+    if sink is not None:
+        close()
     return shards
+
+
+def _publish(staging: Path, out_dir: Path, index: dict) -> None:
+    """Move the staged shards under their final names, then drop shards of an older build."""
+    keep = set()
+    for part in index["splits"].values():
+        for shard in part["shards"]:
+            final = out_dir / Path(shard["path"]).name
+            os.replace(shard["path"], final)
+            shard["path"] = str(final)
+            keep.add(final.name)
+    for old in out_dir.glob("*-[0-9][0-9][0-9][0-9].tar"):
+        if old.name not in keep:
+            old.unlink()
 
 
 def build_region(
@@ -88,43 +111,57 @@ def build_region(
     max_samples: int = 256,
     max_bytes: int = 1 << 30,
 ) -> dict:
-    """Shards of one region for every split; returns the region's index (see manifest)."""
+    """Shards of one region for every split; returns the region's index (see manifest).
+
+    Shards are written into a staging folder and moved into ``out_dir`` only when every
+    split is complete: a failed build leaves the shards of the previous build untouched.
+    """
     with rasterio.open(label_path) as src:
         labels = src.read(1)
         transform = src.transform
     tiles, dropped = plan_tiles(labels, transform, region, tile_spec, split_spec, fixed_split)
+    if not tiles:
+        raise TilingError(
+            f"{label_path}: no tile of {tile_spec.size} px has >= {tile_spec.min_valid:.0%} "
+            f"labelled pixels (dropped: {dict(dropped)})"
+        )
     index = {
         "source": source,
         "region": region,
         "in_dim": BANDS[source],
         "tile_size": tile_spec.size,
+        "dtype": "int8",
         "dropped": dict(dropped),
         "splits": {},
     }
-    with rasterio.open(emb_path) as emb:
-        if emb.count != BANDS[source]:
-            raise ValueError(
-                f"{emb_path}: expected {BANDS[source]} bands for {source}, found {emb.count}"
-            )
-        index["dtype"] = "int8"
-        for split in SPLITS:
-            chosen = [t for t in tiles if t.split == split]
-            hist = np.zeros(N_L3, np.int64)
-            for t in chosen:
-                patch = labels[t.row : t.row + t.size, t.col : t.col + t.size]
-                hist += np.bincount(patch[patch != IGNORE], minlength=N_L3)[:N_L3]
-            samples = tile_samples(source, region, emb, labels, chosen)
-            shards = write_shards(
-                samples, str(out_dir / f"{split}-%04d.tar"), max_samples, max_bytes
-            )
-            n = sum(s["samples"] for s in shards)
-            index["splits"][split] = {
-                "shards": shards,
-                "samples": n,
-                "labelled_pixels": int(hist.sum()),
-                "class_hist": hist.tolist(),
-                "bytes_per_sample": sum(s["bytes"] for s in shards) / n if n else 0,
-            }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=out_dir))
+    try:
+        with rasterio.open(emb_path) as emb:
+            if emb.count != BANDS[source]:
+                raise ValueError(
+                    f"{emb_path}: expected {BANDS[source]} bands for {source}, found {emb.count}"
+                )
+            for split in SPLITS:
+                chosen = [t for t in tiles if t.split == split]
+                hist = np.zeros(N_L3, np.int64)
+                for t in chosen:
+                    patch = labels[t.row : t.row + t.size, t.col : t.col + t.size]
+                    hist += np.bincount(patch[patch != IGNORE], minlength=N_L3)[:N_L3]
+                samples = tile_samples(source, region, emb, labels, chosen)
+                pattern = str(staging / f"{split}-%04d.tar")
+                shards = write_shards(samples, pattern, max_samples, max_bytes)
+                n = sum(s["samples"] for s in shards)
+                index["splits"][split] = {
+                    "shards": shards,
+                    "samples": n,
+                    "labelled_pixels": int(hist.sum()),
+                    "class_hist": hist.tolist(),
+                    "bytes_per_sample": sum(s["bytes"] for s in shards) / n if n else 0,
+                }
+        _publish(staging, out_dir, index)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     return index
 
 
@@ -153,20 +190,26 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-bytes", type=int, default=1 << 30)
     args = parser.parse_args(argv)
     fixed = args.split if args.split in SPLITS else None
-    index = build_region(
-        args.source,
-        args.region,
-        args.emb,
-        args.labels,
-        args.index.parent,
-        TileSpec(args.tile_size, args.stride, args.min_valid),
-        SplitSpec(
-            args.block_m, dict(zip(SPLITS, args.fractions, strict=True)), args.seed, args.buffer_m
-        ),
-        fixed,
-        args.max_samples,
-        args.max_bytes,
-    )
+    try:
+        index = build_region(
+            args.source,
+            args.region,
+            args.emb,
+            args.labels,
+            args.index.parent,
+            TileSpec(args.tile_size, args.stride, args.min_valid),
+            SplitSpec(
+                args.block_m,
+                dict(zip(SPLITS, args.fractions, strict=True)),
+                args.seed,
+                args.buffer_m,
+            ),
+            fixed,
+            args.max_samples,
+            args.max_bytes,
+        )
+    except (TilingError, ValueError) as err:
+        raise SystemExit(f"error: {err}") from err
     write_json(args.index, index)
     counts = {s: v["samples"] for s, v in index["splits"].items()}
     print(f"{args.source}/{args.region}: samples {counts}, dropped {index['dropped']}")

@@ -26,9 +26,10 @@ from emb import checkpoint
 from emb.classes import load_class_map
 from emb.config import ConfigError, TrainConfig, load
 from emb.data import (
+    Dequantize,
     LoaderSpec,
-    Normalization,
     eval_batches,
+    shard_sample_counts,
     shards_for_rank,
     train_batches,
     train_steps_per_epoch,
@@ -75,10 +76,8 @@ def run(
             f"{cfg.data.manifest}: in_dim is {manifest['in_dim']}, "
             f"but model.in_dim is {cfg.model.in_dim}"
         )
-    norm = Normalization()
-    if cfg.data.normalize:
-        stats = Path(cfg.data.stats_dir or "")
-        norm = Normalization.from_files(stats / "channel_mean.npy", stats / "channel_std.npy")
+    stats = Path(cfg.data.stats_dir) if cfg.data.normalize and cfg.data.stats_dir else None
+    prepare = Dequantize.from_stats(cfg.data.source, stats).to(device)
     cmap = load_class_map(cfg.data.classes)
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg.model).to(device)
@@ -86,7 +85,7 @@ def run(
         model = DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None
         )
-    train = manifest["splits"]["train"]
+    train, val = manifest["splits"]["train"], manifest["splits"]["val"]
     steps = train_steps_per_epoch(train["samples"], cfg.train.batch_size, world)
     opt = torch.optim.AdamW(
         model.parameters(),
@@ -105,6 +104,7 @@ def run(
         model,
         MultiHeadLoss(cfg.loss.weights, cfg.loss.label_smoothing),
         HierarchyTargets(cmap).to(device),
+        prepare,
         opt,
         sched,
         device,
@@ -119,19 +119,20 @@ def run(
         f"lr {cfg.optimizer.lr} (no scaling rule)"
     )
 
-    start_epoch, best, bad_epochs = 0, -1.0, 0
+    start_epoch, start_batch, best, bad_epochs = 0, 0, -1.0, 0
     last = run_dir / "last.pt"
     if cfg.train.restart and last.exists():
         state = checkpoint.load(last)
         checkpoint.unwrap(model).load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         sched.load_state_dict(state["scheduler"])
-        start_epoch, best, bad_epochs = state["epoch"] + 1, state["best_miou"], state["bad_epochs"]
-        trainer.step = state["step"]
-        log(f"resumed from {last} at epoch {start_epoch}")
+        start_epoch, start_batch = state["loader"]["epoch"], state["loader"]["batch"]
+        best, bad_epochs, trainer.step = state["best_miou"], state["bad_epochs"], state["step"]
+        log(f"resumed from {last} at epoch {start_epoch}, batch {start_batch}")
 
     spec = LoaderSpec(
         cfg.data.source,
+        cfg.model.in_dim,
         cfg.train.batch_size,
         cfg.train.num_workers,
         cfg.train.shuffle_buffer,
@@ -143,12 +144,21 @@ def run(
     epoch = start_epoch
     for epoch in range(start_epoch, cfg.train.epochs):
         result = trainer.train_epoch(
-            train_batches(train["shards"], train["samples"], spec, norm, rank, world, epoch)
+            train_batches(
+                train["shards"],
+                train["samples"],
+                spec,
+                rank,
+                world,
+                epoch,
+                start_batch=start_batch if epoch == start_epoch else 0,
+                shard_samples=shard_sample_counts(train),
+            )
         )
         batches_per_epoch.append(result["batches"])
         result.update(
             trainer.validate(
-                eval_batches(manifest["splits"]["val"]["shards"], spec, norm, rank, world)
+                eval_batches(val["shards"], spec, rank, world, shard_sample_counts(val))
             )
         )
         result.update(epoch=epoch, step=trainer.step, lr=sched.get_last_lr()[0])
@@ -173,6 +183,7 @@ def run(
                 "optimizer": opt.state_dict(),
                 "scheduler": sched.state_dict(),
                 "epoch": epoch,
+                "loader": {"epoch": epoch + 1, "batch": 0},  # where the next batch comes from
                 "step": trainer.step,
                 "best_miou": best,
                 "bad_epochs": bad_epochs,

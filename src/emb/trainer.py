@@ -1,7 +1,8 @@
 """The training and validation loops; no CLI, no environment, no files.
 
-The step: forward under autocast (bf16 on CUDA, fp32 on CPU), multi-head loss, backward,
-clip, optimizer step, scheduler step (once per optimizer step). The gradient norm is the same
+The step: de-quantize the compact batch on the device, forward under autocast (bf16 on CUDA,
+fp32 on CPU), multi-head loss, backward, clip, optimizer step, scheduler step (once per
+optimizer step). The gradient norm is the same
 on every rank after DDP's all-reduce, so a non-finite norm stops every rank at the same step.
 """
 
@@ -17,6 +18,7 @@ from torch import nn
 
 from emb import metrics as level_metrics
 from emb.checkpoint import unwrap
+from emb.data import Dequantize
 from emb.loss import LEVELS, HierarchyTargets, MultiHeadLoss
 
 
@@ -46,6 +48,7 @@ class Trainer:
         model: nn.Module,
         loss_fn: MultiHeadLoss,
         targets: HierarchyTargets,
+        prepare: Dequantize,
         optimizer: torch.optim.Optimizer,
         scheduler: torch.optim.lr_scheduler.LRScheduler,
         device: torch.device,
@@ -54,11 +57,14 @@ class Trainer:
         log_every: int = 50,
         log: Callable[[str], None] = print,
     ) -> None:
-        self.model, self.loss_fn, self.targets = model, loss_fn, targets
+        self.model, self.loss_fn, self.targets, self.prepare = model, loss_fn, targets, prepare
         self.optimizer, self.scheduler = optimizer, scheduler
         self.device, self.precision, self.grad_clip = device, precision, grad_clip
         self.log_every, self.log = log_every, log
         self.step = 0
+
+    def _to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
 
     def train_epoch(self, batches: Iterable) -> dict[str, float]:
         """One pass over ``batches``; returns mean losses, batch count and throughput."""
@@ -67,9 +73,9 @@ class Trainer:
         n = samples = 0
         wait = 0.0
         start = tick = time.perf_counter()
-        for x, y in batches:
+        for batch in batches:
             wait += time.perf_counter() - tick
-            x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+            x, y = self.prepare(self._to_device(batch))
             targets = self.targets(y)
             with autocast(self.device, self.precision):
                 logits = self.model(x)
@@ -125,8 +131,8 @@ class Trainer:
         model.eval()
         metrics = level_metrics.level_metrics().to(self.device)
         loss_sum, count = 0.0, 0
-        for x, y in batches:
-            x, y = x.to(self.device), y.to(self.device)
+        for batch in batches:
+            x, y = self.prepare(self._to_device(batch))
             targets = self.targets(y)
             with autocast(self.device, self.precision):
                 logits = model(x)
