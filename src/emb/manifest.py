@@ -32,16 +32,19 @@ def merge_indexes(indexes: list[dict], paths: list[Path]) -> dict:
                 raise ManifestError(f"{path}: {key} is {idx[key]!r}, {paths[0]} has {first[key]!r}")
     manifest = {key: first[key] for key in ("source", "in_dim", "tile_size", "dtype")}
     manifest["regions"] = [idx["region"] for idx in indexes]
-    dropped: Counter[str] = Counter()
+    dropped: dict[str, Counter[str]] = {}
     for idx in indexes:
-        dropped.update(idx["dropped"])
-    manifest["dropped"] = dict(dropped)
+        for split, reasons in idx["dropped"].items():
+            dropped.setdefault(split, Counter()).update(reasons)
+    manifest["dropped_unassigned"] = dict(dropped.get("unassigned", {}))
     manifest["splits"] = {}
     for split in SPLITS:
         parts = [idx["splits"][split] for idx in indexes]
         shards = [s for p in parts for s in p["shards"]]
         n = sum(p["samples"] for p in parts)
         manifest["splits"][split] = {
+            "tiles": n,
+            "dropped": dict(dropped.get(split, {})),
             "shards": [s["path"] for s in shards],
             "shard_samples": [s["samples"] for s in shards],
             "samples": n,
@@ -75,7 +78,8 @@ def main(argv: list[str] | None = None) -> None:
         if manifest["splits"][split]["samples"] == 0:
             raise SystemExit(
                 f"error: split {split!r} of {manifest['source']} has no tiles "
-                f"(dropped: {manifest['dropped']}); lower tiles.min_valid or change the split"
+                f"(dropped: {manifest['splits'][split]['dropped']}, straddling splits: "
+                f"{manifest['dropped_unassigned']}); lower tiles.min_valid or change the split"
             )
     manifest["warnings"] = shard_count_warnings(manifest, args.ranks, args.workers)
     for warning in manifest["warnings"]:

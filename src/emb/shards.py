@@ -123,7 +123,7 @@ def build_region(
     if not tiles:
         raise TilingError(
             f"{label_path}: no tile of {tile_spec.size} px has >= {tile_spec.min_valid:.0%} "
-            f"labelled pixels (dropped: {dict(dropped)})"
+            f"labelled pixels (dropped: { ({k: dict(v) for k, v in dropped.items() if v}) })"
         )
     index = {
         "source": source,
@@ -131,7 +131,7 @@ def build_region(
         "in_dim": BANDS[source],
         "tile_size": tile_spec.size,
         "dtype": "int8",
-        "dropped": dict(dropped),
+        "dropped": {split: dict(reasons) for split, reasons in dropped.items()},
         "splits": {},
     }
     out_dir.mkdir(parents=True, exist_ok=True)

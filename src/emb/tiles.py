@@ -140,36 +140,37 @@ def plan_tiles(
     tile_spec: TileSpec,
     split_spec: SplitSpec,
     fixed_split: str | None = None,
-) -> tuple[list[Tile], Counter[str]]:
-    """Kept tiles of an (H, W) uint8 label raster, and the count of dropped tiles per reason.
+) -> tuple[list[Tile], dict[str, Counter[str]]]:
+    """Kept tiles of an (H, W) uint8 label raster, and the dropped tiles counted per split and
+    reason (tiles straddling splits count under ``"unassigned"``).
 
     ``fixed_split`` puts the whole region in one split (``regions.tsv`` column ``split``).
     """
     kept: list[Tile] = []
-    dropped: Counter[str] = Counter()
+    dropped: dict[str, Counter[str]] = {name: Counter() for name in (*SPLITS, "unassigned")}
     stride = tile_spec.stride or tile_spec.size
     offset = (0, 0) if fixed_split else block_aligned_offset(transform, stride, split_spec.block_m)
     windows = tile_windows(*labels.shape, tile_spec, offset)
     blocks = [b for win in windows for b in blocks_of(win, transform, split_spec.block_m)]
     splits = assign_blocks(region, blocks, split_spec)
     for win in windows:
+        split = fixed_split or window_split(win, transform, splits, split_spec)
+        if split is None:
+            dropped["unassigned"]["straddles_splits"] += 1
+            continue
         patch = labels[
             win.row_off : win.row_off + win.height, win.col_off : win.col_off + win.width
         ]
         labelled = int((patch != IGNORE).sum())
         if labelled < tile_spec.min_valid * patch.size:
-            dropped["too_little_valid"] += 1
-            continue
-        split = fixed_split or window_split(win, transform, splits, split_spec)
-        if split is None:
-            dropped["straddles_splits"] += 1
+            dropped[split]["too_little_valid"] += 1
             continue
         if (
             not fixed_split
             and split_spec.buffer_m > 0
             and _near_other_split(win, transform, splits, split_spec, split)
         ):
-            dropped["within_buffer"] += 1
+            dropped[split]["within_buffer"] += 1
             continue
         kept.append(Tile(win.row_off, win.col_off, tile_spec.size, split, labelled))
     return kept, dropped
