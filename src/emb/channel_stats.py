@@ -49,16 +49,27 @@ class RunningMoments:
 
 
 def channel_stats(
-    source: str, shards: list[str], n_tiles: int, seed: int
+    source: str,
+    shards: list[str],
+    n_tiles: int,
+    seed: int,
+    shard_keys: list[list[str]] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, dict]:
-    """(D,) float32 mean and std over the sampled tiles, and a record of what was sampled."""
-    keys = [s["__key__"] for s in iter_samples(shards)]
+    """(D,) float32 mean and std over the sampled tiles, and a record of what was sampled.
+
+    With ``shard_keys`` (the manifest's sample keys per shard) only the shards holding a
+    sampled tile are read, once; without, a first pass lists the keys.
+    """
+    if shard_keys is None:
+        shard_keys = [[s["__key__"] for s in iter_samples([shard])] for shard in shards]
+    keys = [k for per_shard in shard_keys for k in per_shard]
     if not keys:
         raise StatsError(f"no training tiles in {len(shards)} shard(s): cannot compute statistics")
     rng = np.random.default_rng(seed)
     chosen = set(rng.choice(keys, size=min(n_tiles, len(keys)), replace=False).tolist())
+    needed = [shard for shard, ks in zip(shards, shard_keys, strict=True) if chosen & set(ks)]
     moments: RunningMoments | None = None
-    for sample in iter_samples(shards):
+    for sample in iter_samples(needed):
         if sample["__key__"] not in chosen:
             continue
         x = to_float(source, sample)
@@ -86,7 +97,8 @@ def main(argv: list[str] | None = None) -> None:
     manifest = json.loads(args.manifest.read_text())
     shards = manifest["splits"]["train"]["shards"]
     try:
-        mean, std, record = channel_stats(manifest["source"], shards, args.n_tiles, args.seed)
+        keys = manifest["splits"]["train"].get("shard_keys")
+        mean, std, record = channel_stats(manifest["source"], shards, args.n_tiles, args.seed, keys)
     except StatsError as err:
         raise SystemExit(f"error: {args.manifest}: {err}") from err
     for name, array in (("channel_mean.npy", mean), ("channel_std.npy", std)):

@@ -47,6 +47,7 @@ def merge_indexes(indexes: list[dict], paths: list[Path]) -> dict:
             "dropped": dict(dropped.get(split, {})),
             "shards": [s["path"] for s in shards],
             "shard_samples": [s["samples"] for s in shards],
+            "shard_keys": [s.get("keys", []) for s in shards],
             "samples": n,
             "labelled_pixels": sum(p["labelled_pixels"] for p in parts),
             "class_hist": np.sum([p["class_hist"] for p in parts], axis=0).tolist(),

@@ -57,10 +57,12 @@ def write_shards(
     samples: Iterator[dict], pattern: str, max_samples: int, max_bytes: int
 ) -> list[dict]:
     """Stream samples into ``pattern % n`` shards, each closed at ``max_samples`` samples or
-    ``max_bytes`` bytes; returns [{path, samples, bytes}] per shard. Memory holds one sample."""
+    ``max_bytes`` bytes; returns [{path, samples, bytes, keys}] per shard. Memory holds one
+    sample."""
     shards: list[dict] = []
     sink: wds.TarWriter | None = None
     count = size = 0
+    keys: list[str] = []
 
     def close() -> None:
         nonlocal sink
@@ -69,13 +71,17 @@ def write_shards(
         path = Path(pattern % len(shards))
         with open(path, "rb+") as fh:
             os.fsync(fh.fileno())
-        shards.append({"path": str(path), "samples": count, "bytes": path.stat().st_size})
+        shards.append(
+            {"path": str(path), "samples": count, "bytes": path.stat().st_size, "keys": keys[:]}
+        )
         sink = None
 
     for sample in samples:
         if sink is None:
             sink, count, size = wds.TarWriter(pattern % len(shards), encoder=False), 0, 0
+            keys.clear()
         sink.write(sample)
+        keys.append(sample["__key__"])
         count += 1
         size += sum(len(v) for k, v in sample.items() if k != "__key__")
         if count >= max_samples or size >= max_bytes:
