@@ -37,8 +37,8 @@ class LoaderError(ValueError):
     """Shards that cannot be read as promised by the manifest."""
 
 
-def decode_npy(data: bytes) -> np.ndarray:
-    """``.npy`` bytes -> array viewing the same memory (no copy; read-only)."""
+def decode_npy(data: bytes | np.ndarray) -> np.ndarray:
+    """``.npy`` payload -> array viewing the same memory (no copy; read-only for ``bytes``)."""
     buf = memoryview(data)
     version = np.lib.format.read_magic(_Reader(buf))
     reader = _Reader(buf, 8)
@@ -64,6 +64,42 @@ class _Reader:
         return out
 
 
+def tar_samples(url: str) -> Iterator[dict]:
+    """Samples of one tar shard, read sequentially with one ``readinto`` per member.
+
+    Members are grouped by key (the name up to its first dot), as webdataset does. Payloads
+    land in fresh writable buffers that the decoded arrays then view without a copy.
+    Python's stream-mode tarfile (webdataset's reader) reached 0.05-0.3 of a raw read here.
+    """
+    sample: dict = {}
+    with open(url, "rb") as fh:
+        while True:
+            header = fh.read(tarfile.BLOCKSIZE)
+            if not header.strip(b"\0"):
+                if len(header) < tarfile.BLOCKSIZE and not sample:
+                    raise LoaderError(f"{url}: truncated shard (no end-of-archive marker)")
+                break
+            try:
+                info = tarfile.TarInfo.frombuf(header, "utf-8", "surrogateescape")
+            except tarfile.TarError as err:
+                raise LoaderError(f"{url}: corrupt shard ({err})") from err
+            payload = np.empty(info.size, np.uint8)  # uninitialized: readinto fills it
+            if fh.readinto(memoryview(payload)) < info.size:
+                raise LoaderError(f"{url}: truncated shard (member {info.name} is cut short)")
+            fh.seek(-info.size % tarfile.BLOCKSIZE, 1)
+            if not info.isreg():
+                continue
+            key, _, suffix = info.name.rpartition("/")[2].partition(".")
+            if sample and sample["__key__"] != key:
+                yield sample
+                sample = {}
+            sample.setdefault("__key__", key)
+            sample["__url__"] = url
+            sample[suffix] = payload
+    if sample:
+        yield sample
+
+
 def decode_sample(sample: dict) -> dict:
     """Raw WebDataset sample -> arrays (``.npy``) and dicts (``.json``), key and url kept."""
     out: dict = {"__key__": sample["__key__"], "__url__": sample.get("__url__", "")}
@@ -71,22 +107,14 @@ def decode_sample(sample: dict) -> dict:
         if name.endswith(".npy"):
             out[name[:-4]] = decode_npy(value)
         elif name.endswith(".json"):
-            out[name[:-5]] = json.loads(value)
+            out[name[:-5]] = json.loads(bytes(value))
     return out
-
-
-def _raw_samples(shards: list[str]) -> wds.WebDataset:
-    return wds.WebDataset(shards, shardshuffle=False, nodesplitter=None, empty_check=False)
 
 
 def iter_samples(shards: list[str]) -> Iterator[dict]:
     """Every sample of ``shards`` in order, decoded, in this process."""
-    if not shards:
-        return
-    try:
-        yield from map(decode_sample, _raw_samples(shards))
-    except (tarfile.TarError, OSError, ValueError) as err:
-        raise LoaderError(f"{err.args[-1]}: corrupt or truncated shard ({err.args[0]})") from err
+    for url in shards:
+        yield from map(decode_sample, tar_samples(url))
 
 
 def shards_for_rank(shards: list[str], rank: int, world: int) -> list[str]:
@@ -152,32 +180,22 @@ class _Tiles(IterableDataset):
         self.shard_samples = shard_samples
 
     def _pass(self, shards: list[str], cycle: int) -> Iterator[dict]:
-        dataset = wds.WebDataset(shards, shardshuffle=False, nodesplitter=None, empty_check=False)
+        mine = list(wds.split_by_worker(shards))
+        stream = (sample for url in mine for sample in tar_samples(url))
         if self.train and self.spec.shuffle_buffer > 1:
-            dataset = dataset.shuffle(
-                self.spec.shuffle_buffer, rng=random.Random(f"{self.seed}-{cycle}-buffer")
-            )
+            rng = random.Random(f"{self.seed}-{cycle}-buffer")
+            stream = wds.shuffle(self.spec.shuffle_buffer, rng=rng)(stream)
         seen: Counter[str] = Counter()
-        try:
-            for sample in dataset:
-                seen[sample["__url__"]] += 1
-                yield _compact(decode_sample(sample), self.spec)
-        except (tarfile.TarError, OSError, EOFError) as err:
-            raise LoaderError(
-                f"{err.args[-1]}: corrupt or truncated shard ({err.args[0]})"
-            ) from err
-        for url in self._worker_shards(shards):
+        for sample in stream:
+            seen[sample["__url__"]] += 1
+            yield _compact(decode_sample(sample), self.spec)
+        for url in mine:
             expected = (self.shard_samples or {}).get(url)
             if expected is not None and seen[url] != expected:
                 raise LoaderError(
                     f"{url}: read {seen[url]} samples, the manifest lists {expected} "
                     "(truncated or replaced shard)"
                 )
-
-    @staticmethod
-    def _worker_shards(shards: list[str]) -> list[str]:
-        info = get_worker_info()
-        return shards[info.id :: info.num_workers] if info else shards
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         info = get_worker_info()
