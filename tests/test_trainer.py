@@ -165,7 +165,8 @@ def test_bf16_step_trains_without_scaler(class_map) -> None:
     before = [p.clone() for p in trainer.model.parameters()]
     result = trainer.train_step([compact_batch(2, seed=0)])
     assert result.applied and trainer.skipped == 0
-    assert any(not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
+    after = trainer.model.parameters()
+    assert any(not torch.equal(a, b) for a, b in zip(before, after, strict=True))
 
 
 def poisoned_batch(n: int = 4, size: int = 16) -> dict:

@@ -330,6 +330,10 @@ def _stop(stop, trainer, pos, raw, world, global_batch, last, rank, log) -> None
         checkpoint.save(last, _state(trainer, pos, raw, world, global_batch))
     if dist.is_available() and dist.is_initialized():
         dist.barrier()  # no rank exits before last.pt is complete
+    write_json(
+        last.parent / "ranks" / f"rank{rank}.stopped.json",
+        {"rank": rank, "step": trainer.step, "loader": [pos.epoch, pos.batch], "reason": reason},
+    )
     log.info(f"stopping at step {trainer.step} ({reason}); saved {last}; run again to resume")
     log.close()
     raise Stopped(reason)
