@@ -1,0 +1,46 @@
+"""Run under torchrun by test_train_runs.py: validate one checkpoint on the val split with
+WORLD_SIZE ranks (gloo) and write rank 0's figures as JSON. Usage: CKPT OUT."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from emb import checkpoint
+from emb.classes import load_class_map
+from emb.config import TrainConfig
+from emb.data import Dequantize, LoaderSpec, eval_batches, shard_sample_counts
+from emb.loss import HierarchyTargets, MultiHeadLoss
+from emb.models import build_model
+from emb.trainer import Trainer
+
+
+def main(ckpt: Path, out: Path) -> None:
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("gloo")
+    state = checkpoint.load(ckpt)
+    cfg = TrainConfig.from_dict(state["config"])
+    model = build_model(cfg.model)
+    model.load_state_dict(state["model"])
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    trainer = Trainer(
+        model, MultiHeadLoss(cfg.loss.weights, cfg.loss.label_smoothing),
+        HierarchyTargets(load_class_map(cfg.data.classes)), Dequantize(cfg.data.source),
+        opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0), torch.device("cpu"),
+    )  # fmt: skip
+    val = json.loads(Path(cfg.data.manifest).read_text())["splits"]["val"]
+    spec = LoaderSpec(cfg.data.source, cfg.model.in_dim, batch_size=3)
+    batches = eval_batches(val["shards"], spec, rank, world, shard_sample_counts(val))
+    figures = trainer.validate(batches, {"raw": model})
+    if rank == 0:
+        out.write_text(json.dumps(figures))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), Path(sys.argv[2]))
