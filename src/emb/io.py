@@ -24,8 +24,17 @@ def atomic_path(path: Path | str) -> Iterator[Path]:
         with open(tmp, "rb+") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp, path)
+        _fsync_dir(path.parent)  # the rename itself survives a crash only once the dir is synced
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def write_json(path: Path | str, data: Any) -> None:
