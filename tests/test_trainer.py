@@ -13,12 +13,13 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from conftest import REPO
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from emb import checkpoint
 from emb.classes import N_L1, N_L2, N_L3
-from emb.config import ConfigError, LoopConfig
+from emb.config import ConfigError, LoopConfig, resolve
 from emb.data import Dequantize
 from emb.ema import ModelEma
 from emb.loss import HierarchyTargets, MultiHeadLoss, class_weights_from_histogram
@@ -157,6 +158,13 @@ def test_bf16_has_no_grad_scaler_and_fp16_has_one(class_map) -> None:
 def test_config_asking_grad_scaler_with_bf16_is_refused() -> None:
     with pytest.raises(ConfigError, match="grad_scaler.*bf16"):
         LoopConfig(precision="bf16", grad_scaler=True)
+    files = [REPO / "config/train/defaults.yaml", REPO / "config/train/aef_segformer.yaml"]
+    schema = REPO / "workflow/schemas/train.schema.yaml"
+    with pytest.raises(ConfigError, match="aef_segformer.yaml.*grad_scaler: true is refused"):
+        resolve(files, ["train.grad_scaler=true", "data.manifest=m.json"], schema)
+    fp16 = resolve(files, ["train.grad_scaler=true", "train.precision=fp16", "data.manifest=m"],
+                   schema)  # fmt: skip
+    assert fp16["train"]["grad_scaler"] is True
 
 
 def test_bf16_step_trains_without_scaler(class_map) -> None:

@@ -65,6 +65,7 @@ def resolve(files: list[Path], overrides: list[str], schema: Path) -> dict:
     for override in overrides:
         config = apply_override(config, override)
     validate(config, str(schema), set_default=True)
+    TrainConfig.from_dict(config, " <- ".join(str(f) for f in files))  # cross-key rules
     return config
 
 
@@ -73,7 +74,10 @@ def _build(cls: type, data: dict[str, Any], where: str):
     unknown = sorted(set(data) - known)
     if unknown:
         raise ConfigError(f"{where}: unknown key(s) {unknown}; allowed: {sorted(known)}")
-    return cls(**data)
+    try:
+        return cls(**data)
+    except ConfigError as err:
+        raise ConfigError(f"{where}: {err}") from None
 
 
 @dataclass(frozen=True)
@@ -213,8 +217,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--schema", type=Path, default=Path("workflow/schemas/train.schema.yaml"))
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    config = resolve(args.files, args.overrides, args.schema)
-    TrainConfig.from_dict(config, str(args.out))
+    try:
+        config = resolve(args.files, args.overrides, args.schema)
+    except ConfigError as err:
+        raise SystemExit(f"error: {err}") from None
     with atomic_path(args.out) as tmp:
         tmp.write_text(yaml.safe_dump(config, sort_keys=False))
     print(f"wrote {args.out}")
