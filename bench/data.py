@@ -1,12 +1,25 @@
 """Data-stage benchmarks: each figure is a ratio of two things timed side by side in one run.
 
+Contenders alternate (raw, stage, raw, stage, ...) and each keeps its best time, so both see
+the same machine; the machine is shared, so run it twice and compare.
+
 - shard_build_ratio_{aef,tessera}: shard-build MB/s / plain rasterio windowed read MB/s of the
-  same windows (goal >= 0.7).
-- loader_ratio_w{0,2}: loader samples/s (``train_batches``) / raw sequential read of the same
-  tar bytes (goal >= 0.5); ``loader_dequant_ratio_w2`` adds ``Dequantize`` on the CPU.
-- stats_ratio: ``channel_stats`` time / raw read time of the sampled tiles' shards (goal <= 1.2).
+  same windows, both under the build's GDAL cache size (goal >= 0.7). Each build starts from
+  an empty output folder: replacing files by rename makes ext4 flush them first, a cost of
+  re-runs on that file system, not of the build.
+- loader_ratio_w{0,2}: loader samples/s (``train_batches``, one epoch, worker start-up
+  included) / raw sequential read of the same tar bytes (goal >= 0.5);
+  ``loader_steady_ratio_w2`` times from the first batch on (start-up excluded);
+  ``loader_dequant_ratio_w2`` adds ``Dequantize`` (with augmentation) on the CPU;
+  ``loader_ceiling_ratio_w2``: two DataLoader workers that only read each sample's bytes into
+  shared memory (no decode, no batching logic): the most any 2-worker loader can reach here.
+- stats_ratio: ``channel_stats`` time / raw read time of the shards holding the sampled
+  tiles, page cache warm (goal <= 1.2); ``stats_ratio_cold``: both contenders after evicting
+  those shards from the page cache; ``stats_floor_ratio``: one int8 sum over the same tiles
+  (the least work that touches every value) / the same raw read.
 - shard_build_peak_rss_mib: peak RSS of ``python -m emb.shards`` on an SxSx64 int8 raster
-  (default S = 8192; goal < 1024 MiB).
+  (default S = 8192; goal < 1024 MiB), measured by a wrapper process whose only child is the
+  build.
 
 Usage: ``python bench/data.py [--quick] [--json PATH] [--workdir DIR] [--keep]``.
 """
@@ -15,7 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
+import os
 import shutil
 import subprocess
 import sys
@@ -26,12 +39,14 @@ from pathlib import Path
 
 import numpy as np
 import rasterio
+import torch
 from affine import Affine
 from rasterio.windows import Window
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from emb.channel_stats import channel_stats
-from emb.data import Dequantize, LoaderSpec, train_batches
-from emb.shards import build_region
+from emb.data import Dequantize, LoaderSpec, iter_samples, train_batches
+from emb.shards import GDAL_CACHE_MB, build_region
 from emb.tiles import SplitSpec, TileSpec, tile_windows
 
 CRS = "EPSG:32615"
@@ -66,13 +81,17 @@ def write_raster(path: Path, count: int, size: int, dtype: str, nodata, seed: in
     return path
 
 
-def best_of(fn: Callable[[], object], repeats: int) -> float:
-    times = []
+def alternate(contenders: dict[str, Callable[[], object]], repeats: int, before=None) -> dict:
+    """Best seconds of each contender, run in turns so that all see the same machine."""
+    best = dict.fromkeys(contenders, float("inf"))
     for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
+        for name, fn in contenders.items():
+            if before:
+                before()
+            start = time.perf_counter()
+            fn()
+            best[name] = min(best[name], time.perf_counter() - start)
+    return best
 
 
 def shard_build_ratio(work: Path, source: str, size: int, tile: int, repeats: int) -> dict:
@@ -81,14 +100,14 @@ def shard_build_ratio(work: Path, source: str, size: int, tile: int, repeats: in
     labels = write_raster(work / f"{source}_labels.tif", 1, size, "uint8", 255)
     windows = tile_windows(size, size, TileSpec(tile))
     nbytes = len(windows) * bands * tile * tile * np.dtype(dtype).itemsize
+    out = work / f"shards_{source}"
 
     def raw() -> None:
-        with rasterio.open(emb) as src:
+        with rasterio.Env(GDAL_CACHEMAX=GDAL_CACHE_MB), rasterio.open(emb) as src:
             for w in windows:
                 src.read(window=w)
 
     def build() -> None:
-        out = work / f"shards_{source}"
         index = build_region(
             source,
             "bench",
@@ -102,15 +121,16 @@ def shard_build_ratio(work: Path, source: str, size: int, tile: int, repeats: in
         )
         (out / "index.json").write_text(json.dumps(index))
 
-    raw_s, build_s = [], []
-    for _ in range(repeats):  # alternate, so both see the same machine state
-        raw_s.append(best_of(raw, 1))
-        build_s.append(best_of(build, 1))
+    def fresh_output() -> None:  # untimed; see the module docstring
+        shutil.rmtree(out, ignore_errors=True)
+
+    best = alternate({"raw": raw, "build": build}, repeats, before=fresh_output)
+    build()  # leave the shards for the loader and stats figures
     mb = nbytes / 1e6
     return {
-        f"raw_read_mb_s_{source}": mb / min(raw_s),
-        f"shard_build_mb_s_{source}": mb / min(build_s),
-        f"shard_build_ratio_{source}": min(raw_s) / min(build_s),
+        f"raw_read_mb_s_{source}": mb / best["raw"],
+        f"shard_build_mb_s_{source}": mb / best["build"],
+        f"shard_build_ratio_{source}": best["raw"] / best["build"],
     }
 
 
@@ -121,30 +141,92 @@ def read_raw(paths: list[Path]) -> None:
                 pass
 
 
+def evict(paths: list[Path]) -> None:
+    """Drop these files from the page cache (written back first), so the next read is cold."""
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+class RawSamples(IterableDataset):
+    """Each sample's bytes read into shared memory, B per batch: a 2-worker loader's ceiling."""
+
+    def __init__(self, shards: list[str], sample_bytes: int, batch: int) -> None:
+        self.shards, self.sample_bytes, self.batch = shards, sample_bytes, batch
+
+    def __iter__(self):
+        info = get_worker_info()
+        mine = self.shards[info.id :: info.num_workers] if info else self.shards
+        for path in mine:
+            with open(path, "rb", buffering=0) as fh:
+                while True:
+                    nbytes = self.batch * self.sample_bytes
+                    storage = torch.UntypedStorage._new_shared(nbytes)
+                    out = torch.empty(0, dtype=torch.uint8).set_(storage)
+                    got = fh.readinto(out.numpy())
+                    if not got:
+                        break
+                    yield out[:got]
+
+
 def loader_ratios(work: Path, repeats: int, batch: int = 8) -> dict:
     shards = sorted(str(p) for p in (work / "shards_aef").glob("train-*.tar"))
     index = json.loads((work / "shards_aef" / "index.json").read_text())["splits"]["train"]
     samples = index["samples"]
-    read_raw([Path(p) for p in shards])  # warm the page cache for both contenders
-    out = {}
-    raw_t = best_of(lambda: read_raw([Path(p) for p in shards]), repeats)
-    out["raw_tar_samples_s"] = samples / raw_t
+    sample_bytes = index["bytes_per_sample"]
+    read_raw([Path(p) for p in shards])  # warm the page cache for every contender
     prepare = Dequantize("aef")
-    for workers in (0, 2):
+    first: dict[str, float] = {}
+
+    def load(workers: int, dequant: bool = False) -> None:
         spec = LoaderSpec("aef", 64, batch, num_workers=workers, shuffle_buffer=64)
+        start = time.perf_counter()
+        for i, b in enumerate(train_batches(shards, samples, spec, 0, 1, epoch=0)):
+            if i == 0:
+                first[f"w{workers}"] = time.perf_counter() - start
+            if dequant:
+                prepare(b)
 
-        def load(dequant: bool = False, spec: LoaderSpec = spec) -> None:
-            for b in train_batches(shards, samples, spec, 0, 1, epoch=0):
-                if dequant:
-                    prepare(b)
+    def ceiling() -> None:
+        dataset = RawSamples(shards, int(sample_bytes), batch)
+        for _ in DataLoader(dataset, batch_size=None, num_workers=2):
+            pass
 
-        t = best_of(load, repeats)
-        out[f"loader_samples_s_w{workers}"] = samples / t
-        out[f"loader_ratio_w{workers}"] = raw_t / t
-        if workers == 2:
-            t = best_of(lambda: load(True), repeats)
-            out["loader_dequant_ratio_w2"] = raw_t / t
-    return out
+    steady = float("inf")
+
+    def load_w2() -> None:
+        nonlocal steady
+        start = time.perf_counter()
+        load(2)
+        steady = min(steady, time.perf_counter() - start - first["w2"])
+
+    best = alternate(
+        {
+            "raw": lambda: read_raw([Path(p) for p in shards]),
+            "w0": lambda: load(0),
+            "w2": load_w2,
+            "w2_dequant": lambda: load(2, True),
+            "ceiling": ceiling,
+        },
+        repeats,
+    )
+    raw_t = best["raw"]
+    return {
+        "loader_epoch_samples": samples,
+        "raw_tar_samples_s": samples / raw_t,
+        "loader_samples_s_w0": samples / best["w0"],
+        "loader_ratio_w0": raw_t / best["w0"],
+        "loader_samples_s_w2": samples / best["w2"],
+        "loader_ratio_w2": raw_t / best["w2"],
+        "loader_steady_ratio_w2": raw_t * (samples - batch) / samples / steady,
+        "loader_startup_s_w2": first["w2"],
+        "loader_dequant_ratio_w2": raw_t / best["w2_dequant"],
+        "loader_ceiling_ratio_w2": raw_t / best["ceiling"],
+    }
 
 
 def stats_ratio(work: Path, repeats: int, n_tiles: int) -> dict:
@@ -154,10 +236,30 @@ def stats_ratio(work: Path, repeats: int, n_tiles: int) -> dict:
     _, _, record = channel_stats("tessera", shards, n_tiles, 0, keys)
     chosen = set(record["tile_keys"])
     needed = [Path(p) for p, ks in zip(shards, keys, strict=True) if chosen & set(ks)]
+
+    def stats() -> None:
+        channel_stats("tessera", shards, n_tiles, 0, keys)
+
+    def floor() -> None:
+        for sample in iter_samples([str(p) for p in needed]):
+            if sample["__key__"] in chosen:
+                sample["emb"].sum(dtype=np.int64)
+
     read_raw(needed)
-    raw_t = best_of(lambda: read_raw(needed), repeats)
-    stats_t = best_of(lambda: channel_stats("tessera", shards, n_tiles, 0, keys), repeats)
-    return {"stats_s": stats_t, "stats_raw_read_s": raw_t, "stats_ratio": stats_t / raw_t}
+    warm = alternate({"raw": lambda: read_raw(needed), "stats": stats, "floor": floor}, repeats)
+    cold = alternate(
+        {"raw": lambda: read_raw(needed), "stats": stats}, repeats, before=lambda: evict(needed)
+    )
+    return {
+        "stats_tiles": len(chosen),
+        "stats_s": warm["stats"],
+        "stats_raw_read_s": warm["raw"],
+        "stats_ratio": warm["stats"] / warm["raw"],
+        "stats_floor_ratio": warm["floor"] / warm["raw"],
+        "stats_cold_s": cold["stats"],
+        "stats_raw_read_cold_s": cold["raw"],
+        "stats_ratio_cold": cold["stats"] / cold["raw"],
+    }
 
 
 def peak_rss(work: Path, size: int, tile: int) -> dict:
@@ -184,14 +286,19 @@ def peak_rss(work: Path, size: int, tile: int) -> dict:
         "--max-bytes",
         str(256 << 20),
     ]
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    # A fresh wrapper process whose only child is the build: RUSAGE_CHILDREN of this bench
+    # would also count DataLoader workers forked earlier from a large parent.
+    wrapper = (
+        "import resource, subprocess, sys; subprocess.run(sys.argv[1:], check=True); "
+        "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)"
+    )
     start = time.perf_counter()
-    subprocess.run(cmd, check=True, capture_output=True)
+    done = subprocess.run([sys.executable, "-c", wrapper, *cmd], check=True, capture_output=True)
     seconds = time.perf_counter() - start
-    after = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    after = int(done.stdout.split()[-1])
     return {
         "big_raster_side": size,
-        "shard_build_peak_rss_mib": max(after, before) / 1024,
+        "shard_build_peak_rss_mib": after / 1024,
         "shard_build_big_s": seconds,
     }
 
@@ -213,7 +320,7 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="emb-bench-", dir=args.workdir))
-    size, big, repeats = (512, 1024, 1) if args.quick else (2048, 8192, 3)
+    size, big, repeats = (1024, 1024, 1) if args.quick else (4096, 8192, 3)
     figures: dict[str, float] = {}
     try:
         figures.update(shard_build_ratio(work, "aef", size, 256, repeats))

@@ -14,7 +14,7 @@ import rasterio
 from affine import Affine
 from conftest import TINY, TinyDemo, venv_env
 
-from emb.align_labels import align_labels
+from emb.align_labels import AlignmentError, align_labels
 from emb.data import LoaderError, LoaderSpec, eval_batches, shard_sample_counts, train_batches
 from emb.shards import build_region
 from emb.tiles import SplitSpec, TileSpec, TilingError
@@ -69,7 +69,9 @@ def test_corrupt_shard_names_the_shard(tiny_demo: TinyDemo, tmp_path: Path) -> N
 
 def test_shard_with_other_in_dim_than_manifest_is_refused(tiny_demo: TinyDemo) -> None:
     part = tiny_demo.manifest("tessera")["splits"]["train"]
-    with pytest.raises(LoaderError, match="in_dim 128, manifest says 64"):
+    with pytest.raises(
+        LoaderError, match=r"train-\d{4}\.tar: sample .* in_dim 128, manifest says 64"
+    ):
         drain(train_batches(part["shards"], part["samples"], spec("tessera", 64), 0, 1, 0))
 
 
@@ -83,7 +85,8 @@ def test_resumed_epoch_continues_with_the_same_batches(tiny_demo: TinyDemo) -> N
 
 
 def torch_equal(a: dict, b: dict) -> bool:
-    return a.keys() == b.keys() and all(bool((a[k] == b[k]).all()) for k in a)
+    same = [a[k] == b[k] if isinstance(a[k], list) else bool((a[k] == b[k]).all()) for k in a]
+    return a.keys() == b.keys() and all(same)
 
 
 def write_float_raster(path: Path, data: np.ndarray, transform: Affine, crs: str) -> Path:
@@ -136,7 +139,7 @@ def test_raster_without_a_valid_tile_is_an_error(tiny_demo: TinyDemo, tmp_path: 
 
 
 def test_tile_larger_than_raster_is_an_error_naming_both(tiny_demo, tmp_path) -> None:
-    with pytest.raises(TilingError, match="tile_size 256 is larger than the raster"):
+    with pytest.raises(TilingError, match=r"demo_a\.tif: tile_size 256 is larger than the raster"):
         build_region(
             "aef",
             "demo_a",
@@ -235,3 +238,15 @@ def test_shard_sample_counts_pairs_paths_with_counts(tiny_demo: TinyDemo) -> Non
     part = tiny_demo.manifest("aef")["splits"]["train"]
     counts = shard_sample_counts(part)
     assert sum(counts.values()) == part["samples"] and set(counts) == set(part["shards"])
+
+
+def test_cdl_in_a_crs_without_overlap_is_an_error_naming_both_files(tiny_demo, class_map, tmp_path):
+    far = tmp_path / "far_cdl.tif"
+    transform = Affine(30, 0, 2_000_000, 0, -30, 500_000)
+    with rasterio.open(far, "w", driver="GTiff", count=1, height=32, width=32, dtype="uint8",
+                       crs="EPSG:5070", transform=transform) as dst:  # fmt: skip
+        dst.write(np.ones((1, 32, 32), np.uint8))
+    out = tmp_path / "labels.tif"
+    with pytest.raises(AlignmentError, match=r"far_cdl\.tif .*does not overlap .*demo_a"):
+        align_labels(tiny_demo.rasters["demo_a"]["aef"], far, class_map, out)
+    assert not out.exists()

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import rasterio
 from rasterio.enums import Resampling
-from rasterio.warp import reproject
+from rasterio.warp import reproject, transform_bounds
 from rasterio.windows import Window
 
 from emb.classes import IGNORE, ClassMap, load_class_map
@@ -29,6 +29,25 @@ def _windows(height: int, width: int, block: int):
             yield Window(col, row, min(block, width - col), min(block, height - row))
 
 
+class AlignmentError(ValueError):
+    """A CDL raster that cannot give labels for an embedding raster."""
+
+
+def check_overlap(emb: rasterio.DatasetReader, cdl: rasterio.DatasetReader) -> None:
+    """Raise unless the CDL's footprint, taken into the embedding CRS, meets the raster's."""
+    try:
+        left, bottom, right, top = transform_bounds(cdl.crs, emb.crs, *cdl.bounds)
+    except Exception as err:  # noqa: BLE001 - PROJ fails in many ways on far-apart CRSs
+        raise AlignmentError(f"{cdl.name} cannot be transformed to {emb.crs}: {err}") from err
+    e = emb.bounds
+    if left >= e.right or right <= e.left or bottom >= e.top or top <= e.bottom:
+        raise AlignmentError(
+            f"{cdl.name} ({cdl.crs}) does not overlap {emb.name}: expected its bounds in "
+            f"{emb.crs} to meet {tuple(round(v, 3) for v in e)}, found "
+            f"{tuple(round(v, 3) for v in (left, bottom, right, top))}"
+        )
+
+
 def align_labels(
     emb_path: Path, cdl_path: Path, cmap: ClassMap, out_path: Path, block: int = 512
 ) -> dict:
@@ -36,6 +55,7 @@ def align_labels(
     counts: Counter[str] = Counter()
     codes: Counter[int] = Counter()
     with rasterio.open(emb_path) as emb, rasterio.open(cdl_path) as cdl:
+        check_overlap(emb, cdl)
         profile = emb.profile.copy()
         profile.update(count=1, dtype="uint8", nodata=IGNORE, compress="deflate")
         if emb.height >= 16 and emb.width >= 16:
@@ -76,7 +96,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--report", type=Path, required=True, help="sidecar JSON")
     parser.add_argument("--block", type=int, default=512)
     args = parser.parse_args(argv)
-    report = align_labels(args.emb, args.cdl, load_class_map(args.classes), args.out, args.block)
+    try:
+        report = align_labels(
+            args.emb, args.cdl, load_class_map(args.classes), args.out, args.block
+        )
+    except AlignmentError as err:
+        raise SystemExit(f"error: {err}") from err
     report.update(emb=str(args.emb), cdl=str(args.cdl))
     args.report.write_text(json.dumps(report, indent=2))
     print(json.dumps(report["counts"]))

@@ -1,7 +1,8 @@
 """Stage: per-channel mean and std of a seeded random sample of training tiles.
 
-Only valid pixels count. Tiles are merged with Chan's parallel update in float64, which
-stays exact where a sum-of-squares formula cancels (large means, small spreads).
+Only valid pixels count. Each tile's moments are summed in float64 around a shift near its
+mean, and tiles are merged with Chan's parallel update: exact where a plain sum-of-squares
+formula cancels (large means, small spreads).
 """
 
 from __future__ import annotations
@@ -11,10 +12,12 @@ import json
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from emb.data import iter_samples
 from emb.io import atomic_path, write_json
-from emb.rasters import to_float, valid_pixels
+from emb.rasters import valid_pixels
+from emb.shards import read_ahead
 
 
 class StatsError(ValueError):
@@ -30,13 +33,17 @@ class RunningMoments:
         self.m2 = np.zeros(dim, np.float64)
 
     def update(self, values: np.ndarray) -> None:
-        """Add (D, N) values."""
-        n_b = values.shape[1]
-        if n_b == 0:
+        """Add (D, N) values (two-pass within the batch)."""
+        if values.shape[1] == 0:
             return
         v = values.astype(np.float64)
         mean_b = v.mean(axis=1)
-        m2_b = ((v - mean_b[:, None]) ** 2).sum(axis=1)
+        self.merge(v.shape[1], mean_b, ((v - mean_b[:, None]) ** 2).sum(axis=1))
+
+    def merge(self, n_b: int, mean_b: np.ndarray, m2_b: np.ndarray) -> None:
+        """Add a part summarized by its count, mean and M2 (Chan et al.'s parallel update)."""
+        if n_b == 0:
+            return
         n = self.n + n_b
         delta = mean_b - self.mean
         self.mean = self.mean + delta * (n_b / n)
@@ -46,6 +53,54 @@ class RunningMoments:
     @property
     def std(self) -> np.ndarray:
         return np.sqrt(self.m2 / max(self.n, 1))
+
+
+def tile_moments(
+    source: str, sample: dict[str, np.ndarray], chunk: int = 2048
+) -> tuple[int, np.ndarray, np.ndarray]:
+    """(n, mean, M2) per channel of one shard sample's valid pixels, in float64.
+
+    Pixels are de-quantized ``chunk`` at a time into a float64 buffer that stays in cache,
+    shifted by the first chunk's mean (so squares do not cancel), then summed in place:
+    torch's int8 -> float64 copy and in-place ops ran 1.5-2x faster than numpy's here.
+    """
+    q = torch.from_numpy(sample["emb"]).reshape(sample["emb"].shape[0], -1)
+    valid = torch.from_numpy(valid_pixels(source, sample)).reshape(-1)
+    scale = None
+    if source != "aef":
+        raw = torch.from_numpy(sample["scale"]).double()
+        scale = raw.reshape(-1) if raw.dim() == 2 else raw.reshape(raw.shape[0], -1)
+    dim, pixels = q.shape
+    buf = torch.empty(dim, chunk, dtype=torch.float64)
+    n, s1, s2 = 0, torch.zeros(dim, dtype=torch.float64), torch.zeros(dim, dtype=torch.float64)
+    shift: torch.Tensor | None = None
+    all_valid = bool(valid.all())
+    for start in range(0, pixels, chunk):
+        qc = q[:, start : start + chunk]
+        sc = None if scale is None else scale[..., start : start + chunk]
+        if not all_valid:
+            keep = valid[start : start + chunk]
+            qc = qc[:, keep]
+            sc = None if sc is None else sc[..., keep]
+        if qc.shape[1] == 0:
+            continue
+        x = buf[:, : qc.shape[1]]
+        x.copy_(qc)
+        if sc is None:
+            x.div_(127.5)
+            x.mul_(x.abs())  # sign(x) * x**2
+        else:
+            x.mul_(sc)
+        if shift is None:
+            shift = x.mean(dim=1, keepdim=True)
+        x.sub_(shift)
+        n += x.shape[1]
+        s1 += x.sum(dim=1)
+        s2 += x.square_().sum(dim=1)
+    if shift is None:
+        return 0, np.zeros(dim), np.zeros(dim)
+    mean, m2 = shift[:, 0] + s1 / n, s2 - s1 * s1 / n
+    return n, mean.numpy(), m2.numpy()
 
 
 def channel_stats(
@@ -69,12 +124,16 @@ def channel_stats(
     chosen = set(rng.choice(keys, size=min(n_tiles, len(keys)), replace=False).tolist())
     needed = [shard for shard, ks in zip(shards, shard_keys, strict=True) if chosen & set(ks)]
     moments: RunningMoments | None = None
-    for sample in iter_samples(needed):
-        if sample["__key__"] not in chosen:
-            continue
-        x = to_float(source, sample)
-        moments = moments or RunningMoments(x.shape[0])
-        moments.update(x[:, valid_pixels(source, sample)])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # chunks fit in cache; a second thread only contends with reads
+    try:
+        for sample in read_ahead(iter_samples(needed)):
+            if sample["__key__"] not in chosen:
+                continue
+            moments = moments or RunningMoments(sample["emb"].shape[0])
+            moments.merge(*tile_moments(source, sample))
+    finally:
+        torch.set_num_threads(threads)
     assert moments is not None
     record = {
         "source": source,

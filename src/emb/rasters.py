@@ -30,12 +30,26 @@ def quantize_aef(v: np.ndarray) -> np.ndarray:
 
 def quantize_tessera(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(D, H, W) float -> ((D, H, W) int8, (H, W) float32 scale); invalid pixels get scale 0."""
-    valid = np.isfinite(x).all(axis=0)
-    safe = np.where(valid[None], x, 0.0).astype(np.float32)
-    scale = (np.abs(safe).max(axis=0) / 127.0).astype(np.float32)
-    divisor = np.where(scale > 0, scale, 1.0)
-    q = np.clip(np.rint(safe / divisor[None]), -127, 127).astype(np.int8)
-    scale[~valid] = 0.0
+    return _quantize_tessera_inplace(np.array(x, np.float32))
+
+
+def _quantize_tessera_inplace(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`quantize_tessera` that overwrites the (D, H, W) float32 ``x`` (its scratch space).
+
+    Per pixel ``scale = max|x| / 127`` and ``q = rint(x * 127 / max|x|)``; a pixel with a
+    non-finite band (the max/min reductions propagate it) gets scale 0 and q 0. Five passes
+    over the block and no temporary of its size: this runs once per tile of a shard build.
+    """
+    amax = np.maximum(x.max(axis=0), -x.min(axis=0))
+    valid = np.isfinite(amax)
+    scale = np.where(valid, amax / np.float32(127.0), np.float32(0.0)).astype(np.float32)
+    inv = np.zeros_like(amax)
+    np.divide(np.float32(127.0), amax, out=inv, where=valid & (amax > 0))
+    if not valid.all():
+        x[:, ~valid] = 0.0
+    np.multiply(x, inv, out=x)
+    q = np.empty(x.shape, np.int8)
+    np.rint(x, out=q, casting="unsafe")
     return q, scale
 
 
@@ -56,13 +70,17 @@ def nodata_mask(block: np.ndarray, nodata: float | None) -> np.ndarray:
 
 
 def shard_arrays(source: str, block: np.ndarray, nodata: float | None) -> dict[str, np.ndarray]:
-    """The compact arrays a shard stores for one tile of ``source`` (see DESIGN.md section 5)."""
+    """The compact arrays a shard stores for one tile of ``source`` (see DESIGN.md section 5).
+
+    ``block`` is the tile as read; TESSERA's float block is used as scratch space.
+    """
     if source == "aef":
         q = block.astype(np.int8, copy=False)
         return {"emb": np.ascontiguousarray(q)}
-    data = block.astype(np.float32)
-    data[:, nodata_mask(block, nodata)] = np.nan
-    q, scale = quantize_tessera(data)
+    data = block.astype(np.float32, copy=False)
+    if nodata is not None and not np.isnan(nodata):
+        data[:, (block == np.asarray(nodata, block.dtype)).any(axis=0)] = np.nan
+    q, scale = _quantize_tessera_inplace(data)
     return {"emb": q, "scale": scale}
 
 

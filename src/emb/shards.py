@@ -15,7 +15,9 @@ import shutil
 import tarfile
 import tempfile
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import rasterio
@@ -25,25 +27,48 @@ from emb.io import write_json
 from emb.rasters import BANDS, shard_arrays
 from emb.tiles import SPLITS, SplitSpec, Tile, TileSpec, TilingError, plan_tiles
 
+T = TypeVar("T")
 GDAL_CACHE_MB = 64  # tiles are read once: a large block cache only inflates memory
 
 
-def encode_npy(array: np.ndarray) -> bytes:
-    """``.npy`` bytes with a single copy of the data (``np.save`` into BytesIO makes three)."""
+Payload = tuple[bytes | memoryview, ...]  # a tar member's bytes, as buffers written in turn
+
+
+def encode_npy(array: np.ndarray) -> Payload:
+    """``.npy`` bytes as (header, the array's own memory): written without a copy."""
     array = np.ascontiguousarray(array)
     header = io.BytesIO()
     np.lib.format.write_array_header_1_0(header, np.lib.format.header_data_from_array_1_0(array))
-    return header.getvalue() + array.tobytes()
+    return header.getvalue(), memoryview(array).cast("B")
+
+
+def payload_size(payload: Payload) -> int:
+    return sum(memoryview(part).nbytes for part in payload)
+
+
+def read_ahead(items: Iterator[T]) -> Iterator[T]:
+    """``items``, each produced in a thread while the caller works on the one before.
+
+    File and GDAL reads and numpy/torch's large-array loops release the GIL, so on two
+    cores reading the next tile overlaps encoding (shards) or summing (channel_stats) this
+    one (bench/data.py). Memory holds at most two items.
+    """
+    done = object()
+    with ThreadPoolExecutor(1, thread_name_prefix="read-ahead") as pool:
+        pending = pool.submit(next, items, done)
+        while (item := pending.result()) is not done:
+            pending = pool.submit(next, items, done)
+            yield item
 
 
 def tile_samples(
     source: str, region: str, emb: rasterio.DatasetReader, labels: np.ndarray, tiles: list[Tile]
-) -> Iterator[dict[str, bytes | str]]:
+) -> Iterator[dict[str, str | Payload]]:
     """Encoded WebDataset samples of ``tiles``, read window by window."""
     crs = emb.crs.to_string()  # once: the conversion costs about a millisecond
-    for tile in tiles:
+    for tile, block in read_ahead((t, emb.read(window=t.window)) for t in tiles):
         win = tile.window
-        arrays = shard_arrays(source, emb.read(window=win), emb.nodata)
+        arrays = shard_arrays(source, block, emb.nodata)
         arrays["label"] = labels[tile.row : tile.row + tile.size, tile.col : tile.col + tile.size]
         meta = {
             "region": region,
@@ -52,14 +77,14 @@ def tile_samples(
             "crs": crs,
             "transform": list(emb.window_transform(win))[:6],
         }
-        sample: dict[str, bytes | str] = {"__key__": f"{region}_{tile.row}_{tile.col}"}
+        sample: dict[str, str | Payload] = {"__key__": f"{region}_{tile.row}_{tile.col}"}
         sample.update({f"{name}.npy": encode_npy(a) for name, a in arrays.items()})
-        sample["meta.json"] = json.dumps(meta).encode()
+        sample["meta.json"] = (json.dumps(meta).encode(),)
         yield sample
 
 
 class TarShard:
-    """A WebDataset tar written member by member with one write per header and payload.
+    """A WebDataset tar written member by member, payloads straight from the arrays' memory.
 
     webdataset's TarWriter goes through tarfile's 16 KiB copy loop over a BytesIO; writing
     the USTAR headers ourselves measured 2-4x faster here (bench/data.py). The result is a
@@ -69,16 +94,18 @@ class TarShard:
     def __init__(self, path: str) -> None:
         self.fh = open(path, "wb")  # noqa: SIM115 - closed in close()
 
-    def write(self, sample: dict[str, bytes | str]) -> None:
+    def write(self, sample: dict[str, str | Payload]) -> None:
         key = sample["__key__"]
         for name, payload in sample.items():
             if name == "__key__":
                 continue
+            size = payload_size(payload)
             info = tarfile.TarInfo(f"{key}.{name}")
-            info.size, info.mode, info.mtime = len(payload), 0o644, 0
+            info.size, info.mode, info.mtime = size, 0o644, 0
             self.fh.write(info.tobuf(tarfile.USTAR_FORMAT))
-            self.fh.write(payload)
-            self.fh.write(b"\0" * (-len(payload) % tarfile.BLOCKSIZE))
+            for part in payload:
+                self.fh.write(part)
+            self.fh.write(b"\0" * (-size % tarfile.BLOCKSIZE))
 
     def close(self) -> None:
         self.fh.write(b"\0" * (2 * tarfile.BLOCKSIZE))  # end-of-archive marker
@@ -113,7 +140,7 @@ def write_shards(
         sink.write(sample)
         keys.append(sample["__key__"])
         count += 1
-        size += sum(len(v) for k, v in sample.items() if k != "__key__")
+        size += sum(payload_size(v) for k, v in sample.items() if k != "__key__")
         if count >= max_samples or size >= max_bytes:
             close()
     if sink is not None:
@@ -155,7 +182,10 @@ def build_region(
     with rasterio.Env(GDAL_CACHEMAX=GDAL_CACHE_MB), rasterio.open(label_path) as src:
         labels = src.read(1)
         transform = src.transform
-    tiles, dropped = plan_tiles(labels, transform, region, tile_spec, split_spec, fixed_split)
+    try:
+        tiles, dropped = plan_tiles(labels, transform, region, tile_spec, split_spec, fixed_split)
+    except TilingError as err:
+        raise TilingError(f"{label_path}: {err}") from err
     if not tiles:
         raise TilingError(
             f"{label_path}: no tile of {tile_spec.size} px has >= {tile_spec.min_valid:.0%} "

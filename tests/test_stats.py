@@ -1,0 +1,108 @@
+"""Channel statistics: exact against a numpy two-pass float64 reference, and reproducible."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import TinyDemo, venv_env
+
+from emb.channel_stats import channel_stats
+from emb.data import iter_samples
+from emb.rasters import valid_pixels
+from emb.shards import encode_npy, write_shards
+
+
+def float64_values(source: str, sample: dict) -> np.ndarray:
+    """(D, N) float64 de-quantized values of a sample's valid pixels, straight from the codes."""
+    q = sample["emb"].astype(np.float64)
+    if source == "aef":
+        x = np.sign(q) * (q / 127.5) ** 2
+    else:
+        scale = sample["scale"].astype(np.float64)
+        x = q * (scale if scale.ndim == 3 else scale[None])
+    return x[:, valid_pixels(source, sample)]
+
+
+def two_pass_reference(source: str, shards: list[str], keys: set[str]):
+    """Mean and std of the valid pixels of the tiles ``keys``: numpy, float64, two passes."""
+    x = np.concatenate(
+        [float64_values(source, s) for s in iter_samples(shards) if s["__key__"] in keys], axis=1
+    )
+    mean = x.mean(axis=1)
+    return mean, np.sqrt(((x - mean[:, None]) ** 2).mean(axis=1))
+
+
+@pytest.mark.parametrize("source", ["tessera", "aef"])
+def test_stats_equal_the_two_pass_reference(tiny_demo: TinyDemo, source: str) -> None:
+    shards = tiny_demo.manifest(source)["splits"]["train"]["shards"]
+    mean, std, record = channel_stats(source, shards, n_tiles=7, seed=3)
+    ref_mean, ref_std = two_pass_reference(source, shards, set(record["tile_keys"]))
+    assert record["n_tiles"] == 7 and len(record["tile_keys"]) == 7
+    np.testing.assert_allclose(mean, ref_mean, rtol=1e-6, atol=1e-7 * np.abs(ref_mean).max())
+    np.testing.assert_allclose(std, ref_std, rtol=1e-6)
+
+
+def write_tessera_shard(path: Path, tiles: list[tuple[np.ndarray, np.ndarray]]) -> list[str]:
+    samples = (
+        {"__key__": f"r_{i}_0", "emb.npy": encode_npy(q), "scale.npy": encode_npy(scale)}
+        for i, (q, scale) in enumerate(tiles)
+    )
+    return [s["path"] for s in write_shards(samples, str(path / "train-%04d.tar"), 100, 1 << 30)]
+
+
+def test_stats_stay_exact_for_a_large_mean_and_a_small_spread(tmp_path: Path) -> None:
+    """Values near 1.3e5 that vary by about one: a one-pass sum of squares loses it all."""
+    rng = np.random.default_rng(0)
+    tiles = []
+    for _ in range(3):
+        q = np.full((4, 16, 16), 127, np.int8)
+        q[1] = rng.integers(120, 128, (16, 16))
+        scale = (1000 + rng.random((16, 16)) * 0.01).astype(np.float32)
+        scale[0, :3] = 0  # nodata pixels must not count
+        tiles.append((q, scale))
+    shards = write_tessera_shard(tmp_path, tiles)
+    mean, std, record = channel_stats("tessera", shards, n_tiles=500, seed=0)
+    ref_mean, ref_std = two_pass_reference("tessera", shards, set(record["tile_keys"]))
+    assert record["n_tiles"] == 3 and record["pixels"] == 3 * (256 - 3)
+    np.testing.assert_allclose(mean, ref_mean, rtol=1e-6)
+    np.testing.assert_allclose(std, ref_std, rtol=1e-6)
+
+
+def test_per_channel_scales_are_supported(tmp_path: Path) -> None:
+    rng = np.random.default_rng(1)
+    q = rng.integers(-127, 128, (3, 8, 8)).astype(np.int8)
+    scale = rng.random((3, 8, 8)).astype(np.float32) + 0.1
+    shards = write_tessera_shard(tmp_path, [(q, scale)])
+    mean, std, _ = channel_stats("tessera", shards, n_tiles=1, seed=0)
+    x = q.astype(np.float64) * scale
+    np.testing.assert_allclose(mean, x.reshape(3, -1).mean(1), rtol=1e-6)
+    np.testing.assert_allclose(std, x.reshape(3, -1).std(1), rtol=1e-6)
+
+
+def run_stats(manifest: Path, out: Path, seed: int, n_tiles: int) -> dict:
+    subprocess.run(
+        [sys.executable, "-m", "emb.channel_stats", "--manifest", str(manifest),
+         "--out-dir", str(out), "--seed", str(seed), "--n-tiles", str(n_tiles)],
+        check=True, capture_output=True, env=venv_env(),
+    )  # fmt: skip
+    return json.loads((out / "stats.json").read_text())
+
+
+def test_stats_json_records_the_seeded_sample(tiny_demo: TinyDemo, tmp_path: Path) -> None:
+    manifest = tiny_demo.manifests["tessera"]
+    train = tiny_demo.manifest("tessera")["splits"]["train"]
+    a = run_stats(manifest, tmp_path / "a", seed=5, n_tiles=6)
+    b = run_stats(manifest, tmp_path / "b", seed=5, n_tiles=6)
+    c = run_stats(manifest, tmp_path / "c", seed=6, n_tiles=6)
+    everything = run_stats(manifest, tmp_path / "d", seed=5, n_tiles=10_000)
+    assert a["n_tiles"] == 6 and a["seed"] == 5 and a["tile_keys"] == b["tile_keys"]
+    assert c["tile_keys"] != a["tile_keys"]
+    assert set(a["tile_keys"]) <= {k for ks in train["shard_keys"] for k in ks}
+    assert everything["n_tiles"] == train["samples"] == len(everything["tile_keys"])
+    mean = np.load(tmp_path / "a" / "channel_mean.npy")
+    assert mean.dtype == np.float32 and mean.shape == (128,)
