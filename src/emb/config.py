@@ -114,6 +114,7 @@ class LoggingConfig:
     wandb: bool = False
     wandb_mode: str = "offline"
     wandb_project: str = "emb"
+    record_keys: bool = False  # keys/rank{r}.tsv: the sample keys of every micro-batch
 
 
 @dataclass(frozen=True)
@@ -140,6 +141,7 @@ class LoopConfig:
     checkpoint_every_updates: int = 0
     time_limit_s: float | None = None
     stop_margin_s: float = 120.0
+    collective_timeout_s: float = 900.0  # a rank that waits longer on the others fails
     seed: int = 0
     num_workers: int = 4
     shuffle_buffer: int = 256
@@ -162,7 +164,7 @@ class LoopConfig:
 @dataclass(frozen=True)
 class DataConfig:
     source: str
-    manifest: str
+    manifest: str = ""  # set by the workflow's train_config rule
     stats_dir: str | None = None
     normalize: bool = False
     classes: str = "config/classes.csv"
