@@ -24,3 +24,5 @@ rule all:
     default_target: True
     input:
         "results/summary.csv",
+        "results/summary.png",
+        report_targets(),

@@ -9,10 +9,12 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import rasterio
 from conftest import REPO, venv_env
 
 RULES = ["demo_region", "align_labels", "shards", "manifest", "channel_stats", "train_config",
-         "train", "evaluate", "summary"]  # fmt: skip
+         "train", "evaluate", "summary", "predict", "curves", "data_report"]  # fmt: skip
+RUNS = ["aef_segformer", "aef_deeplab", "tessera_segformer", "tessera_deeplab"]
 
 
 def make_workdir(path: Path) -> Path:
@@ -59,9 +61,7 @@ def test_full_run_creates_every_declared_output(finished_run: Path) -> None:
 
 def test_summary_holds_every_run_with_finite_metrics(finished_run: Path) -> None:
     table = pd.read_csv(finished_run / "results" / "summary.csv")
-    assert sorted(table["run"]) == sorted(
-        ["aef_segformer", "aef_deeplab", "tessera_segformer", "tessera_deeplab"]
-    )
+    assert sorted(table["run"]) == sorted(RUNS)
     metric_cols = [c for c in table.columns if c.split("_")[0] in ("miou", "f1", "oa")]
     assert len(metric_cols) == 9
     values = table[metric_cols].to_numpy().ravel()
@@ -78,3 +78,34 @@ def test_rerun_has_nothing_to_do(finished_run: Path) -> None:
     result = snakemake(finished_run, "-n")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Nothing to be done" in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("run", RUNS)
+@pytest.mark.parametrize("region", ["demo_a", "demo_b"])
+def test_every_map_has_the_crs_transform_and_shape_of_its_input(
+    finished_run: Path, run: str, region: str
+) -> None:
+    source = run.split("_")[0]
+    with rasterio.open(finished_run / f"resources/demo/{region}/{source}.tif") as src:
+        crs, transform, shape = src.crs, src.transform, src.shape
+    with rasterio.open(finished_run / f"results/maps/{run}/{region}.tif") as out:
+        assert (out.crs, out.transform, out.shape) == (crs, transform, shape)
+        assert out.dtypes[0] == "uint8" and out.nodata == 255
+        assert (out.read(1) != 255).mean() > 0
+
+
+def test_report_shows_every_figure_of_every_run(finished_run: Path) -> None:
+    result = snakemake(finished_run, "--report", "results/report.html")
+    assert result.returncode == 0, result.stderr[-3000:]
+    page = (finished_run / "results" / "report.html").read_text()
+
+    def shown(name: str) -> int:
+        return page.count(f'"filename": "{name}"')
+
+    per_run = ["confusion_l1.png", "confusion_l2.png", "confusion_l3.png", "iou.png",
+               "curves.png", "per_class.csv", "demo_a.png", "demo_b.png"]  # fmt: skip
+    assert {name: shown(name) for name in per_run} == dict.fromkeys(per_run, len(RUNS))
+    once = ["summary.html", "summary.png", "summary.csv", "aef.png", "aef.html",
+            "tessera.png", "tessera.html"]  # fmt: skip
+    assert {name: shown(name) for name in once} == dict.fromkeys(once, 1)
+    assert "row-normalized" in page  # a caption from workflow/report/*.rst

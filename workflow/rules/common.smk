@@ -1,11 +1,14 @@
 # Validation, the parsed tables and the input functions. Runs before any job starts.
+import os
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
+from snakemake.settings.types import DeploymentMethod
 from snakemake.utils import validate
 
 from emb.config import ConfigError, resolve
 from emb.demo import DEMO_REGIONS
+from emb.launch import rule_options
 from emb.regions import RegionsError, check_regions, read_regions
 
 validate(config, "../schemas/config.schema.yaml")
@@ -96,3 +99,79 @@ def get_run_inputs(wildcards):
         "manifest": f"results/shards/{source}/manifest.json",
         "stats": f"results/stats/{source}/stats.json",
     }
+
+
+# Software: with `--sdm apptainer` every rule runs in the image named by $EMB_CONTAINER (the
+# cluster profiles check that it exists). train and gpu_check run the launcher outside it, and
+# the launcher starts the image inside its srun step (srun is not in the image).
+APPTAINER = DeploymentMethod.APPTAINER in workflow.deployment_settings.deployment_method
+CONTAINER = os.environ.get("EMB_CONTAINER", "") if APPTAINER else ""
+if APPTAINER and not CONTAINER:
+    raise WorkflowError("--sdm apptainer: set EMB_CONTAINER to the image file (.sif)")
+
+
+container: CONTAINER or None
+
+
+def launch_options(wildcards, resources):
+    """The launcher's options from the rule's resources (set by the profiles)."""
+    return rule_options(
+        dict(resources.items()), CONTAINER, workflow.deployment_settings.apptainer_args
+    )
+
+
+def get_region_raster(wildcards):
+    """The embedding raster of ``region`` for the source ``run`` was trained on."""
+    source = RUN_SOURCE[wildcards.run]
+    path = REGIONS.loc[wildcards.region, source]
+    if not path:
+        raise WorkflowError(
+            f"run {wildcards.run!r} predicts from {source} embeddings, but region "
+            f"{wildcards.region!r} has no {source} raster (column {source!r} of "
+            f"{config['regions']} is empty)"
+        )
+    return path
+
+
+def predict_extra_outputs():
+    """The probability COG, declared only when config predict.probabilities is true."""
+    if config["predict"]["probabilities"]:
+        return {"probabilities": "results/maps/{run}/{region}_probabilities.tif"}
+    return {}
+
+
+def predict_options(wildcards, output):
+    cfg = config["predict"]
+    options = [
+        f"--overlap {cfg['overlap']}",
+        f"--block {cfg['block']}",
+        f"--batch-size {cfg['batch_size']}",
+    ]
+    if cfg.get("tile"):
+        options.append(f"--tile {cfg['tile']}")
+    if "probabilities" in output.keys():
+        options.append(f"--probabilities {output.probabilities}")
+    return " ".join(options)
+
+
+def map_targets():
+    """Every run's map (and quicklook) of every region that has the run's source."""
+    suffixes = [".tif", ".png"]
+    if config["predict"]["probabilities"]:
+        suffixes.append("_probabilities.tif")
+    return [
+        f"results/maps/{run}/{region}{suffix}"
+        for run in RUNS
+        for region in regions_of(RUN_SOURCE[run])
+        for suffix in suffixes
+    ]
+
+
+def report_targets():
+    """What the report shows beyond the summary: maps, curves, data manifests."""
+    sources = sorted(set(RUN_SOURCE.values()))
+    return [
+        *map_targets(),
+        *expand("results/runs/{run}/curves.png", run=RUNS),
+        *expand("results/data/{source}.{ext}", source=sources, ext=["png", "html"]),
+    ]

@@ -1,9 +1,44 @@
 rule evaluate:
     input:
         trained="results/runs/{run}/train.json",
+        classes=config["classes"],
     output:
         metrics="results/eval/{run}/metrics.json",
-        per_class="results/eval/{run}/per_class.csv",
+        per_class=report(
+            "results/eval/{run}/per_class.csv",
+            caption="../report/per_class.rst",
+            category="Runs",
+            subcategory="{run}",
+            labels={"run": "{run}", "figure": "per-class scores (CSV)"},
+        ),
+        confusion_l1=report(
+            "results/eval/{run}/confusion_l1.png",
+            caption="../report/confusion.rst",
+            category="Runs",
+            subcategory="{run}",
+            labels={"run": "{run}", "figure": "confusion L1"},
+        ),
+        confusion_l2=report(
+            "results/eval/{run}/confusion_l2.png",
+            caption="../report/confusion.rst",
+            category="Runs",
+            subcategory="{run}",
+            labels={"run": "{run}", "figure": "confusion L2"},
+        ),
+        confusion_l3=report(
+            "results/eval/{run}/confusion_l3.png",
+            caption="../report/confusion.rst",
+            category="Runs",
+            subcategory="{run}",
+            labels={"run": "{run}", "figure": "confusion L3"},
+        ),
+        iou=report(
+            "results/eval/{run}/iou.png",
+            caption="../report/iou.rst",
+            category="Runs",
+            subcategory="{run}",
+            labels={"run": "{run}", "figure": "per-class IoU"},
+        ),
     log:
         "logs/evaluate/{run}.log",
     benchmark:
@@ -15,7 +50,42 @@ rule evaluate:
         mem_mb=4000,
         runtime=60,
     params:
-        checkpoint="results/runs/{run}/best.pt",
+        run_dir=lambda wildcards, input: Path(input.trained).parent,
+        out_dir=lambda wildcards, output: Path(output.metrics).parent,
     shell:
-        "OMP_NUM_THREADS={threads} python -m emb.evaluate --checkpoint {params.checkpoint}"
-        " --metrics {output.metrics} --per-class {output.per_class} > {log} 2>&1"
+        "OMP_NUM_THREADS={threads} python -m emb.evaluate --run-dir {params.run_dir}"
+        " --classes {input.classes} --out-dir {params.out_dir} > {log} 2>&1"
+
+
+rule predict:
+    input:
+        trained="results/runs/{run}/train.json",
+        raster=get_region_raster,
+        classes=config["classes"],
+    output:
+        **predict_extra_outputs(),
+        map="results/maps/{run}/{region}.tif",
+        png=report(
+            "results/maps/{run}/{region}.png",
+            caption="../report/map.rst",
+            category="Maps",
+            subcategory="{run}",
+            labels={"run": "{run}", "region": "{region}"},
+        ),
+    log:
+        "logs/predict/{run}/{region}.log",
+    benchmark:
+        "benchmarks/predict/{run}/{region}.tsv"
+    conda:
+        "../../envs/emb.yaml"
+    threads: 1
+    resources:
+        mem_mb=8000,
+        runtime=120,
+    params:
+        run_dir=lambda wildcards, input: Path(input.trained).parent,
+        options=predict_options,
+    shell:
+        "OMP_NUM_THREADS={threads} python -m emb.predict --run-dir {params.run_dir}"
+        " --raster {input.raster} --region {wildcards.region} --classes {input.classes}"
+        " --out {output.map} --png {output.png} {params.options} > {log} 2>&1"

@@ -2,10 +2,23 @@ rule summary:
     input:
         metrics=expand("results/eval/{run}/metrics.json", run=RUNS),
     output:
-        report(
+        csv=report(
             "results/summary.csv",
             caption="../report/summary.rst",
             category="Summary",
+            labels={"figure": "table (CSV)"},
+        ),
+        html=report(
+            "results/summary.html",
+            caption="../report/summary.rst",
+            category="Summary",
+            labels={"figure": "table"},
+        ),
+        png=report(
+            "results/summary.png",
+            caption="../report/summary_figure.rst",
+            category="Summary",
+            labels={"figure": "all runs side by side"},
         ),
     log:
         "logs/summary.log",
@@ -15,10 +28,70 @@ rule summary:
         "../../envs/emb.yaml"
     threads: 1
     resources:
-        mem_mb=500,
+        mem_mb=1000,
         runtime=5,
     params:
         runs=RUNS,
     shell:
         "python -m emb.summary --runs {params.runs} --metrics {input.metrics}"
+        " --out {output.csv} --html {output.html} --png {output.png} > {log} 2>&1"
+
+
+rule curves:
+    input:
+        trained="results/runs/{run}/train.json",
+    output:
+        report(
+            "results/runs/{run}/curves.png",
+            caption="../report/curves.rst",
+            category="Runs",
+            subcategory="{run}",
+            labels={"run": "{run}", "figure": "training curves"},
+        ),
+    log:
+        "logs/curves/{run}.log",
+    benchmark:
+        "benchmarks/curves/{run}.tsv"
+    conda:
+        "../../envs/emb.yaml"
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=5,
+    params:
+        history="results/runs/{run}/history.csv",
+    shell:
+        "python -m emb.report_figures curves --history {params.history} --run {wildcards.run}"
         " --out {output} > {log} 2>&1"
+
+
+rule data_report:
+    input:
+        manifest="results/shards/{source}/manifest.json",
+        classes=config["classes"],
+    output:
+        png=report(
+            "results/data/{source}.png",
+            caption="../report/data.rst",
+            category="Data",
+            labels={"source": "{source}", "figure": "tiles and classes"},
+        ),
+        html=report(
+            "results/data/{source}.html",
+            caption="../report/data.rst",
+            category="Data",
+            labels={"source": "{source}", "figure": "tables"},
+        ),
+    log:
+        "logs/data_report/{source}.log",
+    benchmark:
+        "benchmarks/data_report/{source}.tsv"
+    conda:
+        "../../envs/emb.yaml"
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=5,
+    shell:
+        "python -m emb.report_figures data --manifest {input.manifest} --classes {input.classes}"
+        " --png {output.png} --html {output.html} > {log} 2>&1"

@@ -1,0 +1,247 @@
+"""Figures for the report (matplotlib, headless): data in, ``Figure`` out; :func:`save` writes.
+
+Every function here is pure: it draws what it is given and reads no file, so the stages decide
+what goes where and the figures can be tested on small arrays.
+"""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display on clusters or CI
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
+
+from emb.io import atomic_path  # noqa: E402
+
+LEVELS = ("l1", "l2", "l3")
+DPI = 110
+
+
+def save(fig: Figure, path: Path | str) -> Path:
+    """Write ``fig`` as PNG atomically and release its memory."""
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=DPI, bbox_inches="tight")
+    plt.close(fig)
+    return Path(path)
+
+
+def row_normalized(cm: np.ndarray) -> np.ndarray:
+    """Each reference row divided by its support (NaN for a class absent from the reference)."""
+    cm = np.asarray(cm, dtype=np.float64)
+    support = cm.sum(1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(support > 0, cm / support, np.nan)
+
+
+def confusion_figure(cm: np.ndarray, names: tuple[str, ...] | list[str], title: str) -> Figure:
+    """Row-normalized confusion matrix over the classes in the reference or the prediction.
+
+    Classes that neither occur nor are predicted are left out (61 empty rows help nobody);
+    rows of classes predicted but absent from the reference stay blank.
+    """
+    cm = np.asarray(cm)
+    shown = np.flatnonzero((cm.sum(1) > 0) | (cm.sum(0) > 0))
+    if shown.size == 0:
+        shown = np.arange(cm.shape[0])
+    sub = row_normalized(cm[np.ix_(shown, shown)])
+    labels = [names[i] for i in shown]
+    n = len(shown)
+    side = max(4.0, 0.32 * n + 2.5)
+    fig, ax = plt.subplots(figsize=(side + 1.2, side))
+    image = ax.imshow(sub, cmap="Blues", vmin=0.0, vmax=1.0)
+    ax.set_xticks(range(n), labels, rotation=90, fontsize=8)
+    ax.set_yticks(range(n), labels, fontsize=8)
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("reference")
+    if n <= 15:
+        for i in range(n):
+            for j in range(n):
+                if np.isfinite(sub[i, j]) and sub[i, j] >= 0.005:
+                    colour = "white" if sub[i, j] > 0.6 else "black"
+                    ax.text(j, i, f"{sub[i, j]:.2f}", ha="center", va="center", fontsize=7,
+                            color=colour)  # fmt: skip
+    fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04, label="fraction of reference row")
+    ax.set_title(title, fontsize=9)
+    return fig
+
+
+def iou_figure(per_class: pd.DataFrame, title: str) -> Figure:
+    """Per-class IoU bars, one panel per level, classes present in the reference only.
+
+    ``per_class``: rows of one weight set with columns level, class_name, support, iou.
+    """
+    present = per_class[per_class["support"] > 0]
+    counts = [max(1, int((present["level"] == lv).sum())) for lv in LEVELS]
+    fig, axes = plt.subplots(
+        len(LEVELS), 1, figsize=(7, 1.2 + 0.26 * sum(counts)),
+        gridspec_kw={"height_ratios": counts}, squeeze=False,
+    )  # fmt: skip
+    for ax, level in zip(axes[:, 0], LEVELS, strict=True):
+        rows = present[present["level"] == level].sort_values("iou")
+        ax.barh(rows["class_name"], rows["iou"], color="tab:blue")
+        for y, (iou, support) in enumerate(zip(rows["iou"], rows["support"], strict=True)):
+            ax.text(min(iou, 1.0) + 0.01, y, f"{iou:.2f} (n={support:,})", va="center", fontsize=7)
+        ax.set_xlim(0, 1.25)
+        ax.set_xticks(np.linspace(0, 1, 6))
+        ax.set_ylabel(level.upper())
+        ax.tick_params(axis="y", labelsize=8)
+    axes[-1, 0].set_xlabel("IoU (n = reference pixels)")
+    axes[0, 0].set_title(title, fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+LEVEL_COLOURS = {"l1": "tab:blue", "l2": "tab:orange", "l3": "tab:red"}
+SET_STYLES = {"": "-", "ema": "--", "raw": ":"}
+
+
+def curves_figure(history: pd.DataFrame, title: str) -> Figure:
+    """Training curves from ``history.csv``: losses (total and per head, training and
+    validation), validation mIoU per level and weight set, learning rate.
+
+    Columns used where present: ``train_loss``, ``train_loss_l{1,2,3}``, ``val_loss`` or
+    ``val_{ema,raw}_loss``, ``val_miou_l{1,2,3}`` or ``val_{ema,raw}_miou_l{1,2,3}``, ``lr``.
+    Colour = level, line style = weight set (solid: the only one, dashed: EMA, dotted: raw).
+    """
+    x_col = "epoch" if "epoch" in history else "step"
+    x = history[x_col]
+    sets = [s for s in ("ema", "raw") if f"val_{s}_miou_l3" in history] or [""]
+
+    def col(kind: str, weights: str, level: str = "") -> str:
+        name = f"val_{weights}_{kind}" if weights else f"val_{kind}"
+        return f"{name}_{level}" if level else name
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    if "train_loss" in history:
+        axes[0].plot(x, history["train_loss"], color="black", label="train (weighted sum)")
+    for level, colour in LEVEL_COLOURS.items():
+        if f"train_loss_{level}" in history:
+            axes[0].plot(x, history[f"train_loss_{level}"], color=colour, label=f"train {level}")
+    for weights in sets:
+        if col("loss", weights) in history:
+            axes[0].plot(x, history[col("loss", weights)], SET_STYLES[weights], color="grey",
+                         label=f"val {weights}".strip())  # fmt: skip
+        for level, colour in LEVEL_COLOURS.items():
+            if col("miou", weights, level) in history:
+                axes[1].plot(x, history[col("miou", weights, level)], SET_STYLES[weights],
+                             color=colour, label=f"{level} {weights}".strip())  # fmt: skip
+    axes[0].set_title("loss")
+    axes[1].set_title("validation mIoU")
+    axes[1].set_ylim(0, 1)
+    if "lr" in history:
+        axes[2].plot(x, history["lr"], color="tab:green", label="lr")
+        axes[2].set_yscale("log")
+    axes[2].set_title("learning rate")
+    for ax in axes:
+        ax.set_xlabel(x_col)
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def summary_figure(summary: pd.DataFrame) -> Figure:
+    """All runs side by side: mIoU, macro-F1 and OA per level (grouped bars, one per run)."""
+    figures = (("miou", "mIoU"), ("f1", "macro-F1"), ("oa", "overall accuracy"))
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4), sharey=True)
+    runs = list(summary["run"])
+    width = 0.8 / max(len(runs), 1)
+    for ax, (key, label) in zip(axes, figures, strict=True):
+        for i, run in enumerate(runs):
+            row = summary[summary["run"] == run].iloc[0]
+            values = [row[f"{key}_{lv}"] for lv in LEVELS]
+            pos = np.arange(len(LEVELS)) + (i - (len(runs) - 1) / 2) * width
+            bars = ax.bar(pos, values, width, label=run)
+            ax.bar_label(bars, fmt="%.2f", fontsize=7)
+        ax.set_xticks(range(len(LEVELS)), [lv.upper() for lv in LEVELS])
+        ax.set_title(label)
+        ax.set_ylim(0, 1.05)
+    axes[0].legend(fontsize=8)
+    fig.suptitle("test split, all runs")
+    fig.tight_layout()
+    return fig
+
+
+def data_figure(manifest: dict, l3_names: tuple[str, ...] | list[str]) -> Figure:
+    """The data manifest: tiles kept and dropped per split, and the L3 class histogram
+    (labelled pixels per split, classes present anywhere)."""
+    splits = list(manifest["splits"])
+    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(14, 6), gridspec_kw={"width_ratios": [1, 3]})
+    tiles = [manifest["splits"][s]["samples"] for s in splits]
+    dropped = [sum(manifest["splits"][s].get("dropped", {}).values()) for s in splits]
+    bars = ax0.bar(splits, tiles, label="tiles")
+    ax0.bar_label(bars)
+    ax0.bar(splits, dropped, bottom=tiles, color="lightgrey", label="dropped")
+    ax0.set_title(f"{manifest['source']}: tiles per split")
+    ax0.legend(fontsize=8)
+    hist = np.array([manifest["splits"][s]["class_hist"] for s in splits], dtype=np.float64)
+    present = np.flatnonzero(hist.sum(0) > 0)
+    order = present[np.argsort(-hist[:, present].sum(0))]
+    height = 0.8 / max(len(splits), 1)
+    for i, split in enumerate(splits):
+        ax1.barh(np.arange(len(order)) + i * height, hist[i, order], height, label=split)
+    ax1.set_yticks(np.arange(len(order)) + height, [l3_names[c] for c in order], fontsize=8)
+    ax1.invert_yaxis()
+    ax1.set_xscale("log")
+    ax1.set_xlabel("labelled pixels")
+    ax1.set_title("L3 class histogram")
+    ax1.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def map_figure(
+    l3: np.ndarray, colours: np.ndarray, names: tuple[str, ...] | list[str], title: str,
+    nodata: int = 255,
+) -> Figure:  # fmt: skip
+    """A predicted L3 map, north up, in its class colours, with a legend of the classes shown.
+
+    ``l3``: (H, W) uint8 ids as they lie on the ground (row 0 = north); ``colours``: (n, 3).
+    """
+    rgba = np.zeros((*l3.shape, 4), np.uint8)
+    valid = l3 != nodata
+    rgba[valid, :3] = colours[l3[valid]]
+    rgba[valid, 3] = 255
+    fig, ax = plt.subplots(figsize=(8, 6))
+    ax.imshow(rgba, interpolation="nearest")
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ids, counts = np.unique(l3[valid], return_counts=True)
+    order = ids[np.argsort(-counts)]
+    handles = [Patch(color=colours[i] / 255.0, label=names[i]) for i in order]
+    if (~valid).any():
+        handles.append(Patch(facecolor="white", edgecolor="grey", label="nodata"))
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8,
+              title="L3 class")  # fmt: skip
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def html_page(title: str, tables: list[tuple[str, pd.DataFrame]], floatfmt: str = "{:.4f}") -> str:
+    """A self-contained HTML page of titled tables (the report shows HTML inline, CSV not)."""
+    style = (
+        "body{font-family:sans-serif;font-size:13px}"
+        "table{border-collapse:collapse;margin-bottom:1.5em}"
+        "th,td{padding:3px 8px;border-bottom:1px solid #ddd;text-align:right}"
+        "th{background:#f2f2f2}"
+    )
+    parts = [
+        f"<h3>{html.escape(name)}</h3>"
+        + table.to_html(index=False, float_format=floatfmt.format, na_rep="", border=0)
+        for name, table in tables
+    ]
+    return (
+        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        f"<style>{style}</style></head><body>{''.join(parts)}</body></html>\n"
+    )
