@@ -2,10 +2,18 @@
 
 Saved state never carries a ``module.`` (DDP) or ``_orig_mod.`` (torch.compile) prefix, and is
 always loaded with ``weights_only=True``: a checkpoint cannot run code.
+
+Each checkpoint ``X.pt`` has a sidecar ``X.pt.sha256`` in ``sha256sum`` format, and
+:func:`load` refuses a file whose sha256 is not recorded there (bit rot, a partial copy, a file
+replaced by hand). The file and its sidecar cannot be renamed together, so a save records the
+new checksum *next to* the current one before the checkpoint's rename and drops the old one
+after it: whenever a process is killed, the file under the final name matches a recorded
+checksum (``sha256sum -c`` reads the sidecar; after a kill it may list one line too many).
 """
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +21,8 @@ import torch
 from torch import nn
 
 from emb.io import atomic_path
+
+CHECKSUM_SUFFIX = ".sha256"
 
 PREFIXES = ("module.", "_orig_mod.")
 
@@ -46,14 +56,102 @@ def strip_prefixes(state: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+class HashingWriter:
+    """A binary file that hashes what is written through it (one pass, no read-back).
+
+    ``torch.save`` turns an exception raised by ``write`` into a RuntimeError without errno
+    ("unexpected pos"); the original is kept in ``error`` so a full disk is reported as such.
+    """
+
+    def __init__(self, fh) -> None:
+        self.fh, self.sha256, self.error = fh, hashlib.sha256(), None
+
+    def write(self, data) -> int:
+        try:
+            written = self.fh.write(data)
+        except OSError as err:
+            self.error = err
+            raise
+        self.sha256.update(data)
+        return written
+
+    def flush(self) -> None:
+        self.fh.flush()
+
+
+def checksum_path(path: Path) -> Path:
+    """The sidecar holding ``path``'s recorded sha256: ``X.pt`` -> ``X.pt.sha256``."""
+    path = Path(path)
+    return path.with_name(path.name + CHECKSUM_SUFFIX)
+
+
+def recorded_checksums(path: Path) -> list[str] | None:
+    """The sha256 hex digests recorded for ``path``, or None when it has no sidecar."""
+    sums = checksum_path(path)
+    if not sums.exists():
+        return None
+    found = []
+    for line in sums.read_text().splitlines():
+        digest, _, name = line.partition("  ")
+        if name == Path(path).name and len(digest) == 64:
+            found.append(digest)
+    return found
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _write_checksums(path: Path, digests: list[str]) -> None:
+    lines = "".join(f"{d}  {path.name}\n" for d in dict.fromkeys(digests))
+    with atomic_path(checksum_path(path)) as tmp:
+        tmp.write_text(lines)
+
+
 def save(path: Path, state: dict[str, Any]) -> None:
-    """Write ``state`` to ``path`` via a temporary file, fsync and rename."""
+    """Write ``state`` to ``path`` via a temporary file, fsync and rename; record its sha256.
+
+    An ``OSError`` (a full disk) leaves the previous checkpoint and its sidecar intact.
+    """
+    path = Path(path)
     with atomic_path(path) as tmp:
-        torch.save(state, tmp)
+        with open(tmp, "wb") as fh:
+            writer = HashingWriter(fh)
+            try:
+                torch.save(state, writer)
+            except RuntimeError:
+                if writer.error is not None:
+                    raise writer.error from None
+                raise
+        digest = writer.sha256.hexdigest()
+        # Before the rename: the current file's checksum and the new one are both valid.
+        _write_checksums(path, [digest, *(recorded_checksums(path) or [])])
+    _write_checksums(path, [digest])
+
+
+def verify(path: Path) -> None:
+    """Raise :class:`CheckpointError` when ``path``'s sha256 is not the one recorded for it."""
+    expected = recorded_checksums(path)
+    if expected is None:
+        return  # written before checksums existed, or copied without its sidecar
+    found = file_sha256(path)
+    if found not in expected:
+        raise CheckpointError(
+            f"{path}: sha256 {found} does not match the checksum recorded in "
+            f"{checksum_path(path)} (expected {' or '.join(expected) or 'a digest line'}): the "
+            "file is damaged or was replaced; if replaced on purpose, delete the .sha256 file"
+        )
 
 
 def load(path: Path) -> dict[str, Any]:
-    """Read a checkpoint written by :func:`save`; refuses anything but tensors and plain data."""
+    """Read a checkpoint written by :func:`save`; refuses anything but tensors and plain data,
+    and a file that does not match its recorded checksum."""
+    if Path(path).exists():
+        verify(path)
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises UnpicklingError or RuntimeError variants
@@ -69,11 +167,12 @@ def load(path: Path) -> dict[str, Any]:
 
 
 def clean_leftovers(folder: Path) -> list[Path]:
-    """Remove temporary files of checkpoint writes that a killed process left behind."""
+    """Remove temporary files of checkpoint (and checksum) writes that a killed process left."""
     removed = []
-    for tmp in Path(folder).glob(".*.pt.tmp-*"):
-        tmp.unlink(missing_ok=True)
-        removed.append(tmp)
+    for pattern in (".*.pt.tmp-*", f".*.pt{CHECKSUM_SUFFIX}.tmp-*"):
+        for tmp in sorted(Path(folder).glob(pattern)):
+            tmp.unlink(missing_ok=True)
+            removed.append(tmp)
     return removed
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from collections.abc import Iterator
@@ -9,12 +10,20 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)  # no space left; disk quota exceeded
+
+
+def is_disk_full(err: BaseException) -> bool:
+    return isinstance(err, OSError) and err.errno in DISK_FULL
+
 
 @contextmanager
 def atomic_path(path: Path | str) -> Iterator[Path]:
     """Yield a temporary sibling of ``path``; on success fsync it and rename it over ``path``.
 
     On an exception the temporary file is removed and whatever was at ``path`` stays intact.
+    A full disk raises ``OSError`` (ENOSPC/EDQUOT) naming ``path``, even when the failing call
+    was a ``write`` that knew no file name.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -25,6 +34,10 @@ def atomic_path(path: Path | str) -> Iterator[Path]:
             os.fsync(fh.fileno())
         os.replace(tmp, path)
         _fsync_dir(path.parent)  # the rename itself survives a crash only once the dir is synced
+    except OSError as err:
+        if is_disk_full(err) and err.filename in (None, str(tmp)):
+            raise OSError(err.errno, err.strerror, str(path)) from err
+        raise
     finally:
         tmp.unlink(missing_ok=True)
 

@@ -166,3 +166,47 @@ def _write_history(path: Path, rows: list[dict]) -> None:
         writer = csv.DictWriter(fh, fieldnames=keys)
         writer.writeheader()
         writer.writerows(rows)
+
+
+class KeyRecord:
+    """One rank's record of the sample keys it trained on (``logging.record_keys``).
+
+    ``keys/rank{r}.tsv`` holds one line per micro-batch: ``epoch<TAB>batch<TAB>key,key,...``,
+    flushed as it is trained. A run resumed at loader position ``start`` keeps the lines before
+    it and rewrites the rest, so a killed-and-resumed run leaves the same file as an
+    uninterrupted one. Off: every call does nothing.
+    """
+
+    def __init__(self, path: Path, enabled: bool, start: tuple[int, int] = (0, 0)) -> None:
+        self.path, self.fh = path, None
+        if not enabled:
+            return
+        kept = []
+        if start != (0, 0) and path.exists():
+            for line in path.read_text().splitlines(keepends=True):
+                epoch, batch, *_ = line.split("\t")
+                if line.endswith("\n") and (int(epoch), int(batch)) < start:
+                    kept.append(line)
+        with atomic_path(path) as tmp:
+            tmp.write_text("".join(kept))
+        self.fh = open(path, "a")  # noqa: SIM115 - closed in close()
+
+    def record(self, epoch: int, batch: int, micro_batch: dict) -> None:
+        """Record ``micro_batch["__key__"]`` (the loader's sample keys) at (epoch, batch)."""
+        if self.fh is not None:
+            self.fh.write(f"{epoch}\t{batch}\t{','.join(micro_batch['__key__'])}\n")
+            self.fh.flush()
+
+    def close(self) -> None:
+        if self.fh is not None:
+            self.fh.close()
+            self.fh = None
+
+
+def read_keys(path: Path) -> list[tuple[int, int, list[str]]]:
+    """``keys/rank{r}.tsv`` as (epoch, batch, keys) rows."""
+    rows = []
+    for line in Path(path).read_text().splitlines():
+        epoch, batch, keys = line.split("\t")
+        rows.append((int(epoch), int(batch), keys.split(",")))
+    return rows

@@ -6,8 +6,10 @@ job's deadline (SLURM or ``train.time_limit_s``), installs the SIGUSR1/SIGTERM f
 writes ``ranks/rank{r}.json`` (shards read, batches per epoch, a digest of its parameters) so
 tests can check DDP from the outside. The declared output ``train.json`` is written last.
 
-Exit codes: 0 done; 2 bad input or config; 3 diverged; 75 stopped early with a checkpoint
-(signal or deadline): running the job again resumes.
+Exit codes: 0 done; 2 bad input or config; 3 diverged; 74 disk full (the previous checkpoint
+is intact); 75 stopped early with a checkpoint (signal or deadline): running the job again
+resumes. Collectives time out after ``train.collective_timeout_s``, so a lost rank fails the
+job instead of hanging it.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import os
 import subprocess
 import sys
 import time
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import torch
@@ -41,15 +43,15 @@ from emb.data import (
     train_steps_per_epoch,
 )
 from emb.ema import ModelEma
-from emb.io import write_json
+from emb.io import is_disk_full, write_json
 from emb.loss import HierarchyTargets, MultiHeadLoss, class_weights_from_histogram
 from emb.models import build_model
-from emb.run_log import RunLog
+from emb.run_log import KeyRecord, RunLog
 from emb.schedule import scaled_lr, warmup_cosine
 from emb.stop import EXIT_STOPPED, StopRequest, agree_to_stop
 from emb.trainer import Trainer, TrainingDiverged
 
-EXIT_CONFIG, EXIT_DIVERGED = 2, 3
+EXIT_CONFIG, EXIT_DIVERGED, EXIT_DISK_FULL = 2, 3, 74  # 74: EX_IOERR
 
 
 class Stopped(Exception):
@@ -82,6 +84,22 @@ def wrap_model(model: torch.nn.Module, cfg: TrainConfig, world: int, device: tor
     return model
 
 
+def read_manifest(path: Path) -> dict:
+    """The shard manifest, refused with a message naming the file when it is not one."""
+    try:
+        manifest = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{path}: not a JSON shard manifest ({err}); rebuild it") from err
+    splits = manifest.get("splits") if isinstance(manifest, dict) else None
+    missing = [k for k in ("train", "val") if not isinstance(splits, dict) or k not in splits]
+    if not isinstance(manifest, dict) or "in_dim" not in manifest or missing:
+        raise ConfigError(
+            f"{path}: expected a shard manifest with in_dim and splits train and val, "
+            f"found keys {sorted(manifest) if isinstance(manifest, dict) else type(manifest)}"
+        )
+    return manifest
+
+
 class Position:
     """Where training stands: the loader's (epoch, micro-batch) and the early-stopping state."""
 
@@ -103,7 +121,7 @@ def run(
     """Train ``cfg``; returns the summary written to ``train.json``. Raises :class:`Stopped`."""
     stop = stop or StopRequest()
     log = RunLog(run_dir, rank, cfg, raw)
-    manifest = json.loads(Path(cfg.data.manifest).read_text())
+    manifest = read_manifest(Path(cfg.data.manifest))
     if manifest["in_dim"] != cfg.model.in_dim:
         raise ConfigError(
             f"{cfg.data.manifest}: in_dim is {manifest['in_dim']}, "
@@ -171,6 +189,8 @@ def run(
     elif cfg.train.init_from:
         _init_weights(Path(cfg.train.init_from), raw, trainer)
         log.info(f"initialized weights from {cfg.train.init_from} (fine-tuning)")
+    keys = KeyRecord(run_dir / "keys" / f"rank{rank}.tsv", cfg.logging.record_keys,
+                     (pos.epoch, pos.batch))  # fmt: skip
 
     spec = LoaderSpec(
         cfg.data.source, cfg.model.in_dim, batch, cfg.train.num_workers,
@@ -216,6 +236,8 @@ def run(
             tick = time.perf_counter()
             group = [next(stream) for _ in range(min(accumulation, micro_per_epoch - pos.batch))]
             waited = time.perf_counter() - tick
+            for i, micro in enumerate(group):  # before the step: a checkpoint of it implies
+                keys.record(pos.epoch, pos.batch + i, micro)  # every rank's line is written
             result = trainer.train_step(group)
             pos.batch += len(group)
             seconds = time.perf_counter() - tick
@@ -243,6 +265,7 @@ def run(
     if pos.validated_step != trainer.step:
         validate()  # the final weights are validated (and saved) too
     log.close()
+    keys.close()
     write_json(
         run_dir / "ranks" / f"rank{rank}.json",
         {
@@ -381,10 +404,13 @@ def main(argv: list[str] | None = None) -> None:
     code = 0
     stop = StopRequest()
     stop.install()  # before the process group: a signal during set-up is not lost
-    if world > 1:
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     try:
         cfg, raw = load(args.config)
+        if world > 1:
+            dist.init_process_group(
+                "nccl" if device.type == "cuda" else "gloo",
+                timeout=timedelta(seconds=cfg.train.collective_timeout_s),
+            )
         if device.type == "cpu" and cfg.train.precision != "fp32":
             raw["train"]["precision"] = "fp32"  # CPU autocast is slower than fp32 here
             cfg = TrainConfig.from_dict(raw, str(args.config))
@@ -400,9 +426,25 @@ def main(argv: list[str] | None = None) -> None:
     except (ConfigError, ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         code = EXIT_CONFIG
+    except OSError as err:
+        if not is_disk_full(err):
+            raise
+        print(
+            f"error: disk full: cannot write {err.filename} ({err.strerror}); the previous "
+            "checkpoint is intact: free space and run the job again to resume",
+            file=sys.stderr,
+        )
+        code = EXIT_DISK_FULL
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+    if code == EXIT_STOPPED and world > 1:
+        # torchrun SIGTERMs the ranks still alive once one rank has exited non-zero; a rank in
+        # interpreter shutdown has lost its SIGTERM handler and would die with -15, not 75.
+        # Everything is written and closed by now: leave without the shutdown.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     sys.exit(code)
 
 

@@ -17,18 +17,51 @@ rule train_config:
     params:
         source=lambda wildcards: RUN_SOURCE[wildcards.run],
         classes=config["classes"],
+        cluster=lambda wildcards, resources: resources.get("train_overlay", ""),
     shell:
-        "python -m emb.config {input.files} --schema {input.schema} --out {output}"
+        "python -m emb.config {input.files} {params.cluster} --schema {input.schema} --out {output}"
         " --set data.manifest=results/shards/{params.source}/manifest.json"
         " --set data.stats_dir=results/stats/{params.source}"
         " --set data.classes={params.classes} > {log} 2>&1"
 
 
+# Which GPUs and CPUs a job step really gets, in the same form as train (the profiles give both
+# rules the same resources). Locally it records the machine; on a cluster it fails before a
+# training job starts on a fraction of its node.
+rule gpu_check:
+    output:
+        "results/gpu_check.json",
+    log:
+        "logs/gpu_check.log",
+    benchmark:
+        "benchmarks/gpu_check.tsv"
+    conda:
+        "../../envs/emb.yaml"
+    container:
+        None  # the launcher runs the container inside its srun step
+    threads: config["train"]["nproc_per_node"] * config["train"]["threads"]
+    resources:
+        mem_mb=2000,
+        runtime=10,
+        nodes=1,
+        tasks_per_node=config["train"]["nproc_per_node"],
+        cpus_per_task=config["train"]["threads"],
+        gpus_per_node=0,
+    params:
+        launch=launch_options,
+    shell:
+        "python -m emb.launch --per-node {params.launch} -- emb.gpu_check"
+        " --gpus {resources.gpus_per_node} --processes {resources.tasks_per_node}"
+        " --threads {resources.cpus_per_task} --out {output} > {log} 2>&1"
+
+
 # Checkpoints (best.pt, last.pt) are not declared outputs: Snakemake deletes the outputs of a
-# failed job, and a stopped run must keep them to resume.
+# failed job, and a stopped run must keep them to resume. A run stopped by SLURM's signal or
+# its deadline exits 75; the profiles' retries resume it from last.pt.
 rule train:
     input:
         unpack(get_run_inputs),
+        gpu_check="results/gpu_check.json",
     output:
         "results/runs/{run}/train.json",
     log:
@@ -37,13 +70,19 @@ rule train:
         "benchmarks/train/{run}.tsv"
     conda:
         "../../envs/emb.yaml"
+    container:
+        None  # the launcher runs the container inside its srun step
     threads: config["train"]["nproc_per_node"] * config["train"]["threads"]
     resources:
         mem_mb=8000,
         runtime=600,
+        nodes=1,
+        tasks_per_node=config["train"]["nproc_per_node"],
+        cpus_per_task=config["train"]["threads"],
+        gpus_per_node=0,
     params:
-        nproc=config["train"]["nproc_per_node"],
-        threads=config["train"]["threads"],
+        launch=launch_options,
+        checkpoint="results/runs/{run}/last.pt",
     shell:
-        "OMP_NUM_THREADS={params.threads} torchrun --standalone"
-        " --nproc_per_node={params.nproc} -m emb.train --config {input.config} > {log} 2>&1"
+        "python -m emb.launch {params.launch} --checkpoint {params.checkpoint}"
+        " -- emb.train --config {input.config} >> {log} 2>&1"

@@ -1,0 +1,59 @@
+"""A disk that fills up during a checkpoint save (a real tmpfs, a real ENOSPC): the previous
+checkpoint stays byte-identical and the job exits non-zero saying the disk is full."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from conftest import TinyDemo
+from fault_runs import mount_tmpfs, run, tree_hashes, unmount, worker_exit_codes
+from training_runs import resolve_config
+from trials import pytest_generate_tests  # noqa: F401 - parametrizes `trial`
+
+from emb import checkpoint
+from emb.train import EXIT_DISK_FULL
+
+pytestmark = pytest.mark.reliability
+
+QUIET = ("train.checkpoint_every_updates=1", "train.val_every_updates=1000", "logging.log_every=1")
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path):
+    disk = tmp_path / "disk"
+    why = mount_tmpfs(disk, "64m")
+    if why:
+        pytest.skip(f"cannot mount a tmpfs here ({why}): needs root, as in CI")
+    yield disk
+    unmount(disk)
+
+
+def fill(folder: Path, leave: int) -> None:
+    """Allocate a file that leaves ``leave`` bytes free on ``folder``'s file system."""
+    st = os.statvfs(folder)
+    free = st.f_bavail * st.f_frsize
+    with open(folder / "filler", "wb") as fh:
+        os.posix_fallocate(fh.fileno(), 0, free - leave)
+
+
+@pytest.mark.check("disk_full")
+def test_disk_full_during_a_save_keeps_the_previous_checkpoint_and_says_so(
+    tiny_demo: TinyDemo, small_disk: Path, trial: int
+) -> None:
+    run_dir = small_disk / f"run{trial}"
+    first = run(resolve_config(tiny_demo, run_dir, *QUIET, "train.max_updates=2"))
+    assert first.returncode == 0, first.stderr[-3000:]
+    resolve_config(tiny_demo, run_dir, *QUIET, "train.max_updates=6")  # the job, resubmitted
+    before = tree_hashes(run_dir)
+    fill(small_disk, leave=(run_dir / "last.pt").stat().st_size // 2)  # < one checkpoint
+    second = run(run_dir / "config.yaml")
+    output = second.stdout + second.stderr
+    assert second.returncode != 0, output[-3000:]
+    assert f"error: disk full: cannot write {run_dir / 'last.pt'}" in output, output[-3000:]
+    assert worker_exit_codes(output).get(0) == EXIT_DISK_FULL, output[-3000:]
+    after = tree_hashes(run_dir)
+    assert {k: after.get(k) for k in before} == before  # nothing written before was changed
+    assert checkpoint.load(run_dir / "last.pt")["step"] == 2
+    assert not list(run_dir.glob(".*.tmp-*")), "a temporary file was left on the full disk"

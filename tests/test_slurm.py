@@ -1,0 +1,159 @@
+"""The cluster path on a real SLURM: a single-node cluster on localhost (scripts/slurm/start.sh
+installs Debian's slurm-wlm and munge when missing and starts the daemons; they are stopped by
+PID at the end). Every rule runs as a SLURM job through profiles/slurm-localhost; training is a
+2-process DDP job started by the launcher inside its srun step.
+
+Deselect locally with ``pytest -m "not slurm"``; CI (root, Debian) runs them.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import REPO, venv_env
+
+pytestmark = pytest.mark.slurm
+
+PROFILE = REPO / "profiles" / "slurm-localhost"
+RUN_LIMIT_S = 900  # one Snakemake run on the local SLURM, ended by `timeout -k 30`
+LIMIT_EPOCHS = 200  # tiny-demo epochs, ~0.6 s each here: well over the first job's 60 s
+
+
+@pytest.fixture(scope="session")
+def slurm() -> None:
+    """A running single-node SLURM; stopped at the end if this session started it."""
+    start = subprocess.run(
+        ["timeout", "-k", "10", "600", str(REPO / "scripts/slurm/start.sh")],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert start.returncode == 0, (
+        "scripts/slurm/start.sh failed (it needs root and apt on Debian; deselect these tests "
+        f"with -m 'not slurm'):\n{start.stdout[-3000:]}{start.stderr[-3000:]}"
+    )
+    started = "starting " in start.stdout
+    yield
+    if started:
+        subprocess.run(["timeout", "-k", "10", "120", str(REPO / "scripts/slurm/stop.sh")])
+
+
+def snakemake(workdir: Path, profile: Path, *args: str) -> subprocess.CompletedProcess:
+    """One Snakemake run on the local SLURM, from ``workdir``, ended by a timeout in any case."""
+    # targets and --config go before --configfile: both options take lists of values
+    cmd = ["timeout", "-k", "30", str(RUN_LIMIT_S), "snakemake", "-s", str(REPO / "Snakefile"),
+           "-d", str(workdir), "--profile", str(profile), *args,
+           "--configfile", ".test/config.yaml"]  # fmt: skip
+    started = time.time()
+    result = subprocess.run(cmd, cwd=workdir, env=venv_env(), capture_output=True, text=True,
+                            timeout=RUN_LIMIT_S + 60)  # fmt: skip
+    (workdir / f"snakemake-{int(started)}.log").write_text(result.stdout + result.stderr)
+    print(f"snakemake {' '.join(args)}: {time.time() - started:.0f} s")
+    return result
+
+
+def profile_with(tmp: Path, name: str, train: dict) -> Path:
+    """A copy of profiles/slurm-localhost whose train resources are updated with ``train``."""
+    profile = yaml.safe_load((PROFILE / "config.v8+.yaml").read_text())
+    profile["set-resources"]["train"] = {**profile["set-resources"]["train"], **train}
+    path = tmp / name
+    path.mkdir()
+    (path / "config.v8+.yaml").write_text(yaml.safe_dump(profile))
+    return path
+
+
+def slurm_job_logs(workdir: Path, rule: str, wildcards: str = "") -> list[Path]:
+    return sorted((workdir / ".snakemake" / "slurm_logs" / f"rule_{rule}" / wildcards).glob(
+        "*.log"))  # fmt: skip
+
+
+def rank_records(run_dir: Path) -> list[dict]:
+    return [json.loads((run_dir / "ranks" / f"rank{r}.json").read_text()) for r in (0, 1)]
+
+
+@pytest.fixture(scope="module")
+def workdir(slurm, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny demo, run end to end on SLURM (one training run), then the same data for more."""
+    path = tmp_path_factory.mktemp("slurm")
+    shutil.copytree(REPO / "config", path / "config")
+    shutil.copytree(REPO / ".test", path / ".test")
+    for run in ("aef_c10d", "aef_limit"):  # more runs of the same recipe, trained later
+        shutil.copy(path / "config/train/aef_segformer.yaml", path / f"config/train/{run}.yaml")
+    result = snakemake(path, PROFILE, "--config", "runs=[aef_segformer]")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    return path
+
+
+def test_every_rule_of_the_demo_runs_as_a_slurm_job(workdir: Path) -> None:
+    log = next(workdir.glob("snakemake-*.log")).read_text()
+    rules = set(re.findall(r"^rule (\w+):", log, re.M))
+    assert {"demo_region", "shards", "manifest", "gpu_check", "train", "evaluate"} <= rules
+    assert set(re.findall(r"^localrule (\w+):", log, re.M)) <= {"all"}  # the target list only
+    assert all(
+        slurm_job_logs(workdir, rule)
+        or list((workdir / ".snakemake/slurm_logs" / f"rule_{rule}").rglob("*.log"))
+        for rule in rules
+    )
+
+
+def test_training_is_a_two_rank_ddp_job_in_the_launchers_srun_step(workdir: Path) -> None:
+    log = (workdir / "logs/train/aef_segformer.log").read_text()
+    assert "launch: srun --nodes=1 --ntasks=1 --ntasks-per-node=1 --cpus-per-task=2" in log
+    assert "torchrun --standalone --nnodes=1 --nproc_per_node=2" in log
+    records = rank_records(workdir / "results/runs/aef_segformer")
+    assert [r["world"] for r in records] == [2, 2]
+    assert not set(records[0]["shards"]) & set(records[1]["shards"])
+    assert json.loads((workdir / "results/runs/aef_segformer/train.json").read_text())["world"] == 2
+
+
+def test_gpu_check_ran_inside_a_job_step_and_saw_the_requested_cpus(workdir: Path) -> None:
+    report = json.loads((workdir / "results/gpu_check.json").read_text())
+    assert report["env"]["SLURM_STEP_ID"] == "0"  # the launcher's srun step, not the batch step
+    assert report["gpus_expected"] == report["gpus_found"] == 0
+    assert report["cpus_found"] >= report["cpus_expected"] == 2
+
+
+def test_srun_per_node_form_meets_through_c10d_on_the_first_node(workdir: Path, tmp_path) -> None:
+    profile = profile_with(tmp_path, "c10d", {"rendezvous": "c10d"})
+    result = snakemake(workdir, profile, "results/runs/aef_c10d/train.json",
+                       "--config", "runs=[aef_c10d]")  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    log = (workdir / "logs/train/aef_c10d.log").read_text()
+    assert re.search(r"launch: srun .*--rdzv_backend=c10d --rdzv_endpoint=localhost:\d+", log)
+    records = rank_records(workdir / "results/runs/aef_c10d")
+    assert [r["world"] for r in records] == [2, 2]
+    assert records[0]["digest"] == records[1]["digest"]
+
+
+def test_training_over_its_time_limit_checkpoints_on_the_signal_is_retried_and_resumes(
+    workdir: Path, tmp_path: Path
+) -> None:
+    # First job: one minute, SIGUSR1 45 s before the end; the retry gets fifteen minutes.
+    profile = profile_with(tmp_path, "limit", {"runtime": "1 if attempt == 1 else 15"})
+    overlay = workdir / ".test/limit.yaml"
+    overlay.write_text(yaml.safe_dump({"train": {"epochs": LIMIT_EPOCHS, "patience": 1000,
+                                                 "stop_margin_s": 5}}))  # fmt: skip
+    overlays = "train_overlays=[config/train/demo.yaml,.test/train.yaml,.test/limit.yaml]"
+    result = snakemake(workdir, profile, "results/runs/aef_limit/train.json",
+                       "--config", "runs=[aef_limit]", overlays)  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    run_dir = workdir / "results/runs/aef_limit"
+    log = (workdir / "logs/train/aef_limit.log").read_text()
+    assert len(slurm_job_logs(workdir, "train", "aef_limit")) >= 2, "not retried as a new job"
+    assert re.search(r"stopping at step \d+ \(signal SIGUSR1\)", log), log[-3000:]
+    assert "stopped early with a checkpoint" in log  # the launcher's exit 75
+    assert re.search(r"resumed from \S+last.pt at epoch \d+, batch \d+", log)
+    with open(run_dir / "history.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    epochs = [int(row["epoch"]) for row in rows]
+    steps = [int(row["step"]) for row in rows]
+    per_epoch = steps[0]
+    assert epochs == list(range(1, LIMIT_EPOCHS + 1))
+    assert steps == [per_epoch * e for e in epochs], "step counter not continuous across jobs"
+    assert json.loads((run_dir / "train.json").read_text())["steps"] == per_epoch * LIMIT_EPOCHS
