@@ -172,9 +172,9 @@ class KeyRecord:
     """One rank's record of the sample keys it trained on (``logging.record_keys``).
 
     ``keys/rank{r}.tsv`` holds one line per micro-batch: ``epoch<TAB>batch<TAB>key,key,...``,
-    flushed as it is trained. A run resumed at loader position ``start`` keeps the lines before
-    it and rewrites the rest, so a killed-and-resumed run leaves the same file as an
-    uninterrupted one. Off: every call does nothing.
+    written and flushed before its step. A run resumed at loader position ``start`` keeps the
+    lines before it and rewrites the rest, so a killed-and-resumed run leaves the same file as
+    an uninterrupted one. Off: every call does nothing.
     """
 
     def __init__(self, path: Path, enabled: bool, start: tuple[int, int] = (0, 0)) -> None:
