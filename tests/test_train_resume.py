@@ -93,7 +93,7 @@ def test_time_limit_stops_with_a_checkpoint_and_a_rerun_completes(
     tiny_demo: TinyDemo, tmp_path: Path
 ) -> None:
     run_dir = tmp_path / "run"
-    endless = ("train.max_updates=100000", "logging.log_every=1")
+    endless = ("train.max_updates=100000", "logging.log_every=1", "train.patience=100000")
     config = resolve_config(
         tiny_demo, run_dir, *endless, "train.time_limit_s=6", "train.stop_margin_s=0"
     )
