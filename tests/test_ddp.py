@@ -3,30 +3,17 @@
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import REPO, TinyDemo, venv_env
-
-from emb.config import main as resolve_config_main
+from conftest import TinyDemo
+from training_runs import resolve_config, run_to_end
 
 
 def train_with_torchrun(tiny_demo: TinyDemo, run_dir: Path, arch: str, epochs: int = 2) -> dict:
     """Resolve a tiny config for ``arch`` on AEF, train it on 2 ranks, return rank records."""
-    run_dir.mkdir(parents=True)
-    config = run_dir / "config.yaml"
-    resolve_config_main([
-        str(REPO / "config/train/defaults.yaml"), str(REPO / f"config/train/aef_{arch}.yaml"),
-        str(REPO / "config/train/demo.yaml"), str(REPO / ".test/train.yaml"),
-        "--schema", str(REPO / "workflow/schemas/train.schema.yaml"), "--out", str(config),
-        "--set", f"data.manifest={tiny_demo.manifests['aef']}",
-        "--set", f"data.classes={REPO / 'config/classes.csv'}",
-        "--set", f"train.epochs={epochs}",
-    ])  # fmt: skip
-    cmd = ["torchrun", "--standalone", "--nproc_per_node=2", "-m", "emb.train",
-           "--config", str(config)]  # fmt: skip
-    result = subprocess.run(cmd, env=venv_env(), capture_output=True, text=True, timeout=300)
+    config = resolve_config(tiny_demo, run_dir, f"train.epochs={epochs}", arch=arch)
+    result = run_to_end(config)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     return {r: json.loads((run_dir / "ranks" / f"rank{r}.json").read_text()) for r in (0, 1)}
 

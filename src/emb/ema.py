@@ -8,7 +8,6 @@ running statistics validated as a broken model in the seeds' runs. The decay war
 from __future__ import annotations
 
 import copy
-from typing import Any
 
 import torch
 from torch import nn
@@ -45,11 +44,3 @@ class ModelEma(nn.Module):
         """Copy buffers only: after BatchNorm statistics were averaged over ranks."""
         for shadow, value in zip(self.module.buffers(), unwrap(model).buffers(), strict=True):
             shadow.copy_(value)
-
-    def state(self) -> dict[str, Any]:
-        """Plain data for a checkpoint: the shadow's state dict and the update count."""
-        return {"model": self.module.state_dict(), "updates": self.updates}
-
-    def load(self, state: dict[str, Any]) -> None:
-        self.module.load_state_dict(state["model"])
-        self.updates = int(state["updates"])
