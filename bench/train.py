@@ -1,13 +1,19 @@
 """Training-step benchmark: ``Trainer.train_step`` against a bare PyTorch loop, side by side.
 
-Both get the same model (copies of one initialisation), the same compact in-memory batch and
+Every contender gets its own copy of one initialisation, the same compact in-memory batch and
 the same work per step: de-quantize, forward, multi-head loss, backward, clip, AdamW, schedule.
-The trainer adds its guards (buffer snapshot, non-finite check, per-head loss logging) and,
-in the ``_ema`` figure, its EMA. Rounds alternate between the contenders so both see the same
-machine state; the ratio of medians is reported.
+The trainer adds its guards (buffer snapshot, non-finite check agreed across ranks, per-head
+loss logging) and, in the ``_ema`` figure, its EMA.
+
+Method: the contenders live side by side for the whole run and take single steps in a freshly
+shuffled order each round, so slow drift of this noisy machine (other jobs, frequency, heap
+growth) hits all of them alike. Timing whole blocks of steps one contender after the other made
+the same loop differ from itself by 5-12% with position; ``control_ratio`` (a second copy of the
+bare loop against the first) shows the noise floor left in each run.
 
 - trainer_step_ratio: trainer step time / bare loop step time (goal <= 1.05 on CPU)
 - trainer_step_ratio_ema: the same with EMA on (the bare loop has none; informational)
+- control_ratio: bare loop copy / bare loop (ideal 1.0; the run's noise floor)
 
 Usage: ``python bench/train.py [--quick] [--json PATH] [--arch segformer|deeplab]``.
 """
@@ -17,14 +23,16 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import random
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from emb.classes import load_class_map
+from emb.classes import ClassMap, load_class_map
 from emb.data import Dequantize
 from emb.ema import ModelEma
 from emb.loss import HierarchyTargets, MultiHeadLoss
@@ -34,6 +42,7 @@ from emb.trainer import Trainer
 
 REPO = Path(__file__).resolve().parents[1]
 WEIGHTS = {"l1": 0.1, "l2": 0.3, "l3": 1.0}
+Step = Callable[[], None]
 
 
 def compact_batch(n: int, tile: int) -> dict[str, torch.Tensor]:
@@ -49,13 +58,13 @@ def optimizer_and_schedule(model: nn.Module):
     return opt, warmup_cosine(opt, 10, 10_000, 3e-4, 1e-6)
 
 
-def bare_loop(model: nn.Module, batch: dict, cmap, steps: int) -> float:
-    """nanoGPT-style: the fewest lines that do the same work. Returns seconds per step."""
+def bare_step(model: nn.Module, batch: dict, cmap: ClassMap) -> Step:
+    """nanoGPT-style: the fewest lines that do the same work."""
     opt, sched = optimizer_and_schedule(model)
     loss_fn, targets_of, prepare = MultiHeadLoss(WEIGHTS), HierarchyTargets(cmap), Dequantize("aef")
     model.train()
-    start = time.perf_counter()
-    for _ in range(steps):
+
+    def step() -> None:
         x, y = prepare(batch)
         loss, _ = loss_fn(model(x), targets_of(y))
         opt.zero_grad(set_to_none=True)
@@ -63,20 +72,37 @@ def bare_loop(model: nn.Module, batch: dict, cmap, steps: int) -> float:
         nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
-    return (time.perf_counter() - start) / steps
+
+    return step
 
 
-def trainer_loop(model: nn.Module, batch: dict, cmap, steps: int, ema: bool) -> float:
+def trainer_step(model: nn.Module, batch: dict, cmap: ClassMap, ema: bool) -> Step:
     opt, sched = optimizer_and_schedule(model)
     trainer = Trainer(
         model, MultiHeadLoss(WEIGHTS), HierarchyTargets(cmap), Dequantize("aef"), opt, sched,
         torch.device("cpu"), ema=ModelEma(model, 0.999) if ema else None,
     )  # fmt: skip
-    start = time.perf_counter()
-    for _ in range(steps):
-        result = trainer.train_step([batch])
-        assert result.applied
-    return (time.perf_counter() - start) / steps
+
+    def step() -> None:
+        assert trainer.train_step([batch]).applied
+
+    return step
+
+
+def time_interleaved(steps: dict[str, Step], rounds: int, seed: int = 0) -> dict[str, float]:
+    """Median seconds per step of each contender, one step each per round in shuffled order."""
+    for step in steps.values():
+        for _ in range(3):  # warm-up: optimizer state, allocator, threads
+            step()
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    order, rng = list(steps), random.Random(seed)
+    for _ in range(rounds):
+        rng.shuffle(order)
+        for name in order:
+            start = time.perf_counter()
+            steps[name]()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def main() -> None:
@@ -85,27 +111,31 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     parser.add_argument("--arch", default="segformer", choices=["segformer", "deeplab"])
     args = parser.parse_args()
-    rounds, steps = (2, 3) if args.quick else (7, 10)
+    rounds = 8 if args.quick else 80
     torch.manual_seed(0)
     cfg = ModelConfig(args.arch, 64, widths=(32, 64, 128, 256), depths=(1, 1, 2, 1),
                       decoder_dim=64, aspp_rates=(1, 2, 3), input_norm=True)  # fmt: skip
     base = build_model(cfg)
     batch = compact_batch(8, 64)
     cmap = load_class_map(REPO / "config" / "classes.csv")
-    times: dict[str, list[float]] = {"bare": [], "trainer": [], "trainer_ema": []}
-    bare_loop(copy.deepcopy(base), batch, cmap, 2)  # warm-up: allocator, threads
-    for _ in range(rounds):
-        times["bare"].append(bare_loop(copy.deepcopy(base), batch, cmap, steps))
-        times["trainer"].append(trainer_loop(copy.deepcopy(base), batch, cmap, steps, False))
-        times["trainer_ema"].append(trainer_loop(copy.deepcopy(base), batch, cmap, steps, True))
-    median = {k: statistics.median(v) for k, v in times.items()}
+    median = time_interleaved(
+        {
+            "bare": bare_step(copy.deepcopy(base), batch, cmap),
+            "bare_control": bare_step(copy.deepcopy(base), batch, cmap),
+            "trainer": trainer_step(copy.deepcopy(base), batch, cmap, ema=False),
+            "trainer_ema": trainer_step(copy.deepcopy(base), batch, cmap, ema=True),
+        },
+        rounds,
+    )
     figures = {
         "arch": args.arch,
         "threads": torch.get_num_threads(),
+        "rounds": rounds,
         "bare_step_ms": median["bare"] * 1e3,
         "trainer_step_ms": median["trainer"] * 1e3,
         "trainer_step_ratio": median["trainer"] / median["bare"],
         "trainer_step_ratio_ema": median["trainer_ema"] / median["bare"],
+        "control_ratio": median["bare_control"] / median["bare"],
     }
     for name, value in figures.items():
         goal = "  goal <= 1.05" if name == "trainer_step_ratio" else ""
