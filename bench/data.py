@@ -11,8 +11,9 @@ the same machine; the machine is shared, so run it twice and compare.
   included) / raw sequential read of the same tar bytes (goal >= 0.5);
   ``loader_steady_ratio_w2`` times from the first batch on (start-up excluded);
   ``loader_dequant_ratio_w2`` adds ``Dequantize`` (with augmentation) on the CPU;
-  ``loader_ceiling_ratio_w2``: two DataLoader workers that only read each sample's bytes into
-  shared memory (no decode, no batching logic): the most any 2-worker loader can reach here.
+  ``loader_process_ceiling_ratio_w2``: two DataLoader worker *processes* that only read each
+  batch's bytes into shared memory (no decode, no batching logic): the most a process-based
+  loader can reach here, kept to show why the loader reads in threads (emb.batch_reader).
 - stats_ratio: ``channel_stats`` time / raw read time of the shards holding the sampled
   tiles, page cache warm (goal <= 1.2); ``stats_ratio_cold``: both contenders after evicting
   those shards from the page cache; ``stats_floor_ratio``: one int8 sum over the same tiles
@@ -153,7 +154,7 @@ def evict(paths: list[Path]) -> None:
 
 
 class RawSamples(IterableDataset):
-    """Each sample's bytes read into shared memory, B per batch: a 2-worker loader's ceiling."""
+    """Each batch's bytes read into shared memory: a 2-process loader's ceiling."""
 
     def __init__(self, shards: list[str], sample_bytes: int, batch: int) -> None:
         self.shards, self.sample_bytes, self.batch = shards, sample_bytes, batch
@@ -225,7 +226,7 @@ def loader_ratios(work: Path, repeats: int, batch: int = 8) -> dict:
         "loader_steady_ratio_w2": raw_t * (samples - batch) / samples / steady,
         "loader_startup_s_w2": first["w2"],
         "loader_dequant_ratio_w2": raw_t / best["w2_dequant"],
-        "loader_ceiling_ratio_w2": raw_t / best["ceiling"],
+        "loader_process_ceiling_ratio_w2": raw_t / best["ceiling"],
     }
 
 

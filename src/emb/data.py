@@ -10,6 +10,8 @@ for TESSERA, nodata 0) and ``y`` (B, T, T) int64 L3 ids, 255 = ignore.
 Every rank reads a disjoint set of shards; a training epoch is a fixed number of batches on
 every rank (so DDP never waits on a rank that ran out of data), and its order is a pure
 function of (seed, epoch, rank), so a resumed run can continue an epoch at any batch.
+The order is decided on shard offsets (:mod:`emb.shard_index`); reader threads then read
+each array straight into its batch (:mod:`emb.batch_reader`).
 """
 
 from __future__ import annotations
@@ -19,8 +21,6 @@ import json
 import math
 import random
 import tarfile
-import warnings
-from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,13 +29,12 @@ import numpy as np
 import torch
 import webdataset as wds
 from torch import nn
-from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from emb.batch_reader import BatchReader, round_robin
 from emb.rasters import AEF_NODATA
+from emb.shard_index import SampleAt, ShardError, scan_shard_cached
 
-
-class LoaderError(ValueError):
-    """Shards that cannot be read as promised by the manifest."""
+LoaderError = ShardError  # one error for every shard that is not what the manifest promises
 
 
 def decode_npy(data: bytes | np.ndarray) -> np.ndarray:
@@ -133,28 +132,6 @@ class LoaderSpec:
     seed: int = 0
 
 
-def _compact(sample: dict, spec: LoaderSpec) -> dict[str, torch.Tensor]:
-    """A decoded sample as compact tensors; checks it against the manifest's promises."""
-    where = f"{sample['__url__']}: sample {sample['__key__']}"
-    missing = [k for k in ("emb", "label") if k not in sample]
-    if missing:
-        raise LoaderError(f"{where}: missing {missing} (truncated shard?)")
-    emb = sample["emb"]
-    if emb.shape[0] != spec.in_dim:
-        raise LoaderError(
-            f"{where}: emb.npy has in_dim {emb.shape[0]}, manifest says {spec.in_dim}"
-        )
-    names = ("emb", "label", "scale") if "scale" in sample else ("emb", "label")
-    return {name: _as_tensor(sample[name]) for name in names}
-
-
-def _as_tensor(array: np.ndarray) -> torch.Tensor:
-    """A tensor sharing the (read-only) decoded buffer; nothing here writes to it in place."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        return torch.from_numpy(array)
-
-
 AUG_CODES = 8  # code = k + 4 * flip: rot90 by k quarter turns after an optional W flip
 
 
@@ -181,61 +158,68 @@ def augment_batch(batch: dict, codes: torch.Tensor) -> dict:
     return out
 
 
-class _Tiles(IterableDataset):
-    """Compact samples of some shards; in training, cycled and shuffled for fixed-length epochs.
+class _ShardIndex:
+    """Scans shards on first use (in the reader threads) and checks their sample counts."""
 
-    When a full pass ends, the samples read per shard are checked against ``shard_samples``
-    (the manifest), so a shard truncated between members cannot silently shrink an epoch.
-    """
+    def __init__(self, shard_samples: dict[str, int] | None) -> None:
+        self.shard_samples = shard_samples or {}
+        self._scanned: dict[str, list[SampleAt]] = {}
 
-    def __init__(
-        self, shards: list[str], spec: LoaderSpec, train: bool, seed: int,
-        shard_samples: dict[str, int] | None,
-    ) -> None:  # fmt: skip
-        super().__init__()
-        self.shards, self.spec, self.train, self.seed = shards, spec, train, seed
-        self.shard_samples = shard_samples
-
-    def _pass(self, shards: list[str], cycle: int) -> Iterator[dict]:
-        mine = list(wds.split_by_worker(shards))
-        stream = (sample for url in mine for sample in tar_samples(url))
-        if self.train and self.spec.shuffle_buffer > 1:
-            rng = random.Random(f"{self.seed}-{cycle}-buffer")
-            stream = wds.shuffle(self.spec.shuffle_buffer, rng=rng)(stream)
-        seen: Counter[str] = Counter()
-        for sample in stream:
-            seen[sample["__url__"]] += 1
-            out: dict = _compact(decode_sample(sample), self.spec)
-            if self.train:
-                out["__key__"] = sample["__key__"]
-            yield out
-        for url in mine:
-            expected = (self.shard_samples or {}).get(url)
-            if expected is not None and seen[url] != expected:
+    def __call__(self, url: str) -> list[SampleAt]:
+        if url not in self._scanned:
+            samples = scan_shard_cached(url)
+            expected = self.shard_samples.get(url)
+            if expected is not None and len(samples) != expected:
                 raise LoaderError(
-                    f"{url}: read {seen[url]} samples, the manifest lists {expected} "
+                    f"{url}: read {len(samples)} samples, the manifest lists {expected} "
                     "(truncated or replaced shard)"
                 )
-
-    def __iter__(self) -> Iterator[dict]:
-        info = get_worker_info()
-        rng = random.Random(f"{self.seed}-worker{info.id if info else 0}")
-        for cycle in itertools.count():
-            shards = list(self.shards)
-            if self.train:
-                random.Random(f"{self.seed}-{cycle}-shards").shuffle(shards)
-            for sample in self._pass(shards, cycle):
-                if self.train:
-                    sample["aug"] = rng.randrange(AUG_CODES)
-                yield sample
-            if not self.train:
-                return
+            self._scanned[url] = samples
+        return self._scanned[url]
 
 
-def _private_generator(seed: int) -> torch.Generator:
-    """A DataLoader draws a base seed when an iterator starts; from torch's global generator
-    that draw would shift drop-path masks, and a resumed run would not be bitwise equal."""
-    return torch.Generator().manual_seed(seed)
+def _sample_order(
+    shards: list[str], spec: LoaderSpec, seed: int, worker: int, workers: int, train: bool,
+    index: _ShardIndex,
+) -> Iterator[tuple[SampleAt, int]]:  # fmt: skip
+    """(sample, augmentation code) of one worker, in order; training cycles without end.
+
+    Per cycle the shards are shuffled (seeded), split by worker as ``wds.split_by_worker``
+    does, and the samples pass webdataset's seeded shuffle buffer. Only offsets are
+    shuffled: the bytes are read later, straight into their batch.
+    """
+    codes = random.Random(f"{seed}-worker{worker}")
+    for cycle in itertools.count():
+        order = list(shards)
+        if train:
+            random.Random(f"{seed}-{cycle}-shards").shuffle(order)
+        stream: Iterator[SampleAt] = (s for url in order[worker::workers] for s in index(url))
+        if train and spec.shuffle_buffer > 1:
+            rng = random.Random(f"{seed}-{cycle}-buffer")
+            stream = wds.shuffle(spec.shuffle_buffer, rng=rng)(stream)
+        for sample in stream:
+            yield sample, codes.randrange(AUG_CODES) if train else 0
+        if not train:
+            return
+
+
+def _worker_batches(
+    order: Iterator[tuple[SampleAt, int]], spec: LoaderSpec, train: bool, skip: int = 0
+) -> Iterator[dict]:
+    """Batches of one worker; the first ``skip`` are drawn (order, codes) but never read."""
+    reader = BatchReader(spec.in_dim)
+    try:
+        while chunk := list(itertools.islice(order, spec.batch_size)):
+            if skip:
+                skip -= 1
+                continue
+            batch: dict = reader.read([sample for sample, _ in chunk])
+            if train:
+                batch["__key__"] = [sample.key for sample, _ in chunk]
+                batch["aug"] = torch.tensor([code for _, code in chunk], dtype=torch.int64)
+            yield batch
+    finally:
+        reader.close()
 
 
 def train_steps_per_epoch(samples: int, batch_size: int, world: int) -> int:
@@ -249,8 +233,10 @@ def train_batches(
 ) -> Iterator[dict]:  # fmt: skip
     """Batches ``start_batch`` .. ``train_steps_per_epoch`` of this rank's ``epoch``.
 
-    The sequence depends only on (seed, epoch, rank, world, workers): resuming at
-    ``start_batch`` yields exactly the batches an uninterrupted epoch would have yielded.
+    ``spec.num_workers`` reader threads each batch their own shards; batch i comes from
+    worker i % workers (as from a DataLoader). The sequence depends only on (seed, epoch,
+    rank, world, workers): resuming at ``start_batch`` yields exactly the batches an
+    uninterrupted epoch would have yielded, without reading the ones it skips.
     """
     if len(shards) < world:
         raise LoaderError(
@@ -258,28 +244,44 @@ def train_batches(
             "lower shards.max_samples so that every rank reads its own shards"
         )
     mine = shards_for_rank(shards, rank, world)
-    # Never more workers than shards: webdataset gives each worker its own shards.
-    workers = min(spec.num_workers, len(mine))
+    threads = min(spec.num_workers, len(mine))  # never more workers than shards
+    n = max(threads, 1)
     seed = spec.seed * 1_000_003 + epoch * 7919 + rank
-    dataset = _Tiles(mine, spec, True, seed, shard_samples)
-    loader = DataLoader(
-        dataset, batch_size=spec.batch_size, num_workers=workers, generator=_private_generator(seed)
-    )
+    index = _ShardIndex(shard_samples)
+    workers = [
+        _worker_batches(
+            _sample_order(mine, spec, seed, w, n, True, index), spec, True,
+            skip=len(range(w, start_batch, n)),
+        )
+        for w in range(n)
+    ]  # fmt: skip
+    batches = round_robin(workers, first=start_batch) if threads else workers[0]
     steps = train_steps_per_epoch(samples, spec.batch_size, world)
-    yield from itertools.islice(loader, start_batch, steps)
+    try:
+        yield from itertools.islice(batches, max(steps - start_batch, 0))
+    finally:
+        batches.close()
 
 
 def eval_batches(
     shards: list[str], spec: LoaderSpec, rank: int = 0, world: int = 1,
     shard_samples: dict[str, int] | None = None,
 ) -> Iterator[dict]:  # fmt: skip
-    """One pass over this rank's share of ``shards``: every sample exactly once across ranks."""
+    """One pass over this rank's share of ``shards``: every sample exactly once across ranks.
+
+    With ``spec.num_workers`` > 0 one reader thread reads ahead of the consumer.
+    """
     mine = shards_for_rank(shards, rank, world)
     if not mine:
         return
-    dataset = _Tiles(mine, spec, False, spec.seed, shard_samples)
-    generator = _private_generator(spec.seed)
-    yield from DataLoader(dataset, batch_size=spec.batch_size, num_workers=0, generator=generator)
+    order = _sample_order(mine, spec, spec.seed, 0, 1, False, _ShardIndex(shard_samples))
+    batches = _worker_batches(order, spec, False)
+    if spec.num_workers:
+        batches = round_robin([batches])
+    try:
+        yield from batches
+    finally:
+        batches.close()
 
 
 def shard_sample_counts(split: dict) -> dict[str, int]:

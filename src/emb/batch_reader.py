@@ -1,0 +1,186 @@
+"""Batches read from shards straight into recycled buffers, ahead of time, by reader threads.
+
+Why threads and not DataLoader worker processes: a worker process hands each batch over in
+fresh shared memory, and faulting those pages in costs more than reading the data. Two worker
+processes that did nothing but read into shared memory reached 0.05-0.07 of a raw read here;
+threads reading each array into its slot of a recycled batch buffer reach 0.6-0.8
+(``bench/data.py``). File reads and copies release the GIL, so readers overlap each other and
+the training step. Threads also share the trainer's signal handling: a SIGUSR1 cannot kill a
+reader the way it killed worker processes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import sys
+import threading
+from collections.abc import Iterator, Sequence
+from typing import BinaryIO, TypeVar
+
+import numpy as np
+import torch
+
+from emb.shard_index import SampleAt, ShardError
+
+T = TypeVar("T")
+
+
+class BufferPool:
+    """Batch buffers handed out again once nothing references them any more.
+
+    Reading into memory that is already mapped costs one copy; a fresh buffer of a batch's
+    size (tens of MB) comes from ``mmap`` and is faulted in and zeroed page by page first,
+    which halved the read rate here. A buffer still referenced anywhere (a batch the trainer
+    holds, a tensor view of it, a queue) is never handed out. The pool grows to the most
+    buffers in use at once (readers x queue depth, plus what the consumer holds), keeps at
+    most ``keep`` per shape, and is shared by a process's readers so that every epoch
+    starts with mapped buffers.
+    """
+
+    def __init__(self, keep: int = 32) -> None:
+        self.keep = keep
+        self._buffers: dict[tuple, list[np.ndarray]] = {}
+        self._lock = threading.Lock()
+
+    def take(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        with self._lock:
+            buffers = self._buffers.setdefault((shape, np.dtype(dtype).str), [])
+            for i in range(len(buffers)):
+                if _unreferenced(buffers, i):
+                    return buffers[i]
+            buffer = np.empty(shape, dtype)
+            if len(buffers) < self.keep:
+                buffers.append(buffer)
+            return buffer
+
+
+SHARED_POOL = BufferPool()
+
+
+def _unreferenced(buffers: list[np.ndarray], i: int) -> bool:
+    """True when only ``buffers`` holds ``buffers[i]``: tensors made by ``torch.from_numpy``
+    and numpy views hold a reference to the array, so any live batch counts."""
+    return sys.getrefcount(buffers[i]) == 2  # the list and getrefcount's own argument
+
+
+class BatchReader:
+    """Reads a list of samples into one compact batch; one reader per thread (open files)."""
+
+    def __init__(self, in_dim: int, pool: BufferPool | None = None) -> None:
+        self.in_dim = in_dim
+        self.pool = SHARED_POOL if pool is None else pool
+        self._files: dict[str, BinaryIO] = {}
+
+    def read(self, samples: Sequence[SampleAt]) -> dict[str, torch.Tensor]:
+        """``{"emb": (B, D, T, T), "label": (B, T, T)[, "scale": ...]}`` in the shards' dtypes."""
+        first = samples[0]
+        names = [n for n in ("emb", "label", "scale") if n in first.arrays]
+        for sample in samples:
+            self._check(sample, first, names)
+        out: dict[str, torch.Tensor] = {}
+        for name in names:
+            at = first.arrays[name]
+            buffer = self.pool.take((len(samples), *at.shape), at.dtype)
+            for slot, sample in zip(buffer, samples, strict=True):
+                self._read_into(sample, name, slot)
+            out[name] = torch.from_numpy(buffer)
+        return out
+
+    def _check(self, sample: SampleAt, first: SampleAt, names: list[str]) -> None:
+        where = f"{sample.url}: sample {sample.key}"
+        missing = [k for k in ("emb", "label") if k not in sample.arrays]
+        if missing:
+            raise ShardError(f"{where}: missing {missing} (truncated shard?)")
+        emb = sample.arrays["emb"]
+        if emb.shape[0] != self.in_dim:
+            raise ShardError(
+                f"{where}: emb.npy has in_dim {emb.shape[0]}, manifest says {self.in_dim}"
+            )
+        for name in names:
+            got, want = sample.arrays.get(name), first.arrays[name]
+            if got is None or (got.shape, got.dtype) != (want.shape, want.dtype):
+                found = "none" if got is None else f"{got.dtype}{list(got.shape)}"
+                raise ShardError(
+                    f"{where}: {name}.npy is {found}, the batch's first sample "
+                    f"{first.key} ({first.url}) has {want.dtype}{list(want.shape)}"
+                )
+
+    def _read_into(self, sample: SampleAt, name: str, slot: np.ndarray) -> None:
+        fh = self._files.get(sample.url)
+        if fh is None:
+            fh = self._files[sample.url] = open(sample.url, "rb", buffering=0)  # noqa: SIM115
+        at = sample.arrays[name]
+        fh.seek(at.offset)
+        if fh.readinto(memoryview(slot).cast("B")) != at.nbytes:
+            raise ShardError(
+                f"{sample.url}: truncated shard ({sample.key}.{name}.npy ends early; "
+                "the file changed since it was scanned)"
+            )
+
+    def close(self) -> None:
+        for fh in self._files.values():
+            fh.close()
+        self._files.clear()
+
+
+class _Failed:
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+_END = object()
+
+
+def round_robin(workers: Sequence[Iterator[T]], first: int = 0, depth: int = 2) -> Iterator[T]:
+    """Items of ``workers`` in turns ``first``, ``first + 1``, ...; each worker runs in its own
+    thread up to ``depth`` items ahead. A worker that ends drops out of the turns; an
+    exception in a worker is raised here, at its turn. Closing this generator stops and joins
+    the threads."""
+    stop = threading.Event()
+    queues: list[queue.Queue] = [queue.Queue(depth) for _ in workers]
+    threads = [
+        threading.Thread(target=_run, args=(w, q, stop), name=f"emb-reader-{i}", daemon=True)
+        for i, (w, q) in enumerate(zip(workers, queues, strict=True))
+    ]
+    for thread in threads:
+        thread.start()
+    turns = queues[first % len(queues) :] + queues[: first % len(queues)]
+    try:
+        while turns:
+            for q in list(turns):
+                item = q.get()
+                if item is _END:
+                    turns.remove(q)
+                elif isinstance(item, _Failed):
+                    raise item.error
+                else:
+                    yield item
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+
+
+def _run(worker: Iterator, out: queue.Queue, stop: threading.Event) -> None:
+    try:
+        for item in itertools.chain(worker, [_END]):
+            if not _put(out, item, stop):
+                return
+    except BaseException as err:  # noqa: BLE001 - handed to the consumer, raised there
+        _put(out, _Failed(err), stop)
+    finally:
+        close = getattr(worker, "close", None)
+        if close is not None:
+            close()
+
+
+def _put(out: queue.Queue, item: object, stop: threading.Event) -> bool:
+    """Put ``item`` unless the consumer stops first (then a full queue is never drained)."""
+    while not stop.is_set():
+        try:
+            out.put(item, timeout=0.1)
+            return True
+        except queue.Full:
+            continue
+    return False
