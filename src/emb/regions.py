@@ -39,9 +39,20 @@ def _overlaps(a: tuple, b: tuple) -> bool:
     return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
 
 
+# What each column's raster must hold: a float AEF would be cast to int8 in the shards.
+DTYPES = {"aef": ("int8",), "tessera": ("float32", "float64"), "cdl": ("uint8", "uint16")}
+
+
 def check_regions(table: pd.DataFrame, path: Path, generated: Iterable[str] = ()) -> None:
     """Raise :class:`RegionsError` for the first unusable cell; ``generated`` paths are skipped."""
     generated = set(generated)
+    rows = [str(r) for r in table.index]
+    for row, region in enumerate(rows, start=1):
+        if rows.index(region) + 1 != row:
+            raise RegionsError(
+                f"{_where(path, row, region, 'region')}: duplicate region id, "
+                f"already used in row {rows.index(region) + 1}"
+            )
     for row, (region, rec) in enumerate(table.iterrows(), start=1):
         if not any(rec.get(s, "") for s in SOURCES):
             raise RegionsError(
@@ -62,6 +73,11 @@ def check_regions(table: pd.DataFrame, path: Path, generated: Iterable[str] = ()
                     if count != expected:
                         raise RegionsError(
                             f"{where}: {file} has {count} bands, expected {expected}"
+                        )
+                    dtype = src.dtypes[0]
+                    if dtype not in DTYPES[column]:
+                        raise RegionsError(
+                            f"{where}: {file} holds {dtype}, expected {' or '.join(DTYPES[column])}"
                         )
                     if crs is None:
                         raise RegionsError(f"{where}: {file} has no CRS")

@@ -192,11 +192,7 @@ def _(env):
     ]
 
 
-@case(
-    "raster: wrong dtype (float32 AEF)",
-    xfail="a float32 AEF raster passes check_regions and is cast to int8 in the shards "
-    "(emb.rasters.shard_arrays): no dtype check names the file (regions.py/shards.py)",
-)
+@case("raster: wrong dtype (float32 AEF)")
 def _(env):
     bad = copy_raster(env.raster("aef"), env.tmp / "float.tif", dtype="float32")
 
@@ -279,11 +275,7 @@ def _(env):
 # --- tables --------------------------------------------------------------------------------
 
 
-@case(
-    "regions.tsv: duplicate region ids",
-    xfail="duplicate region ids pass the schema and check_regions (emb.regions): the second "
-    "row is silently dropped instead of an error naming the row",
-)
+@case("regions.tsv: duplicate region ids")
 def _(env):
     rows = [good_row(env), good_row(env, year="2023")]
     return check_table(regions_table(env, rows)), ["regions.tsv", "demo_a", "duplicate"]
