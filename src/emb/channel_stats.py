@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -18,6 +22,9 @@ from emb.data import iter_samples
 from emb.io import atomic_path, write_json
 from emb.rasters import valid_pixels
 from emb.shards import read_ahead
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 class StatsError(ValueError):
@@ -103,6 +110,23 @@ def tile_moments(
     return n, mean.numpy(), m2.numpy()
 
 
+def _in_threads(fn: Callable[[T], R], items: Iterable[T], workers: int) -> Iterator[tuple[T, R]]:
+    """(item, fn(item)) in order, up to ``workers`` computed at once (torch's loops release
+    the GIL), each thread running torch single-threaded (OpenMP's thread count is per
+    thread); at most ``workers`` items are held, however long ``items`` is."""
+    one = (1,)
+    with ThreadPoolExecutor(max(workers, 1), "stats", torch.set_num_threads, one) as pool:
+        pending: deque = deque()
+        for item in items:
+            pending.append((item, pool.submit(fn, item)))
+            if len(pending) >= workers:
+                item, future = pending.popleft()
+                yield item, future.result()
+        while pending:
+            item, future = pending.popleft()
+            yield item, future.result()
+
+
 def channel_stats(
     source: str,
     shards: list[str],
@@ -125,13 +149,12 @@ def channel_stats(
     needed = [shard for shard, ks in zip(shards, shard_keys, strict=True) if chosen & set(ks)]
     moments: RunningMoments | None = None
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # chunks fit in cache; a second thread only contends with reads
+    torch.set_num_threads(1)  # chunks fit in cache: one tile per thread, not one op per thread
     try:
-        for sample in read_ahead(iter_samples(needed)):
-            if sample["__key__"] not in chosen:
-                continue
+        sampled = (s for s in read_ahead(iter_samples(needed)) if s["__key__"] in chosen)
+        for sample, part in _in_threads(lambda s: tile_moments(source, s), sampled, threads):
             moments = moments or RunningMoments(sample["emb"].shape[0])
-            moments.merge(*tile_moments(source, sample))
+            moments.merge(*part)  # in sample order: the result does not depend on threads
     finally:
         torch.set_num_threads(threads)
     assert moments is not None
