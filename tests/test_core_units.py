@@ -100,3 +100,26 @@ def test_loss_of_a_batch_without_labels_is_zero_not_nan() -> None:
     total, _ = MultiHeadLoss({"l1": 0.1, "l2": 0.3, "l3": 1.0})(logits, targets)
     total.backward()
     assert total.item() == 0.0 and torch.isfinite(logits["l3"].grad).all()
+
+
+def test_tessera_quantization_in_threaded_row_chunks_equals_the_whole_block_formula() -> None:
+    """A 300 x 300 tile is quantized in a dozen ~4 MB row chunks, run in two threads."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from emb.rasters import shard_arrays
+
+    rng = np.random.default_rng(3)
+    block = (rng.standard_normal((128, 300, 300)) * 7 - 2).astype(np.float32)
+    block[5, 17, 290] = np.nan
+    block[:, 299, 0] = np.inf
+    block[:, 150, 150] = 0.0  # a pixel with max|x| = 0: scale 0, q 0
+    x = block.astype(np.float64)
+    valid = np.isfinite(x).all(0)
+    amax = np.abs(np.where(valid, x, 0)).max(0).astype(np.float32)
+    inv = np.divide(np.float32(127), amax, out=np.zeros_like(amax), where=amax > 0)
+    q_ref = np.rint(np.where(valid, block, 0) * inv).astype(np.int8)
+    with ThreadPoolExecutor(2) as pool:
+        out = shard_arrays("tessera", block.copy(), None, map_chunks=pool.map)
+    assert np.array_equal(out["emb"], q_ref)
+    assert np.array_equal(out["scale"], np.where(valid, amax / np.float32(127), 0))
+    assert out["scale"][17, 290] == 0 and out["scale"][299, 0] == 0

@@ -22,6 +22,7 @@ from typing import TypeVar
 import numpy as np
 import rasterio
 
+from emb.batch_reader import BufferPool
 from emb.classes import IGNORE, N_L3
 from emb.io import write_json
 from emb.rasters import BANDS, shard_arrays
@@ -66,21 +67,35 @@ def tile_samples(
 ) -> Iterator[dict[str, str | Payload]]:
     """Encoded WebDataset samples of ``tiles``, read window by window."""
     crs = emb.crs.to_string()  # once: the conversion costs about a millisecond
-    for tile, block in read_ahead((t, emb.read(window=t.window)) for t in tiles):
-        win = tile.window
-        arrays = shard_arrays(source, block, emb.nodata)
-        arrays["label"] = labels[tile.row : tile.row + tile.size, tile.col : tile.col + tile.size]
-        meta = {
-            "region": region,
-            "source": source,
-            "window": [tile.col, tile.row, tile.size, tile.size],
-            "crs": crs,
-            "transform": list(emb.window_transform(win))[:6],
-        }
-        sample: dict[str, str | Payload] = {"__key__": f"{region}_{tile.row}_{tile.col}"}
-        sample.update({f"{name}.npy": encode_npy(a) for name, a in arrays.items()})
-        sample["meta.json"] = (json.dumps(meta).encode(),)
-        yield sample
+    # TESSERA's float blocks (32 MB a 256-px tile) come from mmap when fresh: reading into
+    # recycled, already mapped ones ran 1.8x faster here. AEF's int8 blocks gained nothing.
+    pool = BufferPool(keep=4)
+    dtype = np.dtype(emb.dtypes[0])
+
+    def read(tile: Tile) -> tuple[Tile, np.ndarray]:
+        if source == "aef":
+            return tile, emb.read(window=tile.window)
+        out = pool.take((emb.count, tile.size, tile.size), dtype)
+        return tile, emb.read(window=tile.window, out=out)
+
+    with ThreadPoolExecutor(2, thread_name_prefix="quantize") as chunks:
+        for tile, block in read_ahead(read(t) for t in tiles):
+            win = tile.window
+            q = pool.take(block.shape, np.dtype(np.int8)) if source != "aef" else None
+            arrays = shard_arrays(source, block, emb.nodata, q, chunks.map)
+            end_row, end_col = tile.row + tile.size, tile.col + tile.size
+            arrays["label"] = labels[tile.row : end_row, tile.col : end_col]
+            meta = {
+                "region": region,
+                "source": source,
+                "window": [tile.col, tile.row, tile.size, tile.size],
+                "crs": crs,
+                "transform": list(emb.window_transform(win))[:6],
+            }
+            sample: dict[str, str | Payload] = {"__key__": f"{region}_{tile.row}_{tile.col}"}
+            sample.update({f"{name}.npy": encode_npy(a) for name, a in arrays.items()})
+            sample["meta.json"] = (json.dumps(meta).encode(),)
+            yield sample
 
 
 class TarShard:
