@@ -8,6 +8,7 @@ int8, ``label.npy`` (T, T) uint8 L3 (255 = ignore), ``meta.json``; TESSERA adds 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
 import os
@@ -22,10 +23,10 @@ from typing import TypeVar
 import numpy as np
 import rasterio
 
-from emb.batch_reader import BufferPool
+from emb.buffer_pool import BufferPool
 from emb.classes import IGNORE, N_L3
 from emb.io import write_json
-from emb.rasters import BANDS, shard_arrays
+from emb.rasters import BANDS, ChunkMap, shard_arrays
 from emb.tiles import SPLITS, SplitSpec, Tile, TileSpec, TilingError, plan_tiles
 
 T = TypeVar("T")
@@ -78,11 +79,15 @@ def tile_samples(
         out = pool.take((emb.count, tile.size, tile.size), dtype)
         return tile, emb.read(window=tile.window, out=out)
 
-    with ThreadPoolExecutor(2, thread_name_prefix="quantize") as chunks:
+    with contextlib.ExitStack() as stack:
+        chunk_map: ChunkMap = map  # AEF needs no quantization
+        if source != "aef":
+            quantizers = ThreadPoolExecutor(2, thread_name_prefix="quantize")
+            chunk_map = stack.enter_context(quantizers).map
         for tile, block in read_ahead(read(t) for t in tiles):
             win = tile.window
             q = pool.take(block.shape, np.dtype(np.int8)) if source != "aef" else None
-            arrays = shard_arrays(source, block, emb.nodata, q, chunks.map)
+            arrays = shard_arrays(source, block, emb.nodata, q, chunk_map)
             end_row, end_col = tile.row + tile.size, tile.col + tile.size
             arrays["label"] = labels[tile.row : end_row, tile.col : end_col]
             meta = {
