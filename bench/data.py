@@ -99,6 +99,7 @@ def shard_build_ratio(work: Path, source: str, size: int, tile: int, repeats: in
     bands, dtype, nodata = (64, "int8", -128) if source == "aef" else (128, "float32", None)
     emb = write_raster(work / f"{source}.tif", bands, size, dtype, nodata)
     labels = write_raster(work / f"{source}_labels.tif", 1, size, "uint8", 255)
+    os.sync()  # the rasters' write-back would otherwise run during the first timings
     windows = tile_windows(size, size, TileSpec(tile))
     nbytes = len(windows) * bands * tile * tile * np.dtype(dtype).itemsize
     out = work / f"shards_{source}"

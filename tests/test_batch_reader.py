@@ -19,7 +19,8 @@ import pytest
 import torch
 from conftest import TinyDemo
 
-from emb.batch_reader import BufferPool, round_robin
+from emb.batch_reader import round_robin
+from emb.buffer_pool import BufferPool
 from emb.data import LoaderError, LoaderSpec, eval_batches, shard_sample_counts, train_batches
 from emb.shard_index import scan_shard
 
@@ -167,13 +168,15 @@ def reader_threads() -> list[threading.Thread]:
 def test_closing_round_robin_early_joins_threads_and_closes_workers() -> None:
     """A run that stops mid-epoch must not leave reader threads or open shards behind."""
     log: list[str] = []
-    consumer = round_robin([counting("a", None, log), counting("b", None, log)], depth=2)
+    workers = [counting("a", None, log), counting("b", None, log)]  # held: no GC close
+    consumer = round_robin(workers, depth=2)
     assert next(consumer) == ("a", 0)
     assert len(reader_threads()) == 2
     time.sleep(0.2)  # let both readers fill their queues and block on them
     consumer.close()
     assert not reader_threads()
     assert sorted(log) == ["a", "b"]
+    assert all(w.gi_frame is None for w in workers)  # closed, not just suspended
 
 
 def spec(source: str, workers: int, batch_size: int = 4) -> LoaderSpec:
