@@ -2,8 +2,8 @@
 
 Why threads and not DataLoader worker processes: a worker process hands each batch over in
 fresh shared memory, and faulting those pages in costs more than reading the data. Two worker
-processes that did nothing but read into shared memory reached 0.05-0.07 of a raw read here;
-threads reading each array into its slot of a recycled batch buffer reach 0.6-0.8
+processes that did nothing but read into shared memory reached 0.05-0.16 of a raw read here;
+threads reading each array into its slot of a recycled batch buffer reach 0.78-0.96
 (``bench/data.py``). File reads and copies release the GIL, so readers overlap each other and
 the training step. Threads also share the trainer's signal handling: a SIGUSR1 cannot kill a
 reader the way it killed worker processes.
