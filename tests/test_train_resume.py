@@ -103,8 +103,9 @@ def test_time_limit_stops_with_a_checkpoint_and_a_rerun_completes(
     stopped_at = checkpoint.load(run_dir / "last.pt")["step"]
     assert f"stopping at step {stopped_at} (deadline in" in first.stdout
     assert 0 < stopped_at < 100000
-    # The retry: same run, no time limit, a few more updates.
-    resolve_config(tiny_demo, run_dir, f"train.max_updates={stopped_at + 5}", endless[1])
+    # The retry: same run, no time limit, a few more updates, still no early stopping (the
+    # early-stopping count is resumed: a fast first run would otherwise stop the retry early).
+    resolve_config(tiny_demo, run_dir, f"train.max_updates={stopped_at + 5}", *endless[1:])
     second = subprocess.run(cmd, env=venv_env(), capture_output=True, text=True, timeout=300)
     assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-2000:]
     assert f"resumed from {run_dir / 'last.pt'}" in second.stdout
