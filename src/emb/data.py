@@ -32,7 +32,7 @@ from torch import nn
 
 from emb.batch_reader import BatchReader, round_robin
 from emb.rasters import AEF_NODATA
-from emb.shard_index import SampleAt, ShardError, scan_shard_cached
+from emb.shard_index import SampleAt, ShardError, npy_header, scan_shard_cached
 
 LoaderError = ShardError  # one error for every shard that is not what the manifest promises
 
@@ -40,28 +40,10 @@ LoaderError = ShardError  # one error for every shard that is not what the manif
 def decode_npy(data: bytes | np.ndarray) -> np.ndarray:
     """``.npy`` payload -> array viewing the same memory (no copy; read-only for ``bytes``)."""
     buf = memoryview(data)
-    version = np.lib.format.read_magic(_Reader(buf))
-    reader = _Reader(buf, 8)
-    if version == (1, 0):
-        shape, fortran, dtype = np.lib.format.read_array_header_1_0(reader)
-    else:
-        shape, fortran, dtype = np.lib.format.read_array_header_2_0(reader)
+    shape, fortran, dtype, start = npy_header(buf)
     if fortran or dtype.hasobject:
         raise ValueError("only C-ordered, non-object .npy arrays are supported")
-    count = math.prod(shape)
-    return np.frombuffer(buf, dtype=dtype, count=count, offset=reader.pos).reshape(shape)
-
-
-class _Reader:
-    """The minimal file-like object numpy's header readers need, over a memoryview."""
-
-    def __init__(self, buf: memoryview, pos: int = 0) -> None:
-        self.buf, self.pos = buf, pos
-
-    def read(self, n: int) -> bytes:
-        out = bytes(self.buf[self.pos : self.pos + n])
-        self.pos += len(out)
-        return out
+    return np.frombuffer(buf, dtype=dtype, count=math.prod(shape), offset=start).reshape(shape)
 
 
 def tar_samples(url: str) -> Iterator[dict]:

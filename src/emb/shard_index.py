@@ -99,7 +99,7 @@ def _npy_array(fh: BinaryIO, data: int, info: tarfile.TarInfo, url: str) -> Arra
     where = f"{url}: member {info.name}"
     head = _pread(fh, data, min(info.size, 4096))
     try:
-        shape, fortran, dtype, data_start = _npy_header(head[: _npy_header_length(head)])
+        shape, fortran, dtype, data_start = npy_header(head)
     except ValueError as err:
         raise ShardError(f"{where}: corrupt .npy header ({err})") from err
     if fortran or dtype.hasobject:
@@ -111,6 +111,11 @@ def _npy_array(fh: BinaryIO, data: int, info: tarfile.TarInfo, url: str) -> Arra
             f"the member holds {info.size - data_start}"
         )
     return array
+
+
+def npy_header(payload: bytes | memoryview) -> tuple[tuple[int, ...], bool, np.dtype, int]:
+    """(shape, fortran, dtype, data offset) of a ``.npy`` payload, read from its first bytes."""
+    return _npy_header(bytes(payload[: _npy_header_length(bytes(payload[:12]))]))
 
 
 def _npy_header_length(head: bytes) -> int:
