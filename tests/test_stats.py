@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from conftest import TinyDemo, venv_env
 
-from emb.channel_stats import channel_stats
+from emb.channel_stats import StatsError, channel_stats, tile_moments
 from emb.data import iter_samples
 from emb.rasters import valid_pixels
 from emb.shards import encode_npy, write_shards
@@ -82,6 +82,72 @@ def test_per_channel_scales_are_supported(tmp_path: Path) -> None:
     x = q.astype(np.float64) * scale
     np.testing.assert_allclose(mean, x.reshape(3, -1).mean(1), rtol=1e-6)
     np.testing.assert_allclose(std, x.reshape(3, -1).std(1), rtol=1e-6)
+
+
+def ordinary_tile(rng: np.random.Generator, size: int = 64) -> dict[str, np.ndarray]:
+    q = rng.integers(-127, 128, (5, size, size)).astype(np.int8)
+    scale = (rng.random((size, size)) * 0.02 + 0.001).astype(np.float32)
+    scale[:7, :9] = 0  # nodata pixels
+    return {"emb": q, "scale": scale}
+
+
+def test_ordinary_tiles_take_the_matrix_vector_sums_and_agree_with_shifted_ones() -> None:
+    """The fast path must be taken for ordinary tiles (else it is dead code) and agree."""
+    rng = np.random.default_rng(4)
+    for _ in range(3):
+        tile = ordinary_tile(rng)
+        fast = tile_moments("tessera", tile)
+        shifted = tile_moments("tessera", {**tile, "scale": tile["scale"][None].repeat(5, 0)})
+        x = float64_values("tessera", tile)
+        assert fast[0] == shifted[0] == x.shape[1]
+        np.testing.assert_allclose(fast[1], x.mean(axis=1), rtol=1e-12)
+        np.testing.assert_allclose(fast[2], ((x - x.mean(1, keepdims=True)) ** 2).sum(1), rtol=1e-9)
+        np.testing.assert_allclose(fast[2], shifted[2], rtol=1e-9)
+
+
+def test_stats_do_not_depend_on_the_thread_count(tiny_demo: TinyDemo) -> None:
+    shards = tiny_demo.manifest("tessera")["splits"]["train"]["shards"]
+    one = channel_stats("tessera", shards, n_tiles=9, seed=2, threads=1)
+    three = channel_stats("tessera", shards, n_tiles=9, seed=2, threads=3)
+    assert one[0].tobytes() == three[0].tobytes() and one[1].tobytes() == three[1].tobytes()
+    assert one[2] == three[2]
+
+
+def bytes_read() -> int:
+    """Bytes this process has read through read(2) and friends, page cache included."""
+    io = dict(line.split(": ") for line in Path("/proc/self/io").read_text().splitlines())
+    return int(io["rchar"])
+
+
+def test_only_the_sampled_tiles_are_read(tmp_path: Path) -> None:
+    """2 of 6 tiles sampled: about 2 tiles' bytes read; spoiling a tile outside the sample
+    changes nothing, spoiling one inside it does."""
+    rng = np.random.default_rng(7)
+    tiles = [(t["emb"], t["scale"]) for t in (ordinary_tile(rng, 128) for _ in range(6))]
+    shards = write_tessera_shard(tmp_path, tiles)
+    before = bytes_read()
+    mean, _, record = channel_stats("tessera", shards, n_tiles=2, seed=1)
+    tile_bytes = tiles[0][0].nbytes + tiles[0][1].nbytes
+    assert 2 * tile_bytes <= bytes_read() - before < 3 * tile_bytes
+    data = Path(shards[0]).read_bytes()
+    outside = next(i for i in range(6) if f"r_{i}_0" not in record["tile_keys"])
+    inside = int(sorted(record["tile_keys"])[0].split("_")[1])
+    for i, expect_same in ((outside, True), (inside, False)):
+        spoiled = bytearray(data)
+        at = spoiled.find(tiles[i][0].tobytes())  # the tile's codes, not its headers
+        assert at > 0
+        spoiled[at : at + 64] = bytes(range(64))
+        Path(shards[0]).write_bytes(spoiled)
+        again = channel_stats("tessera", shards, n_tiles=2, seed=1)
+        assert (again[0].tobytes() == mean.tobytes()) is expect_same
+
+
+def test_a_sampled_key_missing_from_its_shard_is_named(tmp_path: Path) -> None:
+    rng = np.random.default_rng(8)
+    tiles = [(t["emb"], t["scale"]) for t in (ordinary_tile(rng, 16) for _ in range(2))]
+    shards = write_tessera_shard(tmp_path, tiles)
+    with pytest.raises(StatsError, match=r"train-0000\.tar: the manifest lists .*r_9_0"):
+        channel_stats("tessera", shards, n_tiles=5, seed=0, shard_keys=[["r_0_0", "r_9_0"]])
 
 
 def run_stats(manifest: Path, out: Path, seed: int, n_tiles: int) -> dict:

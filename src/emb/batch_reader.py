@@ -29,17 +29,25 @@ T = TypeVar("T")
 class BatchReader:
     """Reads a list of samples into one compact batch; one reader per thread (open files)."""
 
-    def __init__(self, in_dim: int, pool: BufferPool | None = None) -> None:
+    def __init__(
+        self, in_dim: int, pool: BufferPool | None = None, arrays: Sequence[str] | None = None
+    ) -> None:
+        """``arrays``: the arrays to read, each required; by default a training sample's
+        ``emb`` and ``label`` (required) and ``scale`` (where the shard has one)."""
         self.in_dim = in_dim
         self.pool = SHARED_POOL if pool is None else pool
+        self.arrays = arrays
         self._files: dict[str, BinaryIO] = {}
 
     def read(self, samples: Sequence[SampleAt]) -> dict[str, torch.Tensor]:
         """``{"emb": (B, D, T, T), "label": (B, T, T)[, "scale": ...]}`` in the shards' dtypes."""
         first = samples[0]
-        names = [n for n in ("emb", "label", "scale") if n in first.arrays]
+        required = ("emb", "label") if self.arrays is None else tuple(self.arrays)
+        names = list(required)
+        if self.arrays is None and "scale" in first.arrays:
+            names.append("scale")
         for sample in samples:
-            self._check(sample, first, names)
+            self._check(sample, first, names, required)
         out: dict[str, torch.Tensor] = {}
         for name in names:
             at = first.arrays[name]
@@ -49,9 +57,11 @@ class BatchReader:
             out[name] = torch.from_numpy(buffer)
         return out
 
-    def _check(self, sample: SampleAt, first: SampleAt, names: list[str]) -> None:
+    def _check(
+        self, sample: SampleAt, first: SampleAt, names: list[str], required: Sequence[str]
+    ) -> None:
         where = f"{sample.url}: sample {sample.key}"
-        missing = [k for k in ("emb", "label") if k not in sample.arrays]
+        missing = [k for k in required if k not in sample.arrays]
         if missing:
             raise ShardError(f"{where}: missing {missing} (truncated shard?)")
         emb = sample.arrays["emb"]

@@ -11,7 +11,7 @@ rule channel_stats:
         "benchmarks/channel_stats/{source}.tsv"
     conda:
         "../../envs/emb.yaml"
-    threads: 1
+    threads: 4
     resources:
         mem_mb=4000,
         runtime=60,
@@ -20,4 +20,5 @@ rule channel_stats:
         seed=config["stats"]["seed"],
     shell:
         "python -m emb.channel_stats --manifest {input.manifest} --n-tiles {params.n_tiles}"
-        " --seed {params.seed} --out-dir results/stats/{wildcards.source} > {log} 2>&1"
+        " --seed {params.seed} --threads {threads}"
+        " --out-dir results/stats/{wildcards.source} > {log} 2>&1"
