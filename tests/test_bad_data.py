@@ -234,6 +234,29 @@ def test_stats_with_zero_training_tiles_keep_the_old_stats(tmp_path: Path) -> No
     assert not (out / "channel_mean.npy").exists()
 
 
+def test_stats_on_a_corrupt_shard_name_it_and_keep_the_old_stats(
+    tiny_demo: TinyDemo, tmp_path: Path
+) -> None:
+    shards, _ = copy_split(tiny_demo, "tessera", "train", tmp_path / "shards")
+    data = Path(shards[0]).read_bytes()
+    Path(shards[0]).write_bytes(data[: len(data) // 2 + 700])
+    manifest = tmp_path / "manifest.json"
+    train = {"shards": shards}  # no shard_keys: every shard is scanned
+    manifest.write_text(json.dumps({"source": "tessera", "splits": {"train": train}}))
+    out = tmp_path / "stats"
+    out.mkdir()
+    (out / "stats.json").write_text('{"old": true}')
+    result = subprocess.run(
+        [sys.executable, "-m", "emb.channel_stats", "--manifest", str(manifest),
+         "--out-dir", str(out)],
+        capture_output=True, text=True, env=venv_env(),
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert f"{Path(shards[0]).name}: truncated shard" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert (out / "stats.json").read_text() == '{"old": true}'
+
+
 def test_shard_sample_counts_pairs_paths_with_counts(tiny_demo: TinyDemo) -> None:
     part = tiny_demo.manifest("aef")["splits"]["train"]
     counts = shard_sample_counts(part)

@@ -14,6 +14,7 @@ from conftest import TinyDemo, venv_env
 from emb.channel_stats import StatsError, channel_stats, tile_moments
 from emb.data import iter_samples
 from emb.rasters import valid_pixels
+from emb.shard_index import ShardError
 from emb.shards import encode_npy, write_shards
 
 
@@ -148,6 +149,16 @@ def test_a_sampled_key_missing_from_its_shard_is_named(tmp_path: Path) -> None:
     shards = write_tessera_shard(tmp_path, tiles)
     with pytest.raises(StatsError, match=r"train-0000\.tar: the manifest lists .*r_9_0"):
         channel_stats("tessera", shards, n_tiles=5, seed=0, shard_keys=[["r_0_0", "r_9_0"]])
+
+
+def test_a_tile_with_other_channels_is_named(tmp_path: Path) -> None:
+    """Raised in the reader thread, the error reaches the caller and names the sample."""
+    rng = np.random.default_rng(9)
+    tiles = [(t["emb"], t["scale"]) for t in (ordinary_tile(rng, 16) for _ in range(3))]
+    tiles[2] = (tiles[2][0][:4], tiles[2][1])
+    shards = write_tessera_shard(tmp_path, tiles)
+    with pytest.raises(ShardError, match=r"train-0000\.tar: sample r_2_0: emb.npy has in_dim 4"):
+        channel_stats("tessera", shards, n_tiles=3, seed=0)
 
 
 def run_stats(manifest: Path, out: Path, seed: int, n_tiles: int) -> dict:

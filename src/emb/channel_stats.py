@@ -203,20 +203,21 @@ def channel_stats(
     chosen = set(rng.choice(keys, size=min(n_tiles, len(keys)), replace=False).tolist())
     sampled = _sampled_tiles(shards, shard_keys, chosen)
     names = ("emb",) if source == "aef" else ("emb", "scale")
-    reader = BatchReader(sampled[0].arrays["emb"].shape[0], arrays=names)
-    moments: RunningMoments | None = None
+    dim = sampled[0].arrays["emb"].shape[0]
+    reader = BatchReader(dim, arrays=names)
+    moments = RunningMoments(dim)
     torch_threads = torch.get_num_threads()
     torch.set_num_threads(1)  # chunks fit in cache: one tile per thread, not one op per thread
+    tiles = round_robin([_read_tiles(reader, sampled, names)], depth=3)
+    summed = _in_threads(lambda t: tile_moments(source, t), tiles, threads or torch_threads)
     try:
-        tiles = round_robin([_read_tiles(reader, sampled, names)], depth=3)
-        summed = _in_threads(lambda t: tile_moments(source, t), tiles, threads or torch_threads)
         for _, part in summed:
-            moments = moments or RunningMoments(sampled[0].arrays["emb"].shape[0])
             moments.merge(*part)  # in sample order: the result does not depend on threads
     finally:
-        torch.set_num_threads(torch_threads)
+        summed.close()  # its threads finish first, then the reader's thread stops
+        tiles.close()
         reader.close()
-    assert moments is not None
+        torch.set_num_threads(torch_threads)
     record = {
         "source": source,
         "n_tiles": len(chosen),
