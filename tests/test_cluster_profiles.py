@@ -47,8 +47,9 @@ def cluster_env(tmp_path: Path) -> dict[str, str]:
 
 def dry_run(workdir: Path, profile: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
     shutil.copytree(REPO / "config", workdir / "config", dirs_exist_ok=True)
+    # A dry run caps threads at --cores (1 by default); SLURM jobs are not capped like that.
     cmd = ["snakemake", "-s", str(REPO / "Snakefile"), "-d", str(workdir), "-n",
-           "--profile", str(profile)]  # fmt: skip
+           "--profile", str(profile), "--cores", "64"]  # fmt: skip
     return subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True, timeout=300)
 
 
@@ -84,6 +85,12 @@ def test_dry_run_without_slurm_lists_every_job_with_its_resources(listed) -> Non
         assert "runtime=" in job["resources"] and "mem_mb=" in job["resources"], job
     shards = next(job for job in jobs if job["rule"] == "shards")
     assert f"slurm_partition={CPU_PARTITION[cluster]}" in shards["resources"]
+
+
+def test_channel_stats_get_the_profiles_threads(listed) -> None:
+    _, jobs = listed
+    stats = [job for job in jobs if job["rule"] == "channel_stats"]
+    assert stats and all("--threads 8" in job["shell"] for job in stats), stats
 
 
 def test_training_and_its_gpu_check_ask_for_whole_gpu_nodes_through_the_launcher(listed) -> None:

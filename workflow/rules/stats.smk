@@ -11,7 +11,7 @@ rule channel_stats:
         "benchmarks/channel_stats/{source}.tsv"
     conda:
         "../../envs/emb.yaml"
-    threads: 4
+    threads: 2  # profiles/{lumi,betzy} set 8 (set-threads)
     resources:
         mem_mb=4000,
         runtime=60,
