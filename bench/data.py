@@ -14,14 +14,14 @@ the same machine; the machine is shared, so run it twice and compare.
   ``loader_process_ceiling_ratio_w2``: two DataLoader worker *processes* that only read each
   batch's bytes into shared memory (no decode, no batching logic): the most a process-based
   loader can reach here, kept to show why the loader reads in threads (emb.batch_reader).
-- stats_ratio_cold: ``channel_stats`` time / raw read time of the sampled tiles' arrays
-  (``emb``, ``scale``), both after evicting their shards from the page cache (goal <= 1.2):
-  the stats rule runs as its own job, often on another node, and reads from disk or Lustre.
-  ``stats_ratio``: the same with the page cache warm, where the read is a memory copy
-  (~14 GB/s) and the float64 sums set the pace: ``stats_sum_1thread_ratio`` (the sums alone
-  on one thread / the warm read) says how many threads would reach 1.2 warm, and
-  ``stats_floor_ratio`` (one int8 sum: the least work that touches every value) why two
-  cores cannot. ``stats_subset_*``: a quarter of the tiles sampled (only those are read).
+- stats_ratio: ``channel_stats`` time / raw read time of the sampled tiles' arrays (``emb``,
+  ``scale``), page cache warm (goal <= 1.2; the issue does not say warm or cold, so both are
+  held to it). Warm, the read is a memory copy (~14 GB/s) and the float64 sums set the pace:
+  ``stats_sum_1thread_ratio`` (the sums alone on one thread / the warm read) says how many
+  threads 1.2 would take, ``stats_floor_ratio`` (one int8 sum: the least work that touches
+  every value) why two cores cannot. ``stats_ratio_cold``: both after evicting the shards
+  from the page cache, as for a stats job on another node reading from disk or Lustre.
+  ``stats_subset_*``: a quarter of the tiles sampled (only those are read).
 - shard_build_peak_rss_mib: peak RSS of ``python -m emb.shards`` on an SxSx64 int8 raster
   (default S = 8192; goal < 1024 MiB), measured by a wrapper process whose only child is the
   build.
@@ -373,7 +373,9 @@ GOALS = {
     "shard_build_ratio_aef": (">=", 0.7),
     "shard_build_ratio_tessera": (">=", 0.7),
     "loader_ratio_w2": (">=", 0.5),
+    "stats_ratio": ("<=", 1.2),
     "stats_ratio_cold": ("<=", 1.2),
+    "stats_subset_ratio": ("<=", 1.2),
     "stats_subset_ratio_cold": ("<=", 1.2),
     "shard_build_peak_rss_mib": ("<", 1024),
 }
