@@ -161,6 +161,15 @@ def test_a_tile_with_other_channels_is_named(tmp_path: Path) -> None:
         channel_stats("tessera", shards, n_tiles=3, seed=0)
 
 
+def test_a_scale_that_does_not_fit_its_tile_is_named(tmp_path: Path) -> None:
+    rng = np.random.default_rng(10)
+    tiles = [(t["emb"], t["scale"]) for t in (ordinary_tile(rng, 16) for _ in range(2))]
+    tiles[1] = (tiles[1][0], tiles[1][1][:8])
+    shards = write_tessera_shard(tmp_path, tiles)
+    with pytest.raises(ShardError, match=r"sample r_1_0: scale.npy is \[8, 16\], emb.npy"):
+        channel_stats("tessera", shards, n_tiles=2, seed=0)
+
+
 def run_stats(manifest: Path, out: Path, seed: int, n_tiles: int) -> dict:
     subprocess.run(
         [sys.executable, "-m", "emb.channel_stats", "--manifest", str(manifest),

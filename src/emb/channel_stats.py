@@ -254,6 +254,13 @@ def _read_tiles(
 ) -> Iterator[dict[str, np.ndarray]]:
     """Each sampled tile's arrays, read into recycled buffers (freed once summed)."""
     for sample in sampled:
+        emb, scale = sample.arrays["emb"], sample.arrays.get("scale")
+        if scale is not None and scale.shape[-2:] != emb.shape[1:]:
+            raise ShardError(
+                f"{sample.url}: sample {sample.key}: scale.npy is {list(scale.shape)}, "
+                f"emb.npy {list(emb.shape)}: expected a scale of {list(emb.shape[1:])} "
+                f"or {list(emb.shape)}"
+            )
         batch = reader.read([sample])
         yield {name: batch[name][0].numpy() for name in names}
 
