@@ -64,10 +64,15 @@ class BatchReader:
         missing = [k for k in required if k not in sample.arrays]
         if missing:
             raise ShardError(f"{where}: missing {missing} (truncated shard?)")
-        emb = sample.arrays["emb"]
+        emb, scale = sample.arrays["emb"], sample.arrays.get("scale")
         if emb.shape[0] != self.in_dim:
             raise ShardError(
                 f"{where}: emb.npy has in_dim {emb.shape[0]}, manifest says {self.in_dim}"
+            )
+        if "scale" in names and scale is not None and scale.shape[-2:] != emb.shape[1:]:
+            raise ShardError(
+                f"{where}: scale.npy is {list(scale.shape)}, emb.npy {list(emb.shape)}: "
+                f"expected a scale of {list(emb.shape[1:])} or {list(emb.shape)}"
             )
         for name in names:
             got, want = sample.arrays.get(name), first.arrays[name]

@@ -1,8 +1,8 @@
 """Stage: per-channel mean and std of a seeded random sample of training tiles.
 
-Only valid pixels count. Each tile's moments are summed in float64 around a shift near its
-mean, and tiles are merged with Chan's parallel update: exact where a plain sum-of-squares
-formula cancels (large means, small spreads).
+Only valid pixels count. Each tile's moments are summed in float64 (shifted by a mean where
+plain sums would cancel, see ``tile_moments``), and tiles are merged with Chan's parallel
+update: exact for large means and small spreads too.
 """
 
 from __future__ import annotations
@@ -254,13 +254,6 @@ def _read_tiles(
 ) -> Iterator[dict[str, np.ndarray]]:
     """Each sampled tile's arrays, read into recycled buffers (freed once summed)."""
     for sample in sampled:
-        emb, scale = sample.arrays["emb"], sample.arrays.get("scale")
-        if scale is not None and scale.shape[-2:] != emb.shape[1:]:
-            raise ShardError(
-                f"{sample.url}: sample {sample.key}: scale.npy is {list(scale.shape)}, "
-                f"emb.npy {list(emb.shape)}: expected a scale of {list(emb.shape[1:])} "
-                f"or {list(emb.shape)}"
-            )
         batch = reader.read([sample])
         yield {name: batch[name][0].numpy() for name in names}
 

@@ -50,9 +50,9 @@ def payload_size(payload: Payload) -> int:
 def read_ahead(items: Iterator[T]) -> Iterator[T]:
     """``items``, each produced in a thread while the caller works on the one before.
 
-    File and GDAL reads and numpy/torch's large-array loops release the GIL, so on two
-    cores reading the next tile overlaps encoding (shards) or summing (channel_stats) this
-    one (bench/data.py). Memory holds at most two items.
+    File and GDAL reads and numpy's large-array loops release the GIL, so on two cores
+    reading the next tile overlaps encoding this one (bench/data.py). Memory holds at most
+    two items.
     """
     done = object()
     with ThreadPoolExecutor(1, thread_name_prefix="read-ahead") as pool:
