@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slurm
 
 PROFILE = REPO / "profiles" / "slurm-localhost"
 RUN_LIMIT_S = 900  # one Snakemake run on the local SLURM, ended by `timeout -k 30`
-LIMIT_EPOCHS = 200  # tiny-demo epochs, ~0.6 s each here: well over the first job's 60 s
+LIMIT_EPOCHS = 400  # tiny-demo epochs, ~0.6 s each here: well over the first job's 120 s
 
 
 @pytest.fixture(scope="session")
@@ -134,8 +134,10 @@ def test_srun_per_node_form_meets_through_c10d_on_the_first_node(workdir: Path, 
 def test_training_over_its_time_limit_checkpoints_on_the_signal_is_retried_and_resumes(
     workdir: Path, tmp_path: Path
 ) -> None:
-    # First job: one minute, SIGUSR1 45 s before the end; the retry gets fifteen minutes.
-    profile = profile_with(tmp_path, "limit", {"runtime": "1 if attempt == 1 else 15"})
+    # First job: two minutes, SIGUSR1 45 s before the end; the retry gets fifteen minutes.
+    # slurmctld sends such signals from a periodic time-limit check: a one-minute job under
+    # CI's load once got none before the trainer's own deadline stop (5 s margin).
+    profile = profile_with(tmp_path, "limit", {"runtime": "2 if attempt == 1 else 15"})
     overlay = workdir / ".test/limit.yaml"
     overlay.write_text(yaml.safe_dump({"train": {"epochs": LIMIT_EPOCHS, "patience": 1000,
                                                  "stop_margin_s": 5}}))  # fmt: skip
