@@ -13,7 +13,7 @@ the same machine; the machine is shared, so run it twice and compare.
   ``loader_dequant_ratio_w2`` adds ``Dequantize`` (with augmentation) on the CPU;
   ``loader_process_ceiling_ratio_w2``: two DataLoader worker *processes* that only read each
   batch's bytes into shared memory (no decode, no batching logic): the most a process-based
-  loader can reach here, kept to show why the loader reads in threads (emb.batch_reader).
+  loader can reach here, kept to show why the loader reads in threads (emb.loading.batch_reader).
 - stats_ratio: ``channel_stats`` time / raw read time of the sampled tiles' arrays (``emb``,
   ``scale``), page cache warm (goal <= 1.2; the issue does not say warm or cold, so both are
   held to it). Warm, the read is a memory copy (~14 GB/s) and the float64 sums set the pace:
@@ -22,7 +22,7 @@ the same machine; the machine is shared, so run it twice and compare.
   every value) why two cores cannot. ``stats_ratio_cold``: both after evicting the shards
   from the page cache, as for a stats job on another node reading from disk or Lustre.
   ``stats_subset_*``: a quarter of the tiles sampled (only those are read).
-- shard_build_peak_rss_mib: peak RSS of ``python -m emb.shards`` on an SxSx64 int8 raster
+- shard_build_peak_rss_mib: peak RSS of ``python -m emb.prep.shards`` on an SxSx64 int8 raster
   (default S = 8192; goal < 1024 MiB), measured by a wrapper process whose only child is the
   build.
 
@@ -51,11 +51,12 @@ from affine import Affine
 from rasterio.windows import Window
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from emb.channel_stats import channel_stats, tile_moments
-from emb.data import Dequantize, LoaderSpec, train_batches
-from emb.shard_index import SampleAt, scan_shard
-from emb.shards import GDAL_CACHE_MB, build_region
-from emb.tiles import SplitSpec, TileSpec, tile_windows
+from emb.loading.batches import LoaderSpec, train_batches
+from emb.loading.dequantize import Dequantize
+from emb.loading.shard_index import SampleAt, scan_shard
+from emb.prep.channel_stats import channel_stats, tile_moments
+from emb.prep.shards import GDAL_CACHE_MB, build_region
+from emb.prep.tiles import SplitSpec, TileSpec, tile_windows
 
 CRS = "EPSG:32615"
 
@@ -334,7 +335,7 @@ def peak_rss(work: Path, size: int, tile: int) -> dict:
     cmd = [
         sys.executable,
         "-m",
-        "emb.shards",
+        "emb.prep.shards",
         "--source",
         "aef",
         "--region",

@@ -30,11 +30,12 @@ import yaml
 from affine import Affine
 
 from emb.classes import load_class_map
-from emb.config import TrainConfig
+from emb.evaluation.predict import predict_raster
+from emb.evaluation.runs import TrainedRun
+from emb.evaluation.windows import PredictSpec, read_window, tile_origins
 from emb.models import build_model
-from emb.predict import PredictSpec, predict_raster, read_window, tile_origins
 from emb.rasters import shard_arrays
-from emb.runs import TrainedRun
+from emb.training.config import TrainConfig
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -76,7 +77,7 @@ def best_of(fns: dict[str, Callable[[], None]], repeats: int) -> dict[str, float
 
 def model_only(run: TrainedRun, raster: Path, spec: PredictSpec) -> Callable[[], None]:
     """De-quantization and forward passes over the grid's unique windows, read beforehand."""
-    model, prepare = run.model("raw"), run.input_transform()
+    model, dequantize = run.model("raw"), run.dequantize()
     with rasterio.open(raster) as src:
         rows = tile_origins(0, src.height, src.height, spec.tile, spec.stride)
         cols = tile_origins(0, src.width, src.width, spec.tile, spec.stride)
@@ -90,7 +91,7 @@ def model_only(run: TrainedRun, raster: Path, spec: PredictSpec) -> Callable[[],
     @torch.no_grad()
     def run_all() -> None:
         for batch in batches:
-            model(prepare(batch)[0])["l3"].numpy()
+            model(dequantize(batch)[0])["l3"].numpy()
 
     return run_all
 

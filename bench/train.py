@@ -33,12 +33,12 @@ import torch
 from torch import nn
 
 from emb.classes import ClassMap, load_class_map
-from emb.data import Dequantize
-from emb.ema import ModelEma
-from emb.loss import HierarchyTargets, MultiHeadLoss
+from emb.loading.dequantize import Dequantize
 from emb.models import ModelConfig, build_model
-from emb.schedule import warmup_cosine
-from emb.trainer import Trainer
+from emb.training.ema import ModelEma
+from emb.training.loss import HierarchyTargets, MultiHeadLoss
+from emb.training.schedule import warmup_cosine
+from emb.training.trainer import Trainer
 
 REPO = Path(__file__).resolve().parents[1]
 WEIGHTS = {"l1": 0.1, "l2": 0.3, "l3": 1.0}
@@ -80,7 +80,7 @@ def trainer_step(model: nn.Module, batch: dict, cmap: ClassMap, ema: bool) -> St
     opt, sched = optimizer_and_schedule(model)
     trainer = Trainer(
         model, MultiHeadLoss(WEIGHTS), HierarchyTargets(cmap), Dequantize("aef"), opt, sched,
-        torch.device("cpu"), ema=ModelEma(model, 0.999) if ema else None,
+        torch.device("cpu"), precision="fp32", ema=ModelEma(model, 0.999) if ema else None,
     )  # fmt: skip
 
     def step() -> None:

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from emb.align_labels import align_labels
 from emb.classes import ClassMap, load_class_map
-from emb.demo import DEMO_REGIONS, write_region
-from emb.manifest import merge_indexes
-from emb.shards import build_region
-from emb.tiles import SplitSpec, TileSpec
+from emb.prep.align_labels import align_labels
+from emb.prep.demo_region import DEMO_REGIONS, write_region
+from emb.prep.manifest import merge_indexes
+from emb.prep.shards import build_region
+from emb.prep.tiles import SplitSpec, TileSpec
 
 REPO = Path(__file__).resolve().parents[1]
 CLASSES_CSV = REPO / "config" / "classes.csv"

@@ -1,4 +1,5 @@
-"""The checks CI runs before the tests: formatting and lint of Python and Snakemake files."""
+"""The checks CI runs before the tests: formatting and lint of Python and Snakemake files, and
+the size rules of the package (functions: ruff's PLR0915 in pyproject.toml; modules here)."""
 
 from __future__ import annotations
 
@@ -23,3 +24,13 @@ def test_style_check_passes(name: str) -> None:
     assert result.returncode == 0, f"{name} failed:\n{result.stdout[-3000:]}{result.stderr[-3000:]}"
     if name == "snakemake --lint":
         assert "Congratulations" in result.stdout + result.stderr
+
+
+MAX_MODULE_LINES = 300
+
+
+def test_no_package_module_is_over_300_lines() -> None:
+    sizes = {p: len(p.read_text().splitlines()) for p in (REPO / "src" / "emb").rglob("*.py")}
+    assert sizes, "no modules found under src/emb"
+    too_long = {str(p.relative_to(REPO)): n for p, n in sizes.items() if n > MAX_MODULE_LINES}
+    assert not too_long, f"modules over {MAX_MODULE_LINES} lines (split them by job): {too_long}"

@@ -1,9 +1,9 @@
 """Small trained runs for the evaluation and prediction tests, built from the tiny demo.
 
-A run folder as ``emb.train`` leaves it (``config.yaml``, ``best.pt`` with "model", "config",
-"epoch" and optionally "ema"), with weights fitted for a few dozen steps by a plain loop on
-the demo's train shards through the real loader, ``Dequantize`` and hierarchy targets: enough
-for the model to have learned the fields, in seconds on a CPU.
+A run folder as ``emb.training.train`` leaves it (``config.yaml``, ``best.pt`` with "model",
+"config", "epoch" and optionally "ema"), with weights fitted for a few dozen steps by a plain
+loop on the demo's train shards through the real loader, ``Dequantize`` and hierarchy targets:
+enough for the model to have learned the fields, in seconds on a CPU.
 """
 
 from __future__ import annotations
@@ -17,13 +17,15 @@ import torch.nn.functional as F
 import yaml
 from conftest import CLASSES_CSV, REPO, TinyDemo
 
-from emb import checkpoint
-from emb.channel_stats import main as channel_stats_main
 from emb.classes import load_class_map
-from emb.config import TrainConfig, resolve
-from emb.data import Dequantize, LoaderSpec, shard_sample_counts, train_batches
-from emb.loss import HierarchyTargets
+from emb.loading.batches import LoaderSpec, shard_sample_counts, train_batches
+from emb.loading.dequantize import Dequantize
 from emb.models import build_model
+from emb.prep.channel_stats import main as channel_stats_main
+from emb.training import checkpoint
+from emb.training.config import TrainConfig
+from emb.training.loss import HierarchyTargets
+from emb.training.train_config import resolve
 
 SMALL_MODEL = {"widths": [8, 16, 16, 32], "depths": [1, 1, 1, 1], "decoder_dim": 16}
 

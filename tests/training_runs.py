@@ -12,8 +12,8 @@ import psutil
 import torch
 from conftest import REPO, TinyDemo, venv_env
 
-from emb import checkpoint
-from emb.config import main as resolve_config_main
+from emb.training import checkpoint
+from emb.training.train_config import main as resolve_config_main
 
 
 def resolve_config(
@@ -38,7 +38,7 @@ def resolve_config(
 
 
 def torchrun(config: Path, nproc: int = 2) -> list[str]:
-    return ["torchrun", "--standalone", f"--nproc_per_node={nproc}", "-m", "emb.train",
+    return ["torchrun", "--standalone", f"--nproc_per_node={nproc}", "-m", "emb.training.train",
             "--config", str(config)]  # fmt: skip
 
 
@@ -76,7 +76,7 @@ def workers(
         found = {}
         for child in psutil.Process(proc.pid).children(recursive=True):
             try:
-                if "emb.train" in " ".join(child.cmdline()):
+                if "emb.training.train" in " ".join(child.cmdline()):
                     found[int(child.environ()["RANK"])] = child
             except (psutil.Error, KeyError):
                 continue

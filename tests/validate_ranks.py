@@ -11,13 +11,14 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from emb import checkpoint
 from emb.classes import load_class_map
-from emb.config import TrainConfig
-from emb.data import Dequantize, LoaderSpec, eval_batches, shard_sample_counts
-from emb.loss import HierarchyTargets, MultiHeadLoss
+from emb.loading.batches import LoaderSpec, eval_batches, shard_sample_counts
+from emb.loading.dequantize import Dequantize
 from emb.models import build_model
-from emb.trainer import Trainer
+from emb.training import checkpoint
+from emb.training.config import TrainConfig
+from emb.training.loss import HierarchyTargets, MultiHeadLoss
+from emb.training.trainer import Trainer
 
 
 def main(ckpt: Path, out: Path) -> None:
@@ -32,6 +33,7 @@ def main(ckpt: Path, out: Path) -> None:
         model, MultiHeadLoss(cfg.loss.weights, cfg.loss.label_smoothing),
         HierarchyTargets(load_class_map(cfg.data.classes)), Dequantize(cfg.data.source),
         opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0), torch.device("cpu"),
+        precision="fp32",
     )  # fmt: skip
     val = json.loads(Path(cfg.data.manifest).read_text())["splits"]["val"]
     spec = LoaderSpec(cfg.data.source, cfg.model.in_dim, batch_size=3)

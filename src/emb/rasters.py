@@ -46,9 +46,8 @@ def _quantize_tessera_inplace(
 
     Per pixel ``scale = max|x| / 127`` and ``q = rint(x * 127 / max|x|)``; a pixel with a
     non-finite band (the max/min reductions propagate it) gets scale 0 and q 0. The block is
-    done in row chunks of about 4 MB, which stay in cache across the five passes (20% faster
-    than whole-block passes here); ``map_chunks`` may run them in threads (numpy's loops
-    release the GIL): ``ThreadPoolExecutor.map`` halved the time on two cores.
+    done in row chunks of about 4 MB, so that each chunk stays in cache across the five
+    passes; ``map_chunks`` may run them in threads (numpy's loops release the GIL).
     """
     q = np.empty(x.shape, np.int8) if q is None else q
     scale = np.empty(x.shape[1:], np.float32)
@@ -91,7 +90,7 @@ def shard_arrays(
     source: str, block: np.ndarray, nodata: float | None,
     q: np.ndarray | None = None, map_chunks: ChunkMap = map,
 ) -> dict[str, np.ndarray]:  # fmt: skip
-    """The compact arrays a shard stores for one tile of ``source`` (see DESIGN.md section 5).
+    """The compact arrays a shard stores for one tile of ``source`` (see docs/design.md, "Shards").
 
     ``block`` is the tile as read; TESSERA's float block is used as scratch space, ``q`` (when
     given) receives its int8 values and ``map_chunks`` runs its row chunks.
@@ -111,10 +110,3 @@ def valid_pixels(source: str, arrays: dict[str, np.ndarray]) -> np.ndarray:
     if source == "aef":
         return arrays["emb"][0] != AEF_NODATA
     return arrays["scale"] > 0 if arrays["scale"].ndim == 2 else arrays["scale"].max(0) > 0
-
-
-def to_float(source: str, arrays: dict[str, np.ndarray]) -> np.ndarray:
-    """De-quantized (D, H, W) float32 embedding of a shard sample; invalid pixels are 0."""
-    if source == "aef":
-        return dequantize_aef(arrays["emb"])
-    return dequantize_tessera(arrays["emb"], arrays["scale"])

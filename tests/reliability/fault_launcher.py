@@ -1,7 +1,8 @@
-"""Test-only launcher: inject one fault into the real training stage, then run ``emb.train.main``.
+"""Test-only launcher: inject one fault into the real training stage, then run its ``main``.
 
 Production code carries no test hooks: this script patches from the outside and is launched in
-place of ``-m emb.train`` (``torchrun [...] tests/reliability/fault_launcher.py --config X``).
+place of ``-m emb.training.train``
+(``torchrun [...] tests/reliability/fault_launcher.py --config X``).
 ``EMB_FAULT`` says what to inject:
 
 - ``slow_write:BYTES_PER_S``: checkpoint bytes trickle out at that rate, and the checksum
@@ -25,8 +26,8 @@ from pathlib import Path
 
 import torch
 
-from emb import checkpoint, train
-from emb.trainer import Trainer
+from emb.training import checkpoint, train
+from emb.training.trainer import Trainer
 
 
 def slow_writes(bytes_per_s: float) -> None:
@@ -75,16 +76,16 @@ def inject_nonfinite(kind: str, rank: int, call: int, log: Path) -> None:
         self._calls = getattr(self, "_calls", 0) + 1
         hit = here == rank and self._calls == call
         before = snapshot(self)
-        prepare, loss_fn = self.prepare, self.loss_fn
+        dequantize, loss_fn = self.dequantize, self.loss_fn
         if hit and kind == "nan_tile":
 
             def poisoned(batch):
-                x, y = prepare(batch)
+                x, y = dequantize(batch)
                 x = x.clone()
                 x[0] = float("nan")
                 return x, y
 
-            self.prepare = poisoned
+            self.dequantize = poisoned
         if hit and kind == "inf_loss":
 
             def inf_loss(logits, targets):
@@ -95,7 +96,7 @@ def inject_nonfinite(kind: str, rank: int, call: int, log: Path) -> None:
         try:
             result = step(self, micro_batches)
         finally:
-            self.prepare, self.loss_fn = prepare, loss_fn
+            self.dequantize, self.loss_fn = dequantize, loss_fn
         record = {"call": self._calls, "injected": hit, "applied": result.applied,
                   "grad_norm": str(result.grad_norm), "skipped": self.skipped,
                   "before": before, "after": snapshot(self)}  # fmt: skip

@@ -16,8 +16,8 @@ LAUNCHER = Path(__file__).with_name("fault_launcher.py")
 
 
 def command(config: Path, nproc: int = 2, fault: bool = False) -> list[str]:
-    """torchrun (nproc > 1) or a plain process running ``emb.train`` or the fault launcher."""
-    target = [str(LAUNCHER)] if fault else ["-m", "emb.train"]
+    """torchrun (nproc > 1) or a plain process: ``emb.training.train`` or the fault launcher."""
+    target = [str(LAUNCHER)] if fault else ["-m", "emb.training.train"]
     if nproc == 1:
         return [sys.executable, *target, "--config", str(config)]
     return ["torchrun", "--standalone", f"--nproc_per_node={nproc}", *target,

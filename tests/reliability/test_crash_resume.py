@@ -22,9 +22,8 @@ from training_runs import (
 )
 from trials import pytest_generate_tests  # noqa: F401 - parametrizes `trial`
 
-from emb import checkpoint
-from emb.run_log import read_keys
-from emb.stop import EXIT_STOPPED
+from emb.training import checkpoint
+from emb.training.stop import EXIT_STOPPED
 
 pytestmark = pytest.mark.reliability
 
@@ -36,6 +35,15 @@ RESUMABLE = ("train.epochs=3", "model.drop_path=0.2", "ema.enabled=true", "ema.d
              "schedule.warmup_steps=3", "logging.record_keys=true",
              "train.collective_timeout_s=30")  # fmt: skip
 EXIT_BOUND_S = 90  # a stop must end the job this soon after the signal (collectives: 30 s)
+
+
+def read_keys(path: Path) -> list[tuple[int, int, list[str]]]:
+    """``keys/rank{r}.tsv`` as (epoch, batch, keys) rows."""
+    rows = []
+    for line in Path(path).read_text().splitlines():
+        epoch, batch, keys = line.split("\t")
+        rows.append((int(epoch), int(batch), keys.split(",")))
+    return rows
 
 
 def keys_of(run_dir: Path) -> dict[int, list]:

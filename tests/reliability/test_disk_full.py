@@ -12,8 +12,8 @@ from fault_runs import mount_tmpfs, run, tree_hashes, unmount, worker_exit_codes
 from training_runs import resolve_config
 from trials import pytest_generate_tests  # noqa: F401 - parametrizes `trial`
 
-from emb import checkpoint
-from emb.train import EXIT_DISK_FULL
+from emb.training import checkpoint
+from emb.training.train import EXIT_DISK_FULL
 
 pytestmark = pytest.mark.reliability
 

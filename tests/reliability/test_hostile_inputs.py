@@ -4,8 +4,8 @@ entry point that meets it first (the pre-job checks, a stage, the loader, the tr
 Every case must end in a message naming the file or key and what was expected, and must leave
 a tree of earlier good outputs (labels, shards, a trained run with checkpoints) byte-identical:
 sha256 of every file before and after. Cases already covered end-to-end elsewhere
-(tests/test_inputs.py, test_bad_data.py, test_trainer.py) are counted here through their entry
-points, with the before/after hash added.
+(tests/test_inputs.py, tests/prep/test_bad_data.py, tests/training/test_trainer.py) are counted
+here through their entry points, with the before/after hash added.
 """
 
 from __future__ import annotations
@@ -28,12 +28,13 @@ from conftest import CLASSES_CSV, REPO, TinyDemo
 from fault_runs import tree_hashes
 from training_runs import resolve_config
 
-from emb import align_labels, checkpoint, config, train
 from emb.classes import load_class_map
-from emb.data import LoaderSpec, eval_batches
-from emb.regions import check_regions, read_regions
-from emb.shards import build_region
-from emb.tiles import SplitSpec, TileSpec
+from emb.loading.batches import LoaderSpec, eval_batches
+from emb.prep import align_labels
+from emb.prep.regions import check_regions, read_regions
+from emb.prep.shards import build_region
+from emb.prep.tiles import SplitSpec, TileSpec
+from emb.training import checkpoint, config, loop, train, train_config
 
 pytestmark = pytest.mark.reliability
 
@@ -113,7 +114,7 @@ def copy_raster(src: Path, dest: Path, **changes) -> Path:
 
 
 def train_stage(config_path: Path) -> Callable[[], None]:
-    """``python -m emb.train --config X`` in this process (world size 1)."""
+    """``python -m emb.training.train --config X`` in this process (world size 1)."""
 
     def action() -> None:
         handlers = {s: signal.getsignal(s) for s in (signal.SIGUSR1, signal.SIGTERM)}
@@ -144,7 +145,7 @@ def resolve_train(env: Env, *files_and_overrides: str) -> Callable[[], None]:
         str(env.run_dir / "config.yaml"),
         *[x for s in sets for x in ("--set", s)],
     ]
-    return lambda: config.main(argv)
+    return lambda: train_config.main(argv)
 
 
 def workflow_config(env: Env, **changes) -> Callable[[], None]:
@@ -527,8 +528,7 @@ def good_tree(tiny_demo: TinyDemo, tmp_path_factory) -> Path:
     shutil.copytree(tiny_demo.root / "shards" / "aef" / "demo_a", root / "shards/aef/demo_a")
     run_dir = root / "runs" / "r"
     config_path = resolve_config(tiny_demo, run_dir, "train.max_updates=2")
-    cfg, raw = config.load(config_path)
-    train.run(cfg, raw, run_dir, 0, 1, torch.device("cpu"))
+    loop.run(config.load(config_path), run_dir, 0, 1, torch.device("cpu"))
     assert (run_dir / "last.pt").exists() and (run_dir / "best.pt.sha256").exists()
     return root
 

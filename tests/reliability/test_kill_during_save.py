@@ -23,7 +23,7 @@ from fault_runs import launch, run, wait_for
 from training_runs import resolve_config
 from trials import pytest_generate_tests, trials  # noqa: F401 - parametrizes `trial`
 
-from emb import checkpoint
+from emb.training import checkpoint
 
 pytestmark = pytest.mark.reliability
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from trials import pytest_generate_tests  # noqa: F401 - parametrizes `trial`
 
-from emb.data import (
+from emb.loading.batches import (
     LoaderError,
     LoaderSpec,
     eval_batches,
@@ -25,7 +25,7 @@ from emb.data import (
     train_batches,
     train_steps_per_epoch,
 )
-from emb.shards import TarShard, encode_npy
+from emb.prep.shards import TarShard, encode_npy
 
 pytestmark = pytest.mark.reliability
 

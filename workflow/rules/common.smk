@@ -6,10 +6,11 @@ from snakemake.exceptions import WorkflowError
 from snakemake.settings.types import DeploymentMethod
 from snakemake.utils import validate
 
-from emb.config import ConfigError, resolve
-from emb.demo import DEMO_REGIONS
-from emb.launch import rule_options
-from emb.regions import RegionsError, check_regions, read_regions
+from emb.training.config import ConfigError
+from emb.training.train_config import resolve
+from emb.prep.demo_region import DEMO_REGIONS
+from emb.cluster.launch import rule_options
+from emb.prep.regions import RegionsError, check_regions, read_regions
 
 validate(config, "../schemas/config.schema.yaml")
 

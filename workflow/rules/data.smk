@@ -17,7 +17,7 @@ rule align_labels:
         mem_mb=4000,
         runtime=60,
     shell:
-        "python -m emb.align_labels --emb {input.emb} --cdl {input.cdl} --classes {input.classes}"
+        "python -m emb.prep.align_labels --emb {input.emb} --cdl {input.cdl} --classes {input.classes}"
         " --out {output.labels} --report {output.report} > {log} 2>&1"
 
 
@@ -43,7 +43,7 @@ rule shards:
         splits=config["splits"],
         shards=config["shards"],
     shell:
-        "python -m emb.shards --source {wildcards.source} --region {wildcards.region}"
+        "python -m emb.prep.shards --source {wildcards.source} --region {wildcards.region}"
         " --emb {input.emb} --labels {input.labels} --index {output.index}"
         " --tile-size {params.tiles[size]} --stride {params.tiles[stride]}"
         " --min-valid {params.tiles[min_valid]} --block-m {params.splits[block_m]}"
@@ -69,8 +69,8 @@ rule manifest:
         mem_mb=1000,
         runtime=10,
     params:
-        ranks=config["train"]["nproc_per_node"],
+        ranks=config["launch"]["nproc_per_node"],
         workers=loader_workers,
     shell:
-        "python -m emb.manifest {input} --out {output} --ranks {params.ranks}"
+        "python -m emb.prep.manifest {input} --out {output} --ranks {params.ranks}"
         " --workers {params.workers} > {log} 2>&1"

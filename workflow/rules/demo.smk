@@ -21,5 +21,5 @@ rule demo_region:
         size=config["demo"]["size"],
         seed=config["demo"]["seed"],
     shell:
-        "python -m emb.demo --region {wildcards.region} --size {params.size} --seed {params.seed}"
+        "python -m emb.prep.demo_region --region {wildcards.region} --size {params.size} --seed {params.seed}"
         " --classes {input.classes} --out-dir resources/demo/{wildcards.region} > {log} 2>&1"

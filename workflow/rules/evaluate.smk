@@ -53,7 +53,7 @@ rule evaluate:
         run_dir=lambda wildcards, input: Path(input.trained).parent,
         out_dir=lambda wildcards, output: Path(output.metrics).parent,
     shell:
-        "OMP_NUM_THREADS={threads} python -m emb.evaluate --run-dir {params.run_dir}"
+        "OMP_NUM_THREADS={threads} python -m emb.evaluation.evaluate --run-dir {params.run_dir}"
         " --classes {input.classes} --out-dir {params.out_dir} > {log} 2>&1"
 
 
@@ -86,6 +86,6 @@ rule predict:
         run_dir=lambda wildcards, input: Path(input.trained).parent,
         options=predict_options,
     shell:
-        "OMP_NUM_THREADS={threads} python -m emb.predict --run-dir {params.run_dir}"
+        "OMP_NUM_THREADS={threads} python -m emb.evaluation.predict --run-dir {params.run_dir}"
         " --raster {input.raster} --region {wildcards.region} --classes {input.classes}"
         " --out {output.map} --png {output.png} {params.options} > {log} 2>&1"

@@ -33,7 +33,7 @@ rule summary:
     params:
         runs=RUNS,
     shell:
-        "python -m emb.summary --runs {params.runs} --metrics {input.metrics}"
+        "python -m emb.report.summary --runs {params.runs} --metrics {input.metrics}"
         " --out {output.csv} --html {output.html} --png {output.png} > {log} 2>&1"
 
 
@@ -61,7 +61,7 @@ rule curves:
     params:
         history="results/runs/{run}/history.csv",
     shell:
-        "python -m emb.report_figures curves --history {params.history} --run {wildcards.run}"
+        "python -m emb.report.curves --history {params.history} --run {wildcards.run}"
         " --out {output} > {log} 2>&1"
 
 
@@ -93,5 +93,5 @@ rule data_report:
         mem_mb=1000,
         runtime=5,
     shell:
-        "python -m emb.report_figures data --manifest {input.manifest} --classes {input.classes}"
+        "python -m emb.report.data_report --manifest {input.manifest} --classes {input.classes}"
         " --png {output.png} --html {output.html} > {log} 2>&1"

@@ -19,6 +19,6 @@ rule channel_stats:
         n_tiles=config["stats"]["n_tiles"],
         seed=config["stats"]["seed"],
     shell:
-        "python -m emb.channel_stats --manifest {input.manifest} --n-tiles {params.n_tiles}"
+        "python -m emb.prep.channel_stats --manifest {input.manifest} --n-tiles {params.n_tiles}"
         " --seed {params.seed} --threads {threads}"
         " --out-dir results/stats/{wildcards.source} > {log} 2>&1"

@@ -19,7 +19,7 @@ rule train_config:
         classes=config["classes"],
         cluster=lambda wildcards, resources: resources.get("train_overlay", ""),
     shell:
-        "python -m emb.config {input.files} {params.cluster} --schema {input.schema} --out {output}"
+        "python -m emb.training.train_config {input.files} {params.cluster} --schema {input.schema} --out {output}"
         " --set data.manifest=results/shards/{params.source}/manifest.json"
         " --set data.stats_dir=results/stats/{params.source}"
         " --set data.classes={params.classes} > {log} 2>&1"
@@ -39,18 +39,18 @@ rule gpu_check:
         "../../envs/emb.yaml"
     container:
         None  # the launcher runs the container inside its srun step
-    threads: config["train"]["nproc_per_node"] * config["train"]["threads"]
+    threads: config["launch"]["nproc_per_node"] * config["launch"]["threads"]
     resources:
         mem_mb=2000,
         runtime=10,
         nodes=1,
-        tasks_per_node=config["train"]["nproc_per_node"],
-        cpus_per_task=config["train"]["threads"],
+        tasks_per_node=config["launch"]["nproc_per_node"],
+        cpus_per_task=config["launch"]["threads"],
         gpus_per_node=0,
     params:
         launch=launch_options,
     shell:
-        "python -m emb.launch --per-node {params.launch} -- emb.gpu_check"
+        "python -m emb.cluster.launch --per-node {params.launch} -- emb.cluster.gpu_check"
         " --gpus {resources.gpus_per_node} --processes {resources.tasks_per_node}"
         " --threads {resources.cpus_per_task} --out {output} > {log} 2>&1"
 
@@ -72,17 +72,17 @@ rule train:
         "../../envs/emb.yaml"
     container:
         None  # the launcher runs the container inside its srun step
-    threads: config["train"]["nproc_per_node"] * config["train"]["threads"]
+    threads: config["launch"]["nproc_per_node"] * config["launch"]["threads"]
     resources:
         mem_mb=8000,
         runtime=600,
         nodes=1,
-        tasks_per_node=config["train"]["nproc_per_node"],
-        cpus_per_task=config["train"]["threads"],
+        tasks_per_node=config["launch"]["nproc_per_node"],
+        cpus_per_task=config["launch"]["threads"],
         gpus_per_node=0,
     params:
         launch=launch_options,
         checkpoint="results/runs/{run}/last.pt",
     shell:
-        "python -m emb.launch {params.launch} --checkpoint {params.checkpoint}"
-        " -- emb.train --config {input.config} >> {log} 2>&1"
+        "python -m emb.cluster.launch {params.launch} --checkpoint {params.checkpoint}"
+        " -- emb.training.train --config {input.config} >> {log} 2>&1"

@@ -30,7 +30,7 @@ class ModelConfig:
     widths: tuple[int, ...] = (64, 128, 256, 512)  # channels per encoder stage
     depths: tuple[int, ...] = (2, 2, 6, 2)  # blocks per stage
     decoder_dim: int = 256  # SegFormer MLP decoder / DeepLab ASPP + decoder width
-    aspp_rates: tuple[int, ...] = (2, 4, 6)  # DeepLab atrous rates (small tiles -> small rates)
+    aspp_rates: tuple[int, ...] = (6, 12, 18)  # DeepLab atrous rates
     input_norm: bool = False  # learned LayerNorm over channels on the raw input
     num_classes: tuple[int, int, int] = (2, 7, 61)  # L1, L2, L3
     drop_path: float = 0.0  # max stochastic-depth rate (linear over blocks)

@@ -1,0 +1,239 @@
+"""Start a training (or per-node) command: one process, torchrun on one node, or srun across nodes.
+
+One launcher for every place the ``train`` rule runs, so that N GPUs never each walk the whole
+data set because training was started the wrong way:
+
+- one process: ``python -m MODULE ARGS`` (one node, one process);
+- one node, N processes: ``torchrun --standalone --nproc_per_node=N -m MODULE ARGS``;
+- inside a SLURM allocation (``--srun``): ``srun`` starts one task per node, each task runs the
+  node command above; across several nodes (or with ``--rendezvous c10d``) torchrun meets the
+  other nodes through a c10d rendezvous on the first node of the allocation.
+
+Why ``srun`` even on one node: Snakemake's SLURM plugin runs a rule with an ``mpi`` resource in
+the batch step, and ``sbatch --signal=USR1@N`` (without ``B:``) signals job steps only. The
+``srun`` step is what SLURM's warning signal reaches; the batch shell and Snakemake do not get it
+(``B:`` would kill the batch shell, and with it the job).
+
+Signals: each node command runs under :func:`emb.cluster.supervise.supervise` (``--supervise``
+inside an srun task, directly otherwise): SIGUSR1 is ignored in the command and forwarded to its
+whole process tree, SIGTERM/SIGINT to the command itself. The trainer then checkpoints at its
+next step and exits 75; the launcher exits 75 when the command failed after writing
+``--checkpoint`` during this launch (stopped early, resumable), so Snakemake's retry resumes it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shlex
+import shutil
+import socket
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from emb.cluster.slurm import SlurmError, first_node, job_end_time
+from emb.cluster.supervise import EX_TEMPFAIL, LaunchError, resumable_exit, supervise
+
+RENDEZVOUS = ("auto", "standalone", "c10d")
+C10D_BASE_PORT = 29400
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How to start one command on ``nodes`` x ``nproc_per_node`` processes."""
+
+    nodes: int = 1
+    nproc_per_node: int = 1
+    threads: int = 1  # CPU threads per process (OMP_NUM_THREADS, srun's cpus per task)
+    srun: bool = False  # wrap in srun, one task per node (inside a SLURM allocation)
+    rendezvous: str = "auto"  # auto: standalone on one node, c10d across nodes
+    per_node: bool = False  # one plain process per node, no torchrun (checks)
+    container: str = ""  # image run by apptainer/singularity (inside each srun task)
+    container_args: str = ""
+    container_runtime: str = "apptainer"
+    env: tuple[str, ...] = field(default=())  # NAME=VALUE defaults, $VARS expanded at launch
+
+    def __post_init__(self) -> None:
+        for name in ("nodes", "nproc_per_node", "threads"):
+            if getattr(self, name) < 1:
+                raise LaunchError(f"{name} must be >= 1, found {getattr(self, name)}")
+        if self.rendezvous not in RENDEZVOUS:
+            raise LaunchError(f"rendezvous must be one of {RENDEZVOUS}, found {self.rendezvous!r}")
+        if self.nodes > 1 and not self.srun:
+            raise LaunchError(f"{self.nodes} nodes need srun (a SLURM allocation); found srun off")
+        for item in self.env:
+            if "=" not in item or not item.split("=", 1)[0].isidentifier():
+                raise LaunchError(f"env entry {item!r}: expected NAME=VALUE")
+
+    @property
+    def c10d(self) -> bool:
+        return self.rendezvous == "c10d" or (self.rendezvous == "auto" and self.nodes > 1)
+
+
+def node_command(
+    launch: Launch, module: str, args: list[str], endpoint: str, run_id: str
+) -> list[str]:
+    """What runs on each node: ``python -m`` or torchrun (standalone or c10d at ``endpoint``)."""
+    if launch.per_node or (launch.nproc_per_node == 1 and not launch.c10d):
+        return ["python", "-m", module, *args]
+    if launch.c10d:
+        rdzv = [f"--nnodes={launch.nodes}", "--rdzv_backend=c10d",
+                f"--rdzv_endpoint={endpoint}", f"--rdzv_id={run_id}"]  # fmt: skip
+    else:
+        rdzv = ["--standalone", "--nnodes=1"]
+    return ["torchrun", *rdzv, f"--nproc_per_node={launch.nproc_per_node}",
+            "--max_restarts=0", "-m", module, *args]  # fmt: skip
+
+
+def srun_command(launch: Launch, node: list[str]) -> list[str]:
+    """``srun`` one task per node, each running ``node`` (in the container, if any)."""
+    cpus = launch.threads * launch.nproc_per_node
+    srun = ["srun", f"--nodes={launch.nodes}", f"--ntasks={launch.nodes}",
+            "--ntasks-per-node=1", f"--cpus-per-task={cpus}", "--kill-on-bad-exit=1"]  # fmt: skip
+    return [*srun, *contained(launch, node)]
+
+
+def contained(launch: Launch, node: list[str]) -> list[str]:
+    """``node`` under the launcher's supervision, inside ``launch.container`` when one is set."""
+    supervised = ["python", "-m", "emb.cluster.launch", "--supervise", "--", *node]
+    if not launch.container:
+        return supervised
+    runtime = [launch.container_runtime, "exec", *shlex.split(launch.container_args)]
+    return [*runtime, launch.container, *supervised]
+
+
+def command(launch: Launch, module: str, args: list[str], endpoint: str, run_id: str) -> list[str]:
+    """The full command line for ``launch``."""
+    node = node_command(launch, module, args, endpoint, run_id)
+    if launch.srun:
+        return srun_command(launch, node)
+    return contained(launch, node) if launch.container else node
+
+
+def environment(launch: Launch, base: Mapping[str, str]) -> dict[str, str]:
+    """``base`` plus the launch's defaults (``$VARS`` expanded against ``base``; set ones win)."""
+    env = dict(base)
+    env.setdefault("OMP_NUM_THREADS", str(launch.threads))
+    for item in launch.env:
+        name, value = item.split("=", 1)
+        if name not in env:
+            env[name] = expand(value, env)
+    return env
+
+
+def expand(value: str, env: Mapping[str, str]) -> str:
+    """``$NAME`` / ``${NAME}`` from ``env``; an unset name is an error, not an empty string."""
+
+    def sub(match: re.Match) -> str:
+        name = match.group(1) or match.group(2)
+        if name not in env:
+            raise LaunchError(f"env value {value!r}: ${name} is not set")
+        return env[name]
+
+    return re.sub(r"\$\{(\w+)\}|\$(\w+)", sub, value)
+
+
+def rule_options(
+    resources: Mapping[str, object], container: str = "", container_args: str = ""
+) -> str:
+    """Launcher options (shell-quoted) from a rule's resources, as the profiles set them.
+
+    ``nodes``, ``tasks_per_node`` (processes per node), ``cpus_per_task`` (threads each);
+    ``mpi: srun`` (the plugin's marker for rules that call srun themselves) turns on ``--srun``;
+    ``rendezvous`` and ``launch_env`` (space-separated NAME=VALUE) pass through. The container
+    is used only with ``--srun``: without it the rule runs inside Snakemake's own container.
+    """
+    srun = resources.get("mpi") == "srun"
+    options = ["--nodes", str(resources.get("nodes", 1)),
+               "--nproc-per-node", str(resources.get("tasks_per_node", 1)),
+               "--threads", str(resources.get("cpus_per_task", 1))]  # fmt: skip
+    if srun:
+        options.append("--srun")
+    if container:
+        options += ["--container", container, "--container-args", container_args]
+    if resources.get("rendezvous"):
+        options += ["--rendezvous", str(resources["rendezvous"])]
+    for item in str(resources.get("launch_env") or "").split():
+        options += ["--env", item]
+    return shlex.join(options)
+
+
+def c10d_port(job_id: str | None) -> int:
+    """A port per SLURM job, so two jobs sharing a node do not meet in one rendezvous."""
+    return C10D_BASE_PORT + (int(job_id) % 10000 if job_id and job_id.isdigit() else 0)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        usage="python -m emb.cluster.launch [options] -- MODULE [ARGS...]",
+    )
+    parser.add_argument("--nodes", type=int, default=1)
+    parser.add_argument("--nproc-per-node", type=int, default=1, help="processes (GPUs) per node")
+    parser.add_argument("--threads", type=int, default=1, help="CPU threads per process")
+    parser.add_argument("--srun", action="store_true", help="one srun task per node (SLURM)")
+    parser.add_argument("--rendezvous", choices=RENDEZVOUS, default="auto")
+    parser.add_argument("--per-node", action="store_true", help="one plain process per node")
+    parser.add_argument("--container", default="", help="image for each srun task")
+    parser.add_argument("--container-args", default="", help="apptainer exec options")
+    parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                        help="environment default; $VARS expand at launch")  # fmt: skip
+    parser.add_argument("--checkpoint", type=Path, help="written by a resumable stop: exit 75")
+    parser.add_argument("--dry-run", action="store_true", help="print the command, run nothing")
+    parser.add_argument("--supervise", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    if args.command[:1] == ["--"]:
+        args.command = args.command[1:]
+    if not args.command:
+        parser.error("missing the module (or, with --supervise, the command) after --")
+    return args
+
+
+def prepare(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[list[str], dict]:
+    """The command and environment for ``args``; SLURM is asked only inside a job."""
+    runtime = "apptainer" if shutil.which("apptainer") else "singularity"
+    launch = Launch(args.nodes, args.nproc_per_node, args.threads, args.srun, args.rendezvous,
+                    args.per_node, args.container, args.container_args, runtime,
+                    tuple(args.env))  # fmt: skip
+    if args.container and not Path(args.container).is_file():
+        raise LaunchError(f"container image {args.container} does not exist")
+    job_id = environ.get("SLURM_JOB_ID")
+    env = dict(environ)
+    if job_id and "SLURM_JOB_END_TIME" not in env:  # the trainer's deadline, even in a container
+        end = job_end_time(job_id)
+        if end is not None:
+            env["SLURM_JOB_END_TIME"] = str(end)
+    endpoint = ""
+    if launch.c10d and not launch.per_node:
+        host = first_node(job_id) if job_id else socket.gethostname()
+        endpoint = f"{host}:{c10d_port(job_id)}"
+    cmd = command(launch, args.command[0], args.command[1:], endpoint, job_id or "local")
+    return cmd, environment(launch, env)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.supervise:  # inside an srun task: run the node command
+        sys.exit(supervise(args.command))
+    started = time.time()
+    try:
+        cmd, env = prepare(args, os.environ)
+        print("launch:", shlex.join(cmd), flush=True)
+        if args.dry_run:
+            return
+        code = resumable_exit(supervise(cmd, env), args.checkpoint, started)
+    except (LaunchError, SlurmError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+    if code == EX_TEMPFAIL:
+        print(f"launch: stopped early with a checkpoint ({args.checkpoint}); re-run resumes")
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

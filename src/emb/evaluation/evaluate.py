@@ -1,0 +1,192 @@
+"""Stage: evaluate a run's best checkpoint on the test split.
+
+Both weight sets of the checkpoint are scored in one pass over the data: ``raw`` (the model as
+trained) and, when the checkpoint holds one, ``ema`` (its moving average). Every figure comes
+from an exact integer confusion matrix per level (rows = reference, columns = prediction;
+pixels labelled 255 never count), stored in ``metrics.json`` so that anyone can recompute it.
+The top-level ``miou_l3``, ``f1_l1``, ``oa_l2``, ... keys (what ``summary.csv`` shows) are
+those of the weights the checkpoint was selected for: EMA when present, else raw.
+
+Outputs: ``metrics.json``, ``per_class.csv`` (one row per weight set, level and class),
+``confusion_l{1,2,3}.png`` (row-normalized) and ``iou.png`` (per-class IoU bars).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from emb.classes import N_L1, N_L2, N_L3, ClassMap, load_class_map
+from emb.evaluation.runs import LEVELS, RunError, TrainedRun, open_run
+from emb.io import atomic_path, write_json
+from emb.loading.batches import LoaderSpec, eval_batches, shard_sample_counts
+from emb.metrics import confusion_update, scores_from_confusion
+from emb.prep.manifest import read_manifest
+from emb.report import plots
+from emb.training.loss import HierarchyTargets
+
+N_CLASSES = {"l1": N_L1, "l2": N_L2, "l3": N_L3}
+FIGURES = ("oa", "miou", "f1")
+
+
+@torch.no_grad()
+def confusion_matrices(
+    run: TrainedRun,
+    shards: list[str],
+    shard_samples: dict[str, int],
+    cmap: ClassMap,
+    batch_size: int = 16,
+    device: torch.device | None = None,
+) -> dict[str, dict[str, np.ndarray]]:
+    """{weights: {level: (n, n) int64}} over every sample of ``shards``, read once."""
+    device = device or torch.device("cpu")
+    dequantize = run.dequantize().to(device)
+    targets_of = HierarchyTargets(cmap).to(device)
+    models = {name: run.model(name, device) for name in run.weights}
+    cms = {
+        name: {
+            lv: torch.zeros(n, n, dtype=torch.int64, device=device) for lv, n in N_CLASSES.items()
+        }
+        for name in models
+    }
+    spec = LoaderSpec(run.cfg.data.source, run.cfg.model.in_dim, batch_size)
+    for batch in eval_batches(shards, spec, shard_samples=shard_samples):
+        x, y = dequantize({k: v.to(device) for k, v in batch.items()})
+        targets = targets_of(y)
+        for name, model in models.items():
+            logits = model(x)
+            for level in LEVELS:
+                confusion_update(cms[name][level], logits[level].argmax(1), targets[level])
+    return {name: {lv: cm.cpu().numpy() for lv, cm in per.items()} for name, per in cms.items()}
+
+
+def class_names(cmap: ClassMap) -> dict[str, tuple[str, ...]]:
+    return {"l1": cmap.l1_names, "l2": cmap.l2_names, "l3": cmap.l3_names}
+
+
+def metrics_record(cms: dict[str, dict[str, np.ndarray]], selected: str) -> dict:
+    """metrics.json content: top-level figures of ``selected``, then every weight set in full."""
+    record: dict = {"weights": selected, "weight_sets": list(cms)}
+    per_set = {}
+    for name, levels in cms.items():
+        per_set[name] = {}
+        for level, cm in levels.items():
+            s = scores_from_confusion(cm)
+            per_set[name][level] = {
+                **{k: s[k] for k in (*FIGURES, "classes_present", "pixels")},
+                "confusion": cm.tolist(),
+            }
+    for level in LEVELS:
+        for fig in FIGURES:
+            record[f"{fig}_{level}"] = per_set[selected][level][fig]
+    record.update(per_set)
+    return record
+
+
+def per_class_table(cms: dict[str, dict[str, np.ndarray]], cmap: ClassMap) -> pd.DataFrame:
+    """One row per (weights, level, class): support, predicted, IoU, F1, precision, recall."""
+    names = class_names(cmap)
+    parts = []
+    for name, levels in cms.items():
+        for level, cm in levels.items():
+            pc = scores_from_confusion(cm)["per_class"]
+            frame = pd.DataFrame(
+                {
+                    "weights": name,
+                    "level": level,
+                    "class_id": np.arange(cm.shape[0]),
+                    "class_name": names[level],
+                    "support": pc["support"],
+                    "predicted": pc["predicted"],
+                    **{k: pc[k] for k in ("iou", "f1", "precision", "recall")},
+                }
+            )
+            parts.append(frame)
+    return pd.concat(parts, ignore_index=True)
+
+
+def evaluate(
+    run_dir: Path,
+    classes: Path | str,
+    split: str = "test",
+    checkpoint_name: str = "best.pt",
+    batch_size: int = 16,
+    device: torch.device | None = None,
+) -> tuple[dict, pd.DataFrame, dict[str, np.ndarray]]:
+    """Score a run's checkpoint on ``split`` of its manifest.
+
+    Returns (metrics.json record, per-class table, {level: confusion of the selected weights}).
+    """
+    cmap = load_class_map(classes)
+    run = open_run(run_dir, cmap, classes, checkpoint_name)
+    manifest_path = Path(run.cfg.data.manifest)
+    manifest = read_manifest(manifest_path, splits=(split,))
+    run.check_in_dim(int(manifest["in_dim"]), str(manifest_path))
+    part = manifest["splits"][split]
+    cms = confusion_matrices(
+        run, part["shards"], shard_sample_counts(part), cmap, batch_size, device
+    )
+    empty = [lv for lv, cm in cms[run.selected].items() if cm.sum() == 0]
+    if empty:
+        raise RunError(f"{manifest_path}: split {split!r} has no labelled pixel to score")
+    record = {
+        "run": Path(run_dir).name,
+        "checkpoint": str(run.path),
+        "epoch": run.epoch,
+        "split": split,
+        "samples": part["samples"],
+        **metrics_record(cms, run.selected),
+    }
+    return record, per_class_table(cms, cmap), cms[run.selected]
+
+
+def write_figures(
+    out_dir: Path, record: dict, table: pd.DataFrame, cms: dict[str, np.ndarray], cmap: ClassMap
+) -> list[Path]:
+    """``confusion_l{1,2,3}.png`` and ``iou.png`` of the selected weights into ``out_dir``."""
+    names = class_names(cmap)
+    written = []
+    for level in LEVELS:
+        title = (
+            f"{record['run']} ({record['weights']} weights), {level.upper()}: "
+            f"OA {record[f'oa_{level}']:.3f}, mIoU {record[f'miou_{level}']:.3f}"
+        )
+        path = out_dir / f"confusion_{level}.png"
+        plots.save(plots.confusion_figure(cms[level], names[level], title), path)
+        written.append(path)
+    chosen = table[table["weights"] == record["weights"]]
+    path = out_dir / "iou.png"
+    plots.save(plots.iou_figure(chosen, f"{record['run']} ({record['weights']} weights)"), path)
+    return [*written, path]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--run-dir", type=Path, required=True, help="results/runs/{run}")
+    parser.add_argument("--checkpoint", default="best.pt", help="file name inside --run-dir")
+    parser.add_argument("--classes", type=Path, required=True, help="classes.csv")
+    parser.add_argument("--split", default="test", choices=["train", "val", "test"])
+    parser.add_argument("--out-dir", type=Path, required=True, help="results/eval/{run}")
+    parser.add_argument("--batch-size", type=int, default=16)
+    args = parser.parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        record, table, cms = evaluate(
+            args.run_dir, args.classes, args.split, args.checkpoint, args.batch_size, device
+        )
+    except (ValueError, FileNotFoundError) as err:  # RunError, CheckpointError, ConfigError
+        raise SystemExit(f"error: {err}") from err
+    write_figures(args.out_dir, record, table, cms, load_class_map(args.classes))
+    with atomic_path(args.out_dir / "per_class.csv") as tmp:
+        table.to_csv(tmp, index=False)
+    write_json(args.out_dir / "metrics.json", record)
+    print(json.dumps({k: round(v, 4) for k, v in record.items() if isinstance(v, float)}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,128 @@
+"""A trained run as evaluation and prediction see it: its checkpoint, config and weight sets.
+
+Loading goes through :func:`~emb.training.checkpoint.load` only. The weight sets are ``raw``
+(the model as trained) and, when the checkpoint holds one, ``ema`` (its moving average); the
+run's best checkpoint stands for EMA when present. Every mismatch between checkpoint, data and
+class table is an error naming the file, the expected and the found value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from emb.classes import ClassMap
+from emb.loading.dequantize import Dequantize
+from emb.models import build_model
+from emb.training import checkpoint
+from emb.training.config import TrainConfig
+
+LEVELS = ("l1", "l2", "l3")
+
+
+class RunError(ValueError):
+    """A run whose checkpoint is missing or does not fit the data or the class table."""
+
+
+@dataclass(frozen=True)
+class TrainedRun:
+    """A checkpoint's config and its weight sets, checked against the class table."""
+
+    path: Path
+    cfg: TrainConfig
+    weights: dict[str, dict[str, torch.Tensor]]  # "raw" and, when saved, "ema"
+    epoch: int | None
+
+    @property
+    def name(self) -> str:
+        return self.path.parent.name
+
+    @property
+    def selected(self) -> str:
+        """The weight set the best checkpoint stands for: EMA when present, else raw."""
+        return "ema" if "ema" in self.weights else "raw"
+
+    def model(self, weights: str, device: torch.device | None = None) -> nn.Module:
+        """The model with weight set ``weights`` loaded, in eval mode, on ``device``."""
+        model = build_model(self.cfg.model)
+        try:
+            model.load_state_dict(self.weights[weights])
+        except RuntimeError as err:
+            raise RunError(
+                f"{self.path}: the {weights!r} weights do not fit the checkpoint's own model "
+                f"config ({self.cfg.model}): {err}"
+            ) from err
+        return model.to(device or torch.device("cpu")).eval()
+
+    def dequantize(self) -> Dequantize:
+        """The run's own de-quantization (and TESSERA normalization), as in training."""
+        data = self.cfg.data
+        stats = Path(data.stats_dir) if data.normalize and data.stats_dir else None
+        return Dequantize.from_stats(data.source, stats)
+
+    def check_in_dim(self, in_dim: int, where: str) -> None:
+        """The data's embedding dimension must be the one the model was trained on."""
+        if self.cfg.model.in_dim != in_dim:
+            raise RunError(
+                f"{self.path}: model.in_dim is {self.cfg.model.in_dim}, "
+                f"but {where} has in_dim {in_dim}"
+            )
+
+
+def find_checkpoint(run_dir: Path | str, name: str = "best.pt") -> Path:
+    """``run_dir / name``, or a :class:`RunError` naming the run and what its folder holds."""
+    run_dir = Path(run_dir)
+    path = run_dir / name
+    if path.is_file():
+        return path
+    if not run_dir.is_dir():
+        found = f"{run_dir} does not exist"
+    else:
+        held = sorted(p.name for p in run_dir.glob("*.pt"))
+        found = f"{run_dir} holds {', '.join(held) if held else 'no checkpoint'}"
+    raise RunError(
+        f"run {run_dir.name!r} has no checkpoint {path} ({found}); train it first, e.g. "
+        f"snakemake results/runs/{run_dir.name}/train.json"
+    )
+
+
+def head_classes(state: dict[str, torch.Tensor]) -> dict[str, int]:
+    """Classes per level, read from the heads' weights (``...heads.l3.weight``: (n, dim, 1, 1))."""
+    out = {}
+    for level in LEVELS:
+        keys = [k for k in state if k.endswith(f"heads.{level}.weight")]
+        if keys:
+            out[level] = int(state[keys[0]].shape[0])
+    return out
+
+
+def load_run(path: Path, cmap: ClassMap, classes_path: Path | str) -> TrainedRun:
+    """Read a checkpoint and check that its heads match the class table ``classes_path``."""
+    state = checkpoint.load(path)
+    if "config" not in state:
+        raise RunError(f"{path}: checkpoint has no 'config' (not written by emb.training.train)")
+    cfg = TrainConfig.from_dict(state["config"], f"{path}: config")
+    weights = {"raw": state["model"]}
+    if state.get("ema") is not None:
+        weights["ema"] = checkpoint.strip_prefixes(state["ema"])
+    expected = {"l1": len(cmap.l1_names), "l2": len(cmap.l2_names), "l3": len(cmap.l3_names)}
+    configured = dict(zip(LEVELS, cfg.model.num_classes, strict=True))
+    for name, state_dict in weights.items():
+        found = {**configured, **head_classes(state_dict)}
+        for level in LEVELS:
+            if found[level] != expected[level]:
+                raise RunError(
+                    f"{path}: the {name} model's {level.upper()} head has {found[level]} "
+                    f"classes, {classes_path} defines {expected[level]}"
+                )
+    epoch = state.get("epoch")
+    return TrainedRun(Path(path), cfg, weights, int(epoch) if epoch is not None else None)
+
+
+def open_run(run_dir: Path | str, cmap: ClassMap, classes_path: Path | str,
+             checkpoint_name: str = "best.pt") -> TrainedRun:  # fmt: skip
+    """The run in ``run_dir`` from its checkpoint ``checkpoint_name``."""
+    return load_run(find_checkpoint(run_dir, checkpoint_name), cmap, classes_path)

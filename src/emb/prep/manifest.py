@@ -1,0 +1,113 @@
+"""Stage: merge the per-region shard indexes of one source into ``manifest.json``.
+
+The manifest is what the loader, the statistics and the trainer read: per split the shard
+list, sample count, labelled pixels and the L3 class histogram; for the source its ``in_dim``,
+tile size and dtype.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+from emb.io import write_json
+from emb.prep.tiles import SPLITS
+
+
+class ManifestError(ValueError):
+    """Region indexes that cannot form one manifest, or a file that is not a manifest."""
+
+
+def read_manifest(
+    path: Path, splits: tuple[str, ...] = ("train", "val"), keys: tuple[str, ...] = ("in_dim",)
+) -> dict:
+    """The shard manifest at ``path``, refused naming the file when it is not one (every stage
+    that consumes a manifest reads it here)."""
+    try:
+        manifest = json.loads(Path(path).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ManifestError(f"{path}: not a JSON shard manifest ({err}); rebuild it") from err
+    found = manifest.get("splits") if isinstance(manifest, dict) else None
+    missing = [k for k in splits if not isinstance(found, dict) or k not in found]
+    if not isinstance(manifest, dict) or not set(keys) <= set(manifest) or missing:
+        raise ManifestError(
+            f"{path}: expected a shard manifest with {' and '.join(keys)} and splits "
+            f"{' and '.join(splits)}, "
+            f"found keys {sorted(manifest) if isinstance(manifest, dict) else type(manifest)}"
+        )
+    return manifest
+
+
+def merge_indexes(indexes: list[dict], paths: list[Path]) -> dict:
+    """One manifest from region indexes of the same source (checked to agree)."""
+    first = indexes[0]
+    for key in ("source", "in_dim", "tile_size", "dtype"):
+        for idx, path in zip(indexes, paths, strict=True):
+            if idx[key] != first[key]:
+                raise ManifestError(f"{path}: {key} is {idx[key]!r}, {paths[0]} has {first[key]!r}")
+    manifest = {key: first[key] for key in ("source", "in_dim", "tile_size", "dtype")}
+    manifest["regions"] = [idx["region"] for idx in indexes]
+    dropped: dict[str, Counter[str]] = {}
+    for idx in indexes:
+        for split, reasons in idx["dropped"].items():
+            dropped.setdefault(split, Counter()).update(reasons)
+    manifest["dropped_unassigned"] = dict(dropped.get("unassigned", {}))
+    manifest["splits"] = {}
+    for split in SPLITS:
+        parts = [idx["splits"][split] for idx in indexes]
+        shards = [s for p in parts for s in p["shards"]]
+        n = sum(p["samples"] for p in parts)
+        manifest["splits"][split] = {
+            "tiles": n,
+            "dropped": dict(dropped.get(split, {})),
+            "shards": [s["path"] for s in shards],
+            "shard_samples": [s["samples"] for s in shards],
+            "shard_keys": [s.get("keys", []) for s in shards],
+            "samples": n,
+            "labelled_pixels": sum(p["labelled_pixels"] for p in parts),
+            "class_hist": np.sum([p["class_hist"] for p in parts], axis=0).tolist(),
+            "bytes_per_sample": sum(s["bytes"] for s in shards) / n if n else 0,
+        }
+    return manifest
+
+
+def shard_count_warnings(manifest: dict, ranks: int, workers: int) -> list[str]:
+    """Splits with fewer shards than ranks x workers: some reader would idle or repeat."""
+    readers = ranks * max(workers, 1)
+    return [
+        f"{manifest['source']} split {split!r} has {len(part['shards'])} shards for {ranks} "
+        f"ranks x {max(workers, 1)} workers = {readers} readers; lower shards.max_samples"
+        for split, part in manifest["splits"].items()
+        if len(part["shards"]) < readers
+    ]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("indexes", type=Path, nargs="+", help="region index JSON files")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--ranks", type=int, default=1, help="training processes (all nodes)")
+    parser.add_argument("--workers", type=int, default=0, help="loader workers per process")
+    args = parser.parse_args(argv)
+    manifest = merge_indexes([json.loads(p.read_text()) for p in args.indexes], args.indexes)
+    for split in ("train", "val", "test"):
+        if manifest["splits"][split]["samples"] == 0:
+            raise SystemExit(
+                f"error: split {split!r} of {manifest['source']} has no tiles "
+                f"(dropped: {manifest['splits'][split]['dropped']}, straddling splits: "
+                f"{manifest['dropped_unassigned']}); lower tiles.min_valid or change the split"
+            )
+    manifest["warnings"] = shard_count_warnings(manifest, args.ranks, args.workers)
+    for warning in manifest["warnings"]:
+        print(f"warning: {warning}", file=sys.stderr)
+    write_json(args.out, manifest)
+    print({s: v["samples"] for s, v in manifest["splits"].items()})
+
+
+if __name__ == "__main__":
+    main()

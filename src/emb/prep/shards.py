@@ -1,0 +1,300 @@
+"""Stage: cut one region's tiles and write them as WebDataset shards, per split.
+
+A sample (docs/design.md): ``__key__`` = ``{region}_{row}_{col}``, ``emb.npy`` (D, T, T) int8,
+``label.npy`` (T, T) uint8 L3 (255 = ignore), ``meta.json``; TESSERA adds ``scale.npy`` (T, T)
+float32. Shards are staged and published together when the region is complete.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import shutil
+import tarfile
+import tempfile
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TypeVar
+
+import numpy as np
+import rasterio
+
+from emb.classes import IGNORE, N_L3
+from emb.io import write_json
+from emb.loading.buffer_pool import BufferPool
+from emb.prep.tiles import SPLITS, SplitSpec, Tile, TileSpec, TilingError, plan_tiles
+from emb.rasters import BANDS, shard_arrays
+
+T = TypeVar("T")
+GDAL_CACHE_MB = 64  # tiles are read once: a large block cache only inflates memory
+
+
+Payload = tuple[bytes | memoryview, ...]  # a tar member's bytes, as buffers written in turn
+
+
+def encode_npy(array: np.ndarray) -> Payload:
+    """``.npy`` bytes as (header, the array's own memory): written without a copy."""
+    array = np.ascontiguousarray(array)
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, np.lib.format.header_data_from_array_1_0(array))
+    return header.getvalue(), memoryview(array).cast("B")
+
+
+def payload_size(payload: Payload) -> int:
+    return sum(memoryview(part).nbytes for part in payload)
+
+
+def read_ahead(items: Iterator[T]) -> Iterator[T]:
+    """``items``, each produced in a thread while the caller works on the one before.
+
+    File and GDAL reads and numpy's large-array loops release the GIL, so on two cores
+    reading the next tile overlaps encoding this one (bench/data.py). Memory holds at most
+    two items.
+    """
+    done = object()
+    with ThreadPoolExecutor(1, thread_name_prefix="read-ahead") as pool:
+        pending = pool.submit(next, items, done)
+        while (item := pending.result()) is not done:
+            pending = pool.submit(next, items, done)
+            yield item
+
+
+def tile_samples(
+    source: str, region: str, emb: rasterio.DatasetReader, labels: np.ndarray, tiles: list[Tile]
+) -> Iterator[dict[str, str | Payload]]:
+    """Encoded WebDataset samples of ``tiles``, read window by window."""
+    crs = emb.crs.to_string()  # once per region: the conversion is not free
+    # TESSERA's large float blocks come from mmap when fresh: reading into recycled, already
+    # mapped ones saves faulting their pages in for every tile (AEF's int8 blocks do not).
+    quantized = source != "aef"
+    pool = BufferPool(keep=4)
+    dtype = np.dtype(emb.dtypes[0])
+
+    def read(tile: Tile) -> tuple[Tile, np.ndarray]:
+        out = pool.take((emb.count, tile.size, tile.size), dtype) if quantized else None
+        return tile, emb.read(window=tile.window, out=out)
+
+    # Threads start on first use: AEF, which needs no quantization, never starts them.
+    with ThreadPoolExecutor(2, thread_name_prefix="quantize") as quantizers:
+        for tile, block in read_ahead(read(t) for t in tiles):
+            win = tile.window
+            q = pool.take(block.shape, np.dtype(np.int8)) if quantized else None
+            arrays = shard_arrays(source, block, emb.nodata, q, quantizers.map)
+            end_row, end_col = tile.row + tile.size, tile.col + tile.size
+            arrays["label"] = labels[tile.row : end_row, tile.col : end_col]
+            meta = {
+                "region": region,
+                "source": source,
+                "window": [tile.col, tile.row, tile.size, tile.size],
+                "crs": crs,
+                "transform": list(emb.window_transform(win))[:6],
+            }
+            sample: dict[str, str | Payload] = {"__key__": f"{region}_{tile.row}_{tile.col}"}
+            sample.update({f"{name}.npy": encode_npy(a) for name, a in arrays.items()})
+            sample["meta.json"] = (json.dumps(meta).encode(),)
+            yield sample
+
+
+class TarShard:
+    """A WebDataset tar written member by member, payloads straight from the arrays' memory.
+
+    webdataset's TarWriter goes through tarfile's copy loop over a BytesIO; writing the USTAR
+    headers ourselves lets the arrays' memory go to the file without any copy. The result is
+    a plain tar: webdataset and tarfile read it as usual.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.fh = open(path, "wb")  # noqa: SIM115 - closed in close()
+
+    def write(self, sample: dict[str, str | Payload]) -> None:
+        key = sample["__key__"]
+        for name, payload in sample.items():
+            if name == "__key__":
+                continue
+            size = payload_size(payload)
+            info = tarfile.TarInfo(f"{key}.{name}")
+            info.size, info.mode, info.mtime = size, 0o644, 0
+            self.fh.write(info.tobuf(tarfile.USTAR_FORMAT))
+            for part in payload:
+                self.fh.write(part)
+            self.fh.write(b"\0" * (-size % tarfile.BLOCKSIZE))
+
+    def close(self) -> None:
+        self.fh.write(b"\0" * (2 * tarfile.BLOCKSIZE))  # end-of-archive marker
+        self.fh.close()
+
+
+def write_shards(
+    samples: Iterator[dict], pattern: str, max_samples: int, max_bytes: int
+) -> list[dict]:
+    """Stream samples into ``pattern % n`` shards, each closed at ``max_samples`` samples or
+    ``max_bytes`` bytes; returns [{path, samples, bytes, keys}] per shard. Memory holds one
+    sample."""
+    shards: list[dict] = []
+    sink: TarShard | None = None
+    count = size = 0
+    keys: list[str] = []
+
+    def close() -> None:
+        nonlocal sink
+        assert sink is not None
+        sink.close()
+        path = Path(pattern % len(shards))
+        shards.append(
+            {"path": str(path), "samples": count, "bytes": path.stat().st_size, "keys": keys[:]}
+        )
+        sink = None
+
+    for sample in samples:
+        if sink is None:
+            sink, count, size = TarShard(pattern % len(shards)), 0, 0
+            keys.clear()
+        sink.write(sample)
+        keys.append(sample["__key__"])
+        count += 1
+        size += sum(payload_size(v) for k, v in sample.items() if k != "__key__")
+        if count >= max_samples or size >= max_bytes:
+            close()
+    if sink is not None:
+        close()
+    return shards
+
+
+def _publish(staging: Path, out_dir: Path, index: dict) -> None:
+    """Move the staged shards under their final names, then drop shards of an older build."""
+    keep = set()
+    for part in index["splits"].values():
+        for shard in part["shards"]:
+            final = out_dir / Path(shard["path"]).name
+            os.replace(shard["path"], final)
+            shard["path"] = str(final)
+            keep.add(final.name)
+    for old in out_dir.glob("*-[0-9][0-9][0-9][0-9].tar"):
+        if old.name not in keep:
+            old.unlink()
+
+
+def build_region(
+    source: str,
+    region: str,
+    emb_path: Path,
+    label_path: Path,
+    out_dir: Path,
+    tile_spec: TileSpec,
+    split_spec: SplitSpec,
+    fixed_split: str | None = None,
+    max_samples: int = 256,
+    max_bytes: int = 1 << 30,
+) -> dict:
+    """Shards of one region for every split; returns the region's index (see manifest).
+
+    Shards are written into a staging folder and moved into ``out_dir`` only when every
+    split is complete: a failed build leaves the shards of the previous build untouched.
+    """
+    with rasterio.Env(GDAL_CACHEMAX=GDAL_CACHE_MB), rasterio.open(label_path) as src:
+        labels = src.read(1)
+        transform = src.transform
+    try:
+        tiles, dropped = plan_tiles(labels, transform, region, tile_spec, split_spec, fixed_split)
+    except TilingError as err:
+        raise TilingError(f"{label_path}: {err}") from err
+    if not tiles:
+        raise TilingError(
+            f"{label_path}: no tile of {tile_spec.size} px has >= {tile_spec.min_valid:.0%} "
+            f"labelled pixels (dropped: { ({k: dict(v) for k, v in dropped.items() if v}) })"
+        )
+    index = {
+        "source": source,
+        "region": region,
+        "in_dim": BANDS[source],
+        "tile_size": tile_spec.size,
+        "dtype": "int8",
+        "dropped": {split: dict(reasons) for split, reasons in dropped.items()},
+        "splits": {},
+    }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=out_dir))
+    try:
+        with rasterio.Env(GDAL_CACHEMAX=GDAL_CACHE_MB), rasterio.open(emb_path) as emb:
+            if emb.count != BANDS[source]:
+                raise ValueError(
+                    f"{emb_path}: expected {BANDS[source]} bands for {source}, found {emb.count}"
+                )
+            for split in SPLITS:
+                chosen = [t for t in tiles if t.split == split]
+                hist = np.zeros(N_L3, np.int64)
+                for t in chosen:
+                    patch = labels[t.row : t.row + t.size, t.col : t.col + t.size]
+                    hist += np.bincount(patch[patch != IGNORE], minlength=N_L3)[:N_L3]
+                samples = tile_samples(source, region, emb, labels, chosen)
+                pattern = str(staging / f"{split}-%04d.tar")
+                shards = write_shards(samples, pattern, max_samples, max_bytes)
+                n = sum(s["samples"] for s in shards)
+                index["splits"][split] = {
+                    "shards": shards,
+                    "samples": n,
+                    "labelled_pixels": int(hist.sum()),
+                    "class_hist": hist.tolist(),
+                    "bytes_per_sample": sum(s["bytes"] for s in shards) / n if n else 0,
+                }
+        _publish(staging, out_dir, index)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return index
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--source", required=True, choices=sorted(BANDS))
+    parser.add_argument("--region", required=True)
+    parser.add_argument("--emb", type=Path, required=True)
+    parser.add_argument("--labels", type=Path, required=True)
+    parser.add_argument("--index", type=Path, required=True, help="output: region index JSON")
+    parser.add_argument("--tile-size", type=int, default=64)
+    parser.add_argument("--stride", type=int, default=None)
+    parser.add_argument("--min-valid", type=float, default=0.25)
+    parser.add_argument("--block-m", type=float, default=1280.0)
+    parser.add_argument(
+        "--fractions",
+        type=float,
+        nargs=3,
+        default=(0.7, 0.15, 0.15),
+        metavar=("TRAIN", "VAL", "TEST"),
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--buffer-m", type=float, default=0.0)
+    parser.add_argument("--split", default="", help="whole region in one split (regions.tsv)")
+    parser.add_argument("--max-samples", type=int, default=256)
+    parser.add_argument("--max-bytes", type=int, default=1 << 30)
+    args = parser.parse_args(argv)
+    fixed = args.split if args.split in SPLITS else None
+    try:
+        index = build_region(
+            args.source,
+            args.region,
+            args.emb,
+            args.labels,
+            args.index.parent,
+            TileSpec(args.tile_size, args.stride, args.min_valid),
+            SplitSpec(
+                args.block_m,
+                dict(zip(SPLITS, args.fractions, strict=True)),
+                args.seed,
+                args.buffer_m,
+            ),
+            fixed,
+            args.max_samples,
+            args.max_bytes,
+        )
+    except (TilingError, ValueError) as err:
+        raise SystemExit(f"error: {err}") from err
+    write_json(args.index, index)
+    counts = {s: v["samples"] for s, v in index["splits"].items()}
+    print(f"{args.source}/{args.region}: samples {counts}, dropped {index['dropped']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""Stage: a source's data manifest (tiles per split, dropped tiles, L3 class histogram) as a
+figure and as HTML tables for the report."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pandas as pd
+
+from emb.classes import load_class_map
+from emb.io import atomic_path
+from emb.prep.manifest import read_manifest
+from emb.report import plots
+
+
+def split_table(manifest: dict) -> pd.DataFrame:
+    """One row per split: tiles, shards, labelled pixels, classes present, dropped tiles."""
+    rows = []
+    for split, part in manifest["splits"].items():
+        dropped = part.get("dropped", {})
+        rows.append(
+            {
+                "split": split,
+                "tiles": part["samples"],
+                "shards": len(part["shards"]),
+                "labelled_pixels": part["labelled_pixels"],
+                "classes_present": sum(1 for n in part["class_hist"] if n > 0),
+                "dropped": sum(dropped.values()),
+                "dropped_by_reason": ", ".join(f"{k}: {v}" for k, v in sorted(dropped.items())),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def class_table(manifest: dict, l3_names: tuple[str, ...]) -> pd.DataFrame:
+    """Labelled pixels per L3 class (rows) and split (columns), classes present anywhere."""
+    table = pd.DataFrame({split: part["class_hist"] for split, part in manifest["splits"].items()})
+    table.insert(0, "l3_name", list(l3_names))
+    table.insert(0, "l3_id", range(len(l3_names)))
+    counts = table[list(manifest["splits"])]
+    table = table[counts.sum(axis=1) > 0]
+    return table.sort_values(list(manifest["splits"])[0], ascending=False)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--manifest", type=Path, required=True)
+    parser.add_argument("--classes", type=Path, required=True)
+    parser.add_argument("--png", type=Path, required=True)
+    parser.add_argument("--html", type=Path, required=True)
+    args = parser.parse_args(argv)
+    manifest = read_manifest(args.manifest)
+    names = load_class_map(args.classes).l3_names
+    plots.save(plots.data_figure(manifest, names), args.png)
+    page = plots.html_page(
+        f"{manifest['source']} data",
+        [
+            (f"{manifest['source']}: tiles per split", split_table(manifest)),
+            (f"{manifest['source']}: labelled pixels per L3 class", class_table(manifest, names)),
+        ],
+    )
+    with atomic_path(args.html) as tmp:
+        tmp.write_text(page)
+
+
+if __name__ == "__main__":
+    main()

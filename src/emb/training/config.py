@@ -1,0 +1,183 @@
+"""A run's training configuration as frozen dataclasses, read from its resolved ``config.yaml``.
+
+The schema (``workflow/schemas/train.schema.yaml``) holds every default; the dataclasses repeat
+them only so that pure code and tests can build a config without the schema, and
+``tests/training/test_config.py`` proves the two agree. They reject unknown keys a second time.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from emb.models import ModelConfig
+
+
+class ConfigError(ValueError):
+    """A training configuration that cannot be used."""
+
+
+OPTIONAL_SECTIONS = {"ema", "logging"}  # absent from checkpoints written before they existed
+
+
+def check_grad_scaler(precision: str, grad_scaler: bool | None) -> None:
+    """Refuse a GradScaler with bf16: the one place this rule lives."""
+    if grad_scaler and precision == "bf16":
+        raise ConfigError(
+            "train.grad_scaler: true is refused with train.precision: bf16 (bf16 has fp32's "
+            "range; a GradScaler skipped 75-87% of optimizer steps in the seeds' runs). "
+            "Use precision: fp16 for a GradScaler, or leave grad_scaler unset"
+        )
+
+
+def _build(cls: type, data: dict[str, Any], where: str):
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {unknown}; allowed: {sorted(known)}")
+    try:
+        return cls(**data)
+    except ConfigError as err:
+        raise ConfigError(f"{where}: {err}") from None
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    weights: dict[str, float]
+    label_smoothing: float = 0.05
+    class_weights: str = "none"  # none | inverse | sqrt_inverse
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    lr: float = 3e-4
+    weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.999)
+
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    warmup_steps: int = 500
+    min_lr: float = 1e-6
+    cooldown_steps: int = 0
+
+
+@dataclass(frozen=True)
+class EmaConfig:
+    enabled: bool = True
+    decay: float = 0.999
+    select_best_by: str = "ema"  # ema | raw
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    log_every: int = 50
+    wandb: bool = False
+    wandb_mode: str = "offline"
+    wandb_project: str = "emb"
+    record_keys: bool = False  # keys/rank{r}.tsv: the sample keys of every micro-batch
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    epochs: int = 100
+    max_updates: int | None = None
+    batch_size: int = 32
+    accumulation: int = 1
+    lr_scaling: str = "none"  # none | linear | sqrt
+    reference_batch: int = 32
+    grad_clip: float = 1.0
+    precision: str = "bf16"  # bf16 | fp16 | fp32
+    grad_scaler: bool | None = None  # None: only with fp16
+    compile: bool = False
+    compile_memory_budget: float | None = None
+    channels_last: bool = False
+    nonfinite_policy: str = "skip"  # skip | stop
+    max_nonfinite_in_row: int = 5
+    val_every_updates: int | None = None
+    val_bn_batch_stats: bool = False
+    val_min_batch: int = 1
+    patience: int = 15
+    save_every: int = 0
+    checkpoint_every_updates: int = 0
+    time_limit_s: float | None = None
+    stop_margin_s: float = 120.0
+    collective_timeout_s: float = 900.0  # a rank that waits longer on the others fails
+    seed: int = 0
+    num_workers: int = 4
+    shuffle_buffer: int = 256
+    restart: bool = True
+    init_from: str | None = None
+
+    def __post_init__(self) -> None:
+        check_grad_scaler(self.precision, self.grad_scaler)
+
+    @property
+    def uses_grad_scaler(self) -> bool:
+        return self.precision == "fp16" if self.grad_scaler is None else self.grad_scaler
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    source: str
+    manifest: str = ""  # set by the workflow's train_config rule
+    stats_dir: str | None = None
+    normalize: bool = False
+    classes: str = "config/classes.csv"
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """A run's configuration; ``resolved`` is the plain dict it was read from (saved in
+    checkpoints and compared on resume)."""
+
+    model: ModelConfig
+    loss: LossConfig
+    optimizer: OptimizerConfig
+    schedule: ScheduleConfig
+    train: LoopConfig
+    data: DataConfig
+    ema: EmaConfig = EmaConfig()
+    logging: LoggingConfig = LoggingConfig()
+    resolved: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str = "config") -> TrainConfig:
+        unknown = sorted(set(data) - set(SECTIONS))
+        if unknown:
+            raise ConfigError(f"{where}: unknown section(s) {unknown}; allowed: {sorted(SECTIONS)}")
+        missing = sorted(set(SECTIONS) - set(data) - OPTIONAL_SECTIONS)
+        if missing:
+            raise ConfigError(f"{where}: missing section(s) {missing}")
+        built = {k: _build(SECTIONS[k], dict(data[k]), f"{where}: {k}") for k in data}
+        return cls(**built, resolved=copy.deepcopy(data))
+
+    def with_value(self, section: str, key: str, value: Any) -> TrainConfig:
+        """A copy with ``section.key`` set (e.g. the precision a CPU run uses)."""
+        data = copy.deepcopy(self.resolved)
+        data[section][key] = value
+        return TrainConfig.from_dict(data)
+
+
+SECTIONS: dict[str, type] = {
+    "model": ModelConfig,
+    "loss": LossConfig,
+    "optimizer": OptimizerConfig,
+    "schedule": ScheduleConfig,
+    "train": LoopConfig,
+    "data": DataConfig,
+    "ema": EmaConfig,
+    "logging": LoggingConfig,
+}
+
+
+def load(path: Path) -> TrainConfig:
+    """A resolved config file as dataclasses (``.resolved`` keeps the plain dict)."""
+    data = yaml.safe_load(Path(path).read_text())
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of config sections")
+    return TrainConfig.from_dict(data, str(path))

@@ -1,0 +1,85 @@
+"""Collectives every rank must join, and the model wrappers for multi-process training.
+
+Each helper is a no-op in a single process, so the same training code runs under
+``torchrun --nproc-per-node 1``, plain ``python`` and DDP alike.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+
+def is_distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def _reduce_flag(value: bool, op: dist.ReduceOp, device: torch.device) -> bool:
+    if not is_distributed():
+        return value
+    flag = torch.tensor([1.0 if value else 0.0], device=device)
+    dist.all_reduce(flag, op=op)
+    return bool(flag.item() > 0)
+
+
+def all_ranks_agree(ok: bool, device: torch.device) -> bool:
+    """True only when ``ok`` is true on every rank."""
+    return _reduce_flag(ok, dist.ReduceOp.MIN, device)
+
+
+def any_rank(wants: bool, device: torch.device) -> bool:
+    """True on every rank when ``wants`` is true on any rank (one small all-reduce)."""
+    return _reduce_flag(wants, dist.ReduceOp.MAX, device)
+
+
+def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
+    """``values`` summed over ranks, in float64."""
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    if is_distributed():
+        dist.all_reduce(t)
+    return t.tolist()
+
+
+@torch.no_grad()
+def average_buffers(model: nn.Module) -> None:
+    """Average float buffers (BatchNorm running stats) over ranks: each rank updated them on
+    its own batches, and validation and checkpoints must see one model."""
+    if not is_distributed():
+        return
+    world = dist.get_world_size()
+    for buffer in model.buffers():
+        if buffer.is_floating_point():
+            dist.all_reduce(buffer)
+            buffer /= world
+
+
+def barrier() -> None:
+    if is_distributed():
+        dist.barrier()
+
+
+def wrap_model(
+    model: nn.Module,
+    world: int,
+    device: torch.device,
+    *,
+    channels_last: bool = False,
+    compile: bool = False,
+    compile_memory_budget: float | None = None,
+) -> nn.Module:
+    """channels_last, torch.compile (inside DDP, never around it), then DDP."""
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    if compile:
+        if compile_memory_budget is not None:
+            import torch._functorch.config as functorch_config
+
+            functorch_config.activation_memory_budget = compile_memory_budget
+        model = torch.compile(model)
+    if world > 1:
+        model = DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None
+        )
+    return model

@@ -1,0 +1,218 @@
+"""What a training run tells people: console lines, ``history.csv``, TensorBoard, wandb.
+
+Only rank 0 writes; the other ranks' calls do nothing. Losses are printed with 4 significant
+digits (never a fixed 3 decimals that shows a diverging run as 0.000) and NaN as nan.
+"""
+
+from __future__ import annotations
+
+import csv
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from emb.io import atomic_path
+from emb.training.loss import LEVELS
+
+if TYPE_CHECKING:
+    from emb.training.config import TrainConfig
+    from emb.training.loop import Plan
+    from emb.training.trainer import StepResult, Trainer
+
+
+class RunLog:
+    """Rank 0's log of one run; train losses are averaged between validations."""
+
+    def __init__(self, run_dir: Path, rank: int, cfg: TrainConfig) -> None:
+        self.run_dir, self.active = run_dir, rank == 0
+        self.log_every = cfg.logging.log_every
+        self.history_path = run_dir / "history.csv"
+        self.history: list[dict] = _read_history(self.history_path) if self.active else []
+        self._reset_window()
+        self._since_validation = {"n": 0, "loss": 0.0, **dict.fromkeys(LEVELS, 0.0)}
+        self.writer = self.wandb = None
+        if not self.active:
+            return
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(run_dir / "tb")
+        if cfg.logging.wandb:
+            import wandb  # optional: pip install wandb; offline mode needs no network
+
+            self.wandb = wandb.init(
+                project=cfg.logging.wandb_project,
+                mode=cfg.logging.wandb_mode,
+                dir=str(run_dir),
+                name=run_dir.name,
+                config=cfg.resolved,
+            )
+
+    def _reset_window(self) -> None:
+        self._window = {"steps": 0, "seconds": 0.0, "wait": 0.0, "samples": 0, "pixels": 0}
+
+    def info(self, message: str) -> None:
+        if self.active:
+            print(message, flush=True)
+
+    def warn(self, message: str) -> None:
+        if self.active:
+            print(f"warning: {message}", file=sys.stderr, flush=True)
+
+    def plan(self, plan: Plan, cfg: TrainConfig, world: int, device, trainer: Trainer) -> None:
+        """The batch, learning-rate and step arithmetic of this run, in one line."""
+        loop = cfg.train
+        self.info(
+            f"world size {world}, batch {plan.batch} per rank x accumulation {plan.accumulation} "
+            f"-> global batch {plan.global_batch}; lr {plan.lr:.3g} (optimizer.lr "
+            f"{cfg.optimizer.lr:.3g}, rule {loop.lr_scaling}, reference batch "
+            f"{loop.reference_batch}); {plan.micro_per_epoch} micro-batches = "
+            f"{plan.updates_per_epoch} optimizer steps per epoch, {plan.total} in all; precision "
+            f"{loop.precision} on {device.type}, GradScaler {'on' if trainer.scaler else 'off'}"
+        )
+        if plan.batch == 1:
+            self.warn("train.batch_size is 1 per GPU: BatchNorm statistics and throughput suffer")
+
+    def resumed(self, step: int) -> None:
+        """Forget history rows written after the checkpoint we resume from."""
+        self.history = [row for row in self.history if int(float(row["step"])) <= step]
+
+    def step(self, result: StepResult, trainer: Trainer, seconds: float, waited: float) -> None:
+        w = self._window
+        w["steps"] += 1
+        w["seconds"] += seconds
+        w["wait"] += waited
+        w["samples"] += result.samples
+        w["pixels"] += result.pixels
+        if result.applied:
+            acc = self._since_validation
+            acc["n"] += 1
+            acc["loss"] += result.loss
+            for level in LEVELS:
+                acc[level] += result.parts[level]
+        if not result.applied:
+            self.warn(
+                f"step {trainer.step + 1} skipped: gradient norm {result.grad_norm} "
+                f"(skipped {trainer.skipped} in all, {trainer.skipped_in_row} in a row)"
+            )
+        if trainer.step % self.log_every or not result.applied:
+            return
+        lr = trainer.scheduler.get_last_lr()[0]
+        heads = " ".join(f"{lv} {result.parts[lv]:.4g}" for lv in LEVELS)
+        seconds = max(w["seconds"], 1e-9)
+        memory = ""
+        if torch.cuda.is_available():
+            memory = f" gpu_mem {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB"
+        self.info(
+            f"step {trainer.step} loss {result.loss:.4g} ({heads}) lr {lr:.3e} "
+            f"grad_norm {result.grad_norm:.3g} samples/s {w['samples'] / seconds:.1f} "
+            f"pixels/s {w['pixels'] / seconds:.3g} data_wait {w['wait'] / seconds:.1%}"
+            f"{memory} skipped {trainer.skipped}"
+        )
+        if self.writer:
+            scalars = {
+                "train/loss": result.loss,
+                **{f"train/loss_{lv}": result.parts[lv] for lv in LEVELS},
+                "train/lr": lr,
+                "train/grad_norm": result.grad_norm,
+                "train/samples_per_s": w["samples"] / seconds,
+                "train/data_wait": w["wait"] / seconds,
+                "train/skipped": trainer.skipped,
+            }
+            self._scalars(scalars, trainer.step)
+        self._reset_window()
+
+    def validation(self, result: dict, trainer: Trainer, epoch: int) -> None:
+        acc = self._since_validation
+        n = max(acc["n"], 1)
+        row = {
+            "epoch": epoch,
+            "step": trainer.step,
+            "lr": trainer.scheduler.get_last_lr()[0],
+            "train_loss": acc["loss"] / n,
+            **{f"train_loss_{lv}": acc[lv] / n for lv in LEVELS},
+            "skipped_steps": trainer.skipped,
+            **result,
+        }
+        self._since_validation = {"n": 0, "loss": 0.0, **dict.fromkeys(LEVELS, 0.0)}
+        if not self.active:
+            return
+        self.info(
+            f"validation epoch {epoch} step {trainer.step} train_loss {row['train_loss']:.4g} "
+            f"val_loss {result['val_loss']:.4g} "
+            + " ".join(
+                f"{m}_{lv} {result[f'val_{m}_{lv}']:.4f}"
+                for lv in LEVELS
+                for m in ("miou", "f1", "oa")
+            )
+        )
+        self.history.append(row)
+        _write_history(self.history_path, self.history)
+        self._scalars({f"val/{k[4:]}": v for k, v in result.items() if k.startswith("val_")},
+                      trainer.step)  # fmt: skip
+
+    def _scalars(self, scalars: dict[str, float], step: int) -> None:
+        if self.writer:
+            for key, value in scalars.items():
+                self.writer.add_scalar(key, value, step)
+        if self.wandb is not None:
+            self.wandb.log(scalars, step=step)
+
+    def close(self) -> None:
+        if self.writer:
+            self.writer.close()
+            self.writer = None
+        if self.wandb is not None:
+            self.wandb.finish()
+            self.wandb = None
+
+
+def _read_history(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    with open(path) as fh:
+        return list(csv.DictReader(fh))
+
+
+def _write_history(path: Path, rows: list[dict]) -> None:
+    keys = list(dict.fromkeys(k for row in rows for k in row))
+    with atomic_path(path) as tmp, open(tmp, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=keys)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+class KeyRecord:
+    """One rank's record of the sample keys it trained on (``logging.record_keys``).
+
+    ``keys/rank{r}.tsv`` holds one line per micro-batch: ``epoch<TAB>batch<TAB>key,key,...``,
+    written and flushed before its step. A run resumed at loader position ``start`` keeps the
+    lines before it and rewrites the rest, so a killed-and-resumed run leaves the same file as
+    an uninterrupted one. Off: every call does nothing.
+    """
+
+    def __init__(self, path: Path, enabled: bool, start: tuple[int, int] = (0, 0)) -> None:
+        self.path, self.fh = path, None
+        if not enabled:
+            return
+        kept = []
+        if start != (0, 0) and path.exists():
+            for line in path.read_text().splitlines(keepends=True):
+                epoch, batch, *_ = line.split("\t")
+                if line.endswith("\n") and (int(epoch), int(batch)) < start:
+                    kept.append(line)
+        with atomic_path(path) as tmp:
+            tmp.write_text("".join(kept))
+        self.fh = open(path, "a")  # noqa: SIM115 - closed in close()
+
+    def record(self, epoch: int, batch: int, micro_batch: dict) -> None:
+        """Record ``micro_batch["__key__"]`` (the loader's sample keys) at (epoch, batch)."""
+        if self.fh is not None:
+            self.fh.write(f"{epoch}\t{batch}\t{','.join(micro_batch['__key__'])}\n")
+            self.fh.flush()
+
+    def close(self) -> None:
+        if self.fh is not None:
+            self.fh.close()
+            self.fh = None

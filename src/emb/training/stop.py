@@ -1,0 +1,52 @@
+"""Stopping early on purpose: a signal (SIGUSR1/SIGTERM from SLURM) or a wall-clock deadline.
+
+Handlers only set a flag: nothing is written inside a signal handler. At each step boundary
+the ranks agree (:func:`emb.training.distributed.any_rank`), so every rank saves at the same
+step and exits with :data:`EXIT_STOPPED`.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from types import FrameType
+
+EXIT_STOPPED = 75  # EX_TEMPFAIL: stopped with a checkpoint, run the job again to resume
+STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
+
+
+class StopRequest:
+    """Why this process wants to stop, if it does: a caught signal or a deadline ahead.
+
+    ``deadline`` is a ``time.time()`` value (or None); a step is not started when the mean
+    step time so far says it would end later than ``deadline - margin_s``.
+    """
+
+    def __init__(self, deadline: float | None = None, margin_s: float = 120.0) -> None:
+        self.deadline, self.margin_s = deadline, margin_s
+        self.signal: int | None = None
+        self._steps, self._seconds = 0, 0.0
+
+    def install(self, signals: tuple[int, ...] = STOP_SIGNALS) -> None:
+        for sig in signals:
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum: int, _frame: FrameType | None) -> None:
+        self.signal = signum
+
+    def record_step(self, seconds: float) -> None:
+        self._steps += 1
+        self._seconds += seconds
+
+    def reason(self, now: float | None = None) -> str | None:
+        """A short reason to stop before the next step, or None to go on."""
+        if self.signal is not None:
+            return f"signal {signal.Signals(self.signal).name}"
+        if self.deadline is None:
+            return None
+        step = self._seconds / self._steps if self._steps else 0.0
+        now = time.time() if now is None else now
+        if now + step > self.deadline - self.margin_s:
+            left = self.deadline - now
+            return f"deadline in {left:.0f} s (step {step:.2f} s, margin {self.margin_s:.0f} s)"
+        return None

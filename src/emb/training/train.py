@@ -1,0 +1,117 @@
+"""Stage: train one run, as ``torchrun [...] -m emb.training.train --config RUN_DIR/config.yaml``.
+
+The glue around :func:`emb.training.loop.run`: torchrun's environment (RANK, LOCAL_RANK,
+WORLD_SIZE), the job's deadline (SLURM or ``train.time_limit_s``), the SIGUSR1/SIGTERM flag and
+exit codes. Rank 0 alone writes ``history.csv``, TensorBoard logs and checkpoints; every rank
+writes ``ranks/rank{r}.json`` (shards read, batches per epoch, a digest of its parameters) so
+tests can check DDP from the outside. The declared output ``train.json`` is written last.
+
+Exit codes: 0 done; 2 bad input or config; 3 diverged; 74 disk full (the previous checkpoint
+is intact); 75 stopped early with a checkpoint (signal or deadline): running the job again
+resumes. Collectives time out after ``train.collective_timeout_s``, so a lost rank fails the
+job instead of hanging it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from emb.cluster.slurm import SlurmError, job_end_time
+from emb.io import is_disk_full, write_json
+from emb.training.config import ConfigError, TrainConfig, load
+from emb.training.loop import Stopped, run
+from emb.training.stop import EXIT_STOPPED, StopRequest
+from emb.training.trainer import TrainingDiverged
+
+EXIT_CONFIG, EXIT_DIVERGED, EXIT_DISK_FULL = 2, 3, 74  # 74: EX_IOERR
+
+
+def job_deadline(cfg: TrainConfig, env: dict[str, str], started: float) -> float | None:
+    """The earlier of SLURM's end time and ``train.time_limit_s`` after ``started``."""
+    candidates = []
+    if env.get("SLURM_JOB_END_TIME", "").isdigit():
+        candidates.append(float(env["SLURM_JOB_END_TIME"]))
+    elif env.get("SLURM_JOB_ID"):
+        try:
+            end = job_end_time(env["SLURM_JOB_ID"])
+        except SlurmError:
+            end = None  # no squeue here (e.g. inside a container): the config's limit holds
+        if end is not None:
+            candidates.append(float(end))
+    if cfg.train.time_limit_s:
+        candidates.append(started + cfg.train.time_limit_s)
+    return min(candidates) if candidates else None
+
+
+def train(config: Path, env: dict[str, str], started: float, stop: StopRequest) -> None:
+    """Set up the process group and device, then train; raises on every failure."""
+    rank, world = int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1))
+    local = int(env.get("LOCAL_RANK", 0))
+    device = torch.device(f"cuda:{local}" if torch.cuda.is_available() else "cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    cfg = load(config)
+    if world > 1:
+        dist.init_process_group(
+            "nccl" if device.type == "cuda" else "gloo",
+            timeout=timedelta(seconds=cfg.train.collective_timeout_s),
+        )
+    if device.type == "cpu" and cfg.train.precision != "fp32":
+        cfg = cfg.with_value("train", "precision", "fp32")  # CPU autocast is slower than fp32
+    stop.deadline, stop.margin_s = job_deadline(cfg, env, started), cfg.train.stop_margin_s
+    summary = run(cfg, config.parent, rank, world, device, stop)
+    if rank == 0:
+        write_json(config.parent / "train.json", summary)
+
+
+def main(argv: list[str] | None = None) -> None:
+    started = time.time()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", type=Path, required=True, help="resolved run config.yaml")
+    args = parser.parse_args(argv)
+    env = dict(os.environ)
+    code = 0
+    stop = StopRequest()
+    stop.install()  # before the process group: a signal during set-up is not lost
+    try:
+        train(args.config, env, started, stop)
+    except Stopped:
+        code = EXIT_STOPPED
+    except TrainingDiverged as err:
+        print(f"error: {args.config}: {err}", file=sys.stderr)
+        code = EXIT_DIVERGED
+    except (ConfigError, ValueError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        code = EXIT_CONFIG
+    except OSError as err:
+        if not is_disk_full(err):
+            raise
+        print(
+            f"error: disk full: cannot write {err.filename} ({err.strerror}); the previous "
+            "checkpoint is intact: free space and run the job again to resume",
+            file=sys.stderr,
+        )
+        code = EXIT_DISK_FULL
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    if code == EXIT_STOPPED and int(env.get("WORLD_SIZE", 1)) > 1:
+        # torchrun SIGTERMs the ranks still alive once one rank has exited non-zero; a rank in
+        # interpreter shutdown has lost its SIGTERM handler and would die with -15, not 75.
+        # Everything is written and closed by now: leave without the shutdown.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+"""When to validate and what follows: metrics of every weight set, early stopping, checkpoints."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from emb.training.checkpointer import Checkpointer
+from emb.training.ema import ModelEma
+from emb.training.run_log import RunLog
+from emb.training.trainer import StepResult, Trainer
+
+
+@dataclass
+class Position:
+    """Where training stands: the loader's (epoch, micro-batch) and the early-stopping state."""
+
+    epoch: int = 0
+    batch: int = 0
+    best: float = -1.0
+    bad: int = 0
+    validated_step: int = -1
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "loader": {"epoch": self.epoch, "batch": self.batch},  # where the next batch is
+            "epoch": self.epoch,
+            "early_stop": {"best": self.best, "bad": self.bad},
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.epoch, self.batch = state["loader"]["epoch"], state["loader"]["batch"]
+        self.best, self.bad = state["early_stop"]["best"], state["early_stop"]["bad"]
+
+
+class Validator:
+    """Validates every ``every_updates`` optimizer steps, or at every epoch end when None."""
+
+    def __init__(
+        self,
+        trainer: Trainer,
+        ema: ModelEma | None,
+        batches: Callable[[], Iterable],
+        position: Position,
+        checkpointer: Checkpointer,
+        log: RunLog,
+        *,
+        select_best_by: str,
+        every_updates: int | None,
+        patience: int,
+        bn_batch_stats: bool,
+        min_batch: int,
+    ) -> None:
+        self.trainer, self.ema, self.batches = trainer, ema, batches
+        self.position, self.checkpointer, self.log = position, checkpointer, log
+        self.every_updates, self.patience = every_updates, patience
+        self.bn_batch_stats, self.min_batch = bn_batch_stats, min_batch
+        self.models = {"raw": trainer.model}
+        if ema is not None:
+            self.models = {"ema": ema.module, "raw": trainer.model}
+        self.select = f"val_{select_best_by if ema is not None else 'raw'}_miou_l3"
+
+    def due_after_step(self, result: StepResult) -> bool:
+        every = self.every_updates
+        return bool(every and result.applied and self.trainer.step % every == 0)
+
+    def due_at_epoch_end(self) -> bool:
+        return not self.every_updates
+
+    def validate(self) -> bool:
+        """Validate, log, save best/last; True when early stopping says to stop."""
+        trainer, pos = self.trainer, self.position
+        trainer.average_buffers()
+        if self.ema is not None:
+            self.ema.update_buffers(trainer.model)
+        result = trainer.validate(self.batches(), self.models, self.bn_batch_stats, self.min_batch)
+        pos.validated_step = trainer.step
+        improved = result[self.select] > pos.best
+        pos.best, pos.bad = (result[self.select], 0) if improved else (pos.best, pos.bad + 1)
+        result["best_val_miou_l3"] = pos.best
+        self.log.validation(result, trainer, pos.epoch)
+        self.checkpointer.after_validation(improved)
+        return pos.bad >= self.patience
+
+    def finish(self) -> None:
+        """The final weights are validated (and saved) too."""
+        if self.position.validated_step != self.trainer.step:
+            self.validate()

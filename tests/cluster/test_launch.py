@@ -1,0 +1,201 @@
+"""The launcher: which command each form runs, and real signals through real torchrun."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO, venv_env
+
+from emb.cluster.launch import Launch, c10d_port, command, environment, rule_options
+from emb.cluster.supervise import (
+    EX_TEMPFAIL,
+    LaunchError,
+    descendants,
+    process_parents,
+    resumable_exit,
+)
+
+TRAIN = ["emb.training.train", ["--config", "results/runs/r/config.yaml"]]
+
+
+def test_one_process_runs_the_module_without_torchrun() -> None:
+    assert command(Launch(), *TRAIN, "", "local") == [
+        "python", "-m", "emb.training.train", "--config", "results/runs/r/config.yaml"
+    ]  # fmt: skip
+
+
+def test_one_node_with_n_gpus_runs_torchrun_standalone() -> None:
+    cmd = command(Launch(nproc_per_node=4), *TRAIN, "", "local")
+    assert cmd[:5] == ["torchrun", "--standalone", "--nnodes=1", "--nproc_per_node=4",
+                       "--max_restarts=0"]  # fmt: skip
+    assert cmd[5:8] == ["-m", "emb.training.train", "--config"]
+
+
+def test_several_nodes_run_one_srun_task_per_node_meeting_at_the_first_node() -> None:
+    launch = Launch(nodes=2, nproc_per_node=8, threads=7, srun=True)
+    cmd = command(launch, *TRAIN, "nid001:29442", "1234")
+    assert cmd[:6] == ["srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1",
+                       "--cpus-per-task=56", "--kill-on-bad-exit=1"]  # fmt: skip
+    assert cmd[6:11] == ["python", "-m", "emb.cluster.launch", "--supervise", "--"]
+    torchrun = cmd[11:]
+    assert torchrun[0] == "torchrun"
+    for arg in ("--nnodes=2", "--rdzv_backend=c10d", "--rdzv_endpoint=nid001:29442",
+                "--rdzv_id=1234", "--nproc_per_node=8"):  # fmt: skip
+        assert arg in torchrun
+    assert "--standalone" not in torchrun
+
+
+def test_srun_on_one_node_stays_standalone_unless_c10d_is_asked() -> None:
+    one = command(Launch(nproc_per_node=2, srun=True), *TRAIN, "h:1", "9")
+    assert "--standalone" in one and "--rdzv_backend=c10d" not in one
+    forced = command(Launch(nproc_per_node=2, srun=True, rendezvous="c10d"), *TRAIN, "h:1", "9")
+    assert "--rdzv_backend=c10d" in forced and "--nnodes=1" in forced
+
+
+def test_container_runs_inside_each_srun_task_not_around_srun() -> None:
+    launch = Launch(nproc_per_node=4, srun=True, container="/img/emb.sif",
+                    container_args="--nv --bind /cluster")  # fmt: skip
+    cmd = command(launch, *TRAIN, "", "1")
+    assert cmd[0] == "srun"
+    at = cmd.index("apptainer")
+    assert cmd[at : at + 6] == ["apptainer", "exec", "--nv", "--bind", "/cluster", "/img/emb.sif"]
+    assert cmd[at + 6:at + 9] == ["python", "-m", "emb.cluster.launch"]  # fmt: skip
+
+
+def test_per_node_check_runs_one_plain_process_per_node() -> None:
+    cmd = command(Launch(nodes=2, nproc_per_node=4, srun=True, per_node=True),
+                  "emb.cluster.gpu_check", ["--gpus", "4"], "", "1")  # fmt: skip
+    assert "torchrun" not in cmd
+    assert cmd[-5:] == ["python", "-m", "emb.cluster.gpu_check", "--gpus", "4"]
+
+
+def test_rule_options_follow_the_profile_resources() -> None:
+    env = "NCCL_SOCKET_IFNAME=hsn MIOPEN_USER_DB_PATH=/tmp/$USER-m"
+    resources = {"nodes": 2, "tasks_per_node": 8, "cpus_per_task": 7, "mpi": "srun",
+                 "launch_env": env}  # fmt: skip
+    options = rule_options(resources, "/img.sif", "--env PYTHONPATH=/v")
+    assert options == (
+        "--nodes 2 --nproc-per-node 8 --threads 7 --srun --container /img.sif"
+        " --container-args '--env PYTHONPATH=/v' --env NCCL_SOCKET_IFNAME=hsn"
+        " --env 'MIOPEN_USER_DB_PATH=/tmp/$USER-m'"
+    )
+    assert rule_options({"tasks_per_node": 1}) == "--nodes 1 --nproc-per-node 1 --threads 1"
+
+
+def test_environment_defaults_expand_at_launch_and_never_override_the_user() -> None:
+    launch = Launch(threads=3, env=("MIOPEN_USER_DB_PATH=/tmp/$USER-miopen-${SLURM_JOB_ID}",
+                                    "WANDB_MODE=offline"))  # fmt: skip
+    env = environment(launch, {"USER": "ada", "SLURM_JOB_ID": "77", "WANDB_MODE": "online"})
+    assert env["MIOPEN_USER_DB_PATH"] == "/tmp/ada-miopen-77"
+    assert env["WANDB_MODE"] == "online"
+    assert env["OMP_NUM_THREADS"] == "3"
+    with pytest.raises(LaunchError, match=r"\$SLURM_JOB_ID is not set"):
+        environment(launch, {"USER": "ada"})
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"nodes": 2}, "2 nodes need srun"),
+        ({"nproc_per_node": 0}, "nproc_per_node must be >= 1, found 0"),
+        ({"rendezvous": "etcd"}, "rendezvous must be one of"),
+        ({"env": ("NOEQUALS",)}, "expected NAME=VALUE"),
+    ],
+)
+def test_impossible_launches_are_refused_with_the_value_found(kwargs, message) -> None:
+    with pytest.raises(LaunchError, match=message):
+        Launch(**kwargs)
+
+
+def test_c10d_port_differs_between_jobs_sharing_a_node() -> None:
+    assert c10d_port("1001") != c10d_port("1002")
+    assert c10d_port(None) == c10d_port("local") == 29400
+
+
+def test_descendants_walk_the_whole_tree_below_a_process() -> None:
+    parents = {10: 1, 11: 10, 12: 10, 13: 11, 14: 13, 20: 1}
+    assert sorted(descendants(parents, 10)) == [11, 12, 13, 14]
+    me = os.getpid()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(5)"])
+    try:
+        assert child.pid in descendants(process_parents(), me)
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_resumable_exit_only_for_a_failure_that_wrote_a_fresh_checkpoint(tmp_path: Path) -> None:
+    ckpt = tmp_path / "last.pt"
+    assert resumable_exit(1, ckpt, time.time()) == 1  # no checkpoint
+    ckpt.write_text("x")
+    assert resumable_exit(1, ckpt, time.time() - 60) == EX_TEMPFAIL
+    assert resumable_exit(1, ckpt, time.time() + 60) == 1  # older than this launch
+    assert resumable_exit(0, ckpt, time.time() - 60) == 0
+
+
+def start_probe(tmp_path: Path, nproc: int) -> subprocess.Popen:
+    env = venv_env()
+    env["PYTHONPATH"] = f"{REPO / 'tests' / 'slurm'}:{env.get('PYTHONPATH', '')}"
+    cmd = [sys.executable, "-m", "emb.cluster.launch", "--nproc-per-node", str(nproc),
+           "--checkpoint", str(tmp_path / "last.pt"), "--", "stopprobe", str(tmp_path)]  # fmt: skip
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)  # fmt: skip
+    deadline = time.time() + 90
+    while not all((tmp_path / f"ready{r}").exists() for r in range(nproc)):
+        assert proc.poll() is None, proc.communicate()[0][-3000:]
+        assert time.time() < deadline, "probe ranks never became ready"
+        time.sleep(0.1)
+    return proc
+
+
+def test_usr1_to_the_launcher_reaches_every_torchrun_worker_and_exits_75(tmp_path: Path) -> None:
+    proc = start_probe(tmp_path, nproc=2)
+    proc.send_signal(signal.SIGUSR1)
+    out = proc.communicate(timeout=60)[0]
+    assert proc.returncode == EX_TEMPFAIL, out[-3000:]
+    assert {(tmp_path / f"stopped{r}").read_text() for r in (0, 1)} == {"SIGUSR1"}
+
+
+def test_torchrun_survives_usr1_sent_to_every_process_as_slurm_does(tmp_path: Path) -> None:
+    proc = start_probe(tmp_path, nproc=2)
+    tree = [proc.pid, *descendants(process_parents(), proc.pid)]
+    assert len(tree) >= 4  # launcher, torchrun, two workers
+    for pid in tree:
+        os.kill(pid, signal.SIGUSR1)
+    out = proc.communicate(timeout=60)[0]
+    assert proc.returncode == EX_TEMPFAIL, out[-3000:]
+    for rank in (0, 1):
+        assert set((tmp_path / f"stopped{rank}").read_text().split()) == {"SIGUSR1"}
+
+
+def launcher(*args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in venv_env().items() if not k.startswith("SLURM_")}
+    cmd = [sys.executable, "-m", "emb.cluster.launch", *args]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_cli_prints_the_command_it_would_run() -> None:
+    result = launcher("--dry-run", "--nproc-per-node", "2", "--srun", "--rendezvous", "c10d",
+                      "--", "emb.training.train", "--config", "c.yaml")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("launch: srun --nodes=1 --ntasks=1")
+    assert "--rdzv_backend=c10d --rdzv_endpoint=" in result.stdout
+    assert result.stdout.rstrip().endswith("-m emb.training.train --config c.yaml")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [(["--nodes", "2"], "error: 2 nodes need srun"),
+     (["--srun", "--container", "/no/such.sif"], "error: container image /no/such.sif does not")],
+)  # fmt: skip
+def test_cli_refuses_a_launch_it_cannot_start_before_running_anything(args, message) -> None:
+    result = launcher(*args, "--", "emb.training.train")
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert "launch:" not in result.stdout

@@ -1,0 +1,111 @@
+"""Report pieces: the summary table, training curves, the data manifest and the colours."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from conftest import CLASSES_CSV, TinyDemo
+from PIL import Image
+
+from emb.classes import load_class_map
+from emb.report.colours import CDL_COLOURS, dominant_codes, l3_colours
+from emb.report.curves import main as curves_main
+from emb.report.data_report import class_table, split_table
+from emb.report.data_report import main as data_report_main
+from emb.report.summary import main as summary_main
+
+LEVELS = ("l1", "l2", "l3")
+
+
+def metrics(seed: int, weight_sets: list[str]) -> dict:
+    """A metrics.json record as the evaluate stage writes it (figures made up, structure real)."""
+    rng = np.random.default_rng(seed)
+    record = {"epoch": 4, "samples": 10, "weights": weight_sets[-1], "weight_sets": weight_sets}
+    for name in weight_sets:
+        record[name] = {lv: {k: float(rng.random()) for k in ("oa", "miou", "f1")} for lv in LEVELS}
+    for lv in LEVELS:
+        for key in ("oa", "miou", "f1"):
+            record[f"{key}_{lv}"] = record[weight_sets[-1]][lv][key]
+    return record
+
+
+def test_summary_has_one_row_per_run_with_the_selected_weights(tmp_path: Path) -> None:
+    paths = []
+    for run, sets in (("a", ["raw", "ema"]), ("b", ["raw"])):
+        path = tmp_path / f"{run}.json"
+        path.write_text(json.dumps(metrics(len(sets), sets)))
+        paths.append(str(path))
+    out = tmp_path / "summary.csv"
+    html, png = tmp_path / "s.html", tmp_path / "s.png"
+    summary_main(["--runs", "a", "b", "--metrics", *paths, "--out", str(out),
+                  "--html", str(html), "--png", str(png)])  # fmt: skip
+    table = pd.read_csv(out).set_index("run")
+    assert list(table["weights"]) == ["ema", "raw"]
+    a = json.loads(Path(paths[0]).read_text())
+    assert table.loc["a", "miou_l3"] == pytest.approx(a["ema"]["l3"]["miou"])
+    assert table.loc["a", "raw_miou_l3"] == pytest.approx(a["raw"]["l3"]["miou"])
+    assert np.isnan(table.loc["b", "ema_miou_l3"])
+    page = html.read_text()
+    assert "<table" in page and ">a<" in page and ">b<" in page
+    assert Image.open(png).format == "PNG"
+
+
+@pytest.mark.parametrize("ema", [False, True])
+def test_curves_are_drawn_from_history_with_or_without_ema(tmp_path: Path, ema: bool) -> None:
+    epochs = np.arange(1, 6)
+    history = {"epoch": epochs, "lr": 1e-3 / epochs, "train_loss": 3.0 / epochs}
+    history.update({f"train_loss_{lv}": 1.0 / epochs for lv in LEVELS})
+    sets = ["ema_", "raw_"] if ema else [""]
+    for prefix in sets:
+        history[f"val_{prefix}loss"] = 2.0 / epochs
+        history.update({f"val_{prefix}miou_{lv}": epochs / 10 for lv in LEVELS})
+    path = tmp_path / "history.csv"
+    pd.DataFrame(history).to_csv(path, index=False)
+    from emb.report.plots import curves_figure
+
+    fig = curves_figure(pd.read_csv(path), "t")
+    labels = [t.get_text() for t in fig.axes[1].get_legend().get_texts()]
+    assert len(labels) == 3 * len(sets)
+    curves_main(["--history", str(path), "--run", "r", "--out", str(tmp_path / "c.png")])
+    assert Image.open(tmp_path / "c.png").format == "PNG"
+
+
+def test_curves_of_a_run_never_trained_is_an_error_naming_it(tmp_path: Path) -> None:
+    missing = tmp_path / "runs" / "ghost" / "history.csv"
+    with pytest.raises(SystemExit) as exc:
+        curves_main(["--history", str(missing), "--run", "ghost",
+                      "--out", str(tmp_path / "c.png")])  # fmt: skip
+    assert "ghost" in str(exc.value) and str(missing) in str(exc.value)
+
+
+def test_data_tables_add_up_to_the_manifest(tiny_demo: TinyDemo, tmp_path: Path) -> None:
+    manifest = tiny_demo.manifest("aef")
+    names = load_class_map(CLASSES_CSV).l3_names
+    splits = split_table(manifest).set_index("split")
+    for split, part in manifest["splits"].items():
+        assert splits.loc[split, "tiles"] == part["samples"]
+        assert splits.loc[split, "labelled_pixels"] == part["labelled_pixels"]
+    classes = class_table(manifest, names)
+    for split, part in manifest["splits"].items():
+        assert classes[split].sum() == part["labelled_pixels"]
+    data_report_main(["--manifest", str(tiny_demo.manifests["aef"]), "--classes",
+                  str(CLASSES_CSV), "--png", str(tmp_path / "d.png"),
+                  "--html", str(tmp_path / "d.html")])  # fmt: skip
+    html = (tmp_path / "d.html").read_text()
+    assert html.count("<table") == 2 and "soybeans" in html
+
+
+def test_every_l3_class_takes_an_official_colour_of_one_of_its_own_codes(class_map) -> None:
+    codes = dominant_codes(class_map)
+    colours = l3_colours(class_map)
+    for l3, code in enumerate(codes):
+        assert class_map.cdl_to_l3[code] == l3
+        assert code in CDL_COLOURS
+        r, g, b = colours[l3]
+        assert f"#{r:02x}{g:02x}{b:02x}" == CDL_COLOURS[code]
+    by_name = dict(zip(class_map.l3_names, codes, strict=True))
+    assert by_name["open_water"] == 111 and by_name["developed"] == 121 and by_name["corn"] == 1
