@@ -60,7 +60,10 @@ def test_valid_external_rows_pass_validation(tiny_demo: TinyDemo, tmp_path: Path
 
 
 def test_missing_file_names_row_and_column(tiny_demo: TinyDemo, tmp_path: Path) -> None:
-    rows = [good_row(tiny_demo), good_row(tiny_demo, "r2", tessera=str(tmp_path / "nope.tif"))]
+    other = tiny_demo.rasters["demo_b"]  # each region its own rasters (duplicates are refused)
+    r2 = good_row(tiny_demo, "r2", aef=str(other["aef"]), cdl=str(other["cdl"]),
+                  tessera=str(tmp_path / "nope.tif"))  # fmt: skip
+    rows = [good_row(tiny_demo), r2]
     workdir = workdir_with(tmp_path / "w", rows)
     result = run_snakemake(workdir)
     assert_stopped_before_any_job(result, workdir, "row 2", "'r2'", "column 'tessera'",
@@ -92,7 +95,7 @@ def test_cdl_without_overlap_names_row_and_column(tiny_demo: TinyDemo, tmp_path:
 
 
 @pytest.mark.parametrize(
-    "section, key", [(None, "learning_rate"), ("tiles", "tile_sise"), ("train", "gpus")]
+    "section, key", [(None, "learning_rate"), ("tiles", "tile_sise"), ("launch", "gpus")]
 )
 def test_unknown_key_in_config_yaml_is_rejected(tmp_path: Path, section, key) -> None:
     workdir = workdir_with(tmp_path, [])
