@@ -10,6 +10,11 @@ Contenders alternate and each keeps its best time, so both see the same machine.
   are computed for each.
 - overlap_cost: time at overlap 0.5 / time at overlap 0 (both block 1024); about the ratio of
   window counts (~4) when inference dominates.
+- predict_mpx_per_s_1proc / _2proc: megapixels per second of one ``python -m
+  emb.evaluation.predict`` process (1 thread) on its own, and per process when two run at once
+  on two rasters (as the jobs of a group job do); processes_2_over_1: the total throughput of
+  two processes over one (2.0 = perfect scaling; CPU processes share cores and memory
+  bandwidth here, GPU processes each hold a GPU of their own).
 
 Usage: ``python bench/predict.py [--quick] [--json PATH] [--size S] [--tile T]``.
 """
@@ -18,6 +23,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -35,6 +42,7 @@ from emb.evaluation.runs import TrainedRun
 from emb.evaluation.windows import PredictSpec, read_window, tile_origins
 from emb.models import build_model
 from emb.rasters import shard_arrays
+from emb.training import checkpoint
 from emb.training.config import TrainConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -63,6 +71,30 @@ def demo_run(tmp: Path) -> TrainedRun:
     cfg = TrainConfig.from_dict(config)
     model = build_model(cfg.model)
     return TrainedRun(tmp / "run" / "best.pt", cfg, {"raw": model.state_dict()}, 0)
+
+
+def save_run(run: TrainedRun) -> Path:
+    """The run as a folder the predict stage can open."""
+    run.path.parent.mkdir(parents=True, exist_ok=True)
+    checkpoint.save(run.path, {"model": run.weights["raw"], "config": run.cfg.resolved, "epoch": 0})
+    return run.path.parent
+
+
+def process_throughput(run_dir: Path, rasters: list[Path], tile: int) -> float:
+    """Seconds for one predict process per raster, all started at once (1 thread each)."""
+    commands = [
+        [sys.executable, "-m", "emb.evaluation.predict", "--run-dir", str(run_dir),
+         "--raster", str(raster), "--region", raster.stem, "--classes",
+         str(REPO / "config/classes.csv"), "--out", str(raster.with_suffix(".map.tif")),
+         "--png", str(raster.with_suffix(".png")), "--tile", str(tile), "--threads", "1"]
+        for raster in rasters
+    ]  # fmt: skip
+    env = {"OMP_NUM_THREADS": "1", "PATH": str(Path(sys.executable).parent)}
+    tick = time.perf_counter()
+    running = [subprocess.Popen(c, env=env, stdout=subprocess.DEVNULL) for c in commands]
+    if any(proc.wait() != 0 for proc in running):
+        raise SystemExit("a predict process failed")
+    return time.perf_counter() - tick
 
 
 def best_of(fns: dict[str, Callable[[], None]], repeats: int) -> dict[str, float]:
@@ -126,6 +158,16 @@ def main(argv: list[str] | None = None) -> None:
             results[f"predict_ratio_block{b}"] = round(times["model"] / times[f"block{b}"], 3)
         results["overlap_cost"] = round(times["block1024"] / times["overlap0"], 3)
         results["predict_mpx_per_s_block1024"] = round(size * size / times["block1024"] / 1e6, 3)
+        run_dir = save_run(run)
+        second = write_raster(tmp / "aef2.tif", size, seed=1)
+        one = two = float("inf")
+        for _ in range(repeats):  # alternating, best of each
+            one = min(one, process_throughput(run_dir, [raster], args.tile))
+            two = min(two, process_throughput(run_dir, [raster, second], args.tile))
+        mpx = size * size / 1e6
+        results["predict_mpx_per_s_1proc"] = round(mpx / one, 3)
+        results["predict_mpx_per_s_2proc"] = round(mpx / two, 3)
+        results["processes_2_over_1"] = round(2 * one / two, 3)
     print(json.dumps(results, indent=2))
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")

@@ -13,6 +13,7 @@ import pytest
 from conftest import REPO, venv_env
 
 from emb.cluster.launch import Launch, c10d_port, command, environment, rule_options
+from emb.cluster.retries import earlier_failure, record_failure
 from emb.cluster.supervise import (
     EX_TEMPFAIL,
     LaunchError,
@@ -199,3 +200,37 @@ def test_cli_refuses_a_launch_it_cannot_start_before_running_anything(args, mess
     assert result.returncode == 2
     assert message in result.stderr
     assert "launch:" not in result.stdout
+
+
+def launch_failing(tmp_path: Path, attempt: int, record: Path) -> subprocess.CompletedProcess:
+    """The launcher running a module that fails with exit 2 (json.tool on a missing file)."""
+    missing = str(tmp_path / "missing.json")
+    cmd = [sys.executable, "-m", "emb.cluster.launch", "--attempt", str(attempt),
+           "--failure-record", str(record), "--", "json.tool", missing]  # fmt: skip
+    return subprocess.run(cmd, env=venv_env(), capture_output=True, text=True, timeout=120)
+
+
+def test_a_retry_of_a_failure_no_retry_can_fix_ends_at_once_with_its_exit_code(tmp_path) -> None:
+    record = tmp_path / "run" / "launch.failed.json"
+    first = launch_failing(tmp_path, 1, record)
+    assert first.returncode == 2 and "launch:" in first.stdout  # it ran the command
+    assert record.is_file()
+    tick = time.monotonic()
+    retry = launch_failing(tmp_path, 2, record)
+    assert time.monotonic() - tick < 30
+    assert retry.returncode == 2
+    assert "launch:" not in retry.stdout  # nothing started
+    assert "attempt 2: attempt 1 of this job failed with exit code 2" in retry.stderr
+    again = launch_failing(tmp_path, 1, record)  # a new Snakemake run starts afresh
+    assert again.returncode == 2 and "launch:" in again.stdout
+
+
+def test_a_stop_with_a_checkpoint_or_a_success_leaves_no_failure_record(tmp_path: Path) -> None:
+    record = tmp_path / "launch.failed.json"
+    for code in (0, EX_TEMPFAIL):
+        record_failure(record, 1, code)
+        assert not record.exists()
+        assert earlier_failure(record, 2) is None
+    record_failure(record, 1, 3)
+    assert earlier_failure(record, 2) == (3, earlier_failure(record, 2)[1])
+    assert earlier_failure(record, 1) is None and not record.exists()

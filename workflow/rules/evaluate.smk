@@ -45,16 +45,26 @@ rule evaluate:
         "benchmarks/evaluate/{run}.tsv"
     conda:
         "../../envs/emb.yaml"
-    threads: 1
+    container:
+        None  # as for train: the launcher runs the container inside its srun step
+    threads: 2
     resources:
         mem_mb=4000,
         runtime=60,
+        nodes=1,
+        tasks_per_node=1,
+        gpus_per_node=0,
     params:
         run_dir=lambda wildcards, input: Path(input.trained).parent,
         out_dir=lambda wildcards, output: Path(output.metrics).parent,
+        launch=launch_options,
+        threads=lambda wildcards, threads, resources: max(
+            1, threads // resources.tasks_per_node
+        ),
     shell:
-        "OMP_NUM_THREADS={threads} python -m emb.evaluation.evaluate --run-dir {params.run_dir}"
-        " --classes {input.classes} --out-dir {params.out_dir} > {log} 2>&1"
+        "python -m emb.cluster.launch {params.launch} -- emb.evaluation.evaluate"
+        " --run-dir {params.run_dir} --classes {input.classes} --out-dir {params.out_dir}"
+        " --threads {params.threads} > {log} 2>&1"
 
 
 rule predict:
@@ -78,7 +88,7 @@ rule predict:
         "benchmarks/predict/{run}/{region}.tsv"
     conda:
         "../../envs/emb.yaml"
-    threads: 1
+    threads: 2
     resources:
         mem_mb=8000,
         runtime=120,
@@ -88,4 +98,5 @@ rule predict:
     shell:
         "OMP_NUM_THREADS={threads} python -m emb.evaluation.predict --run-dir {params.run_dir}"
         " --raster {input.raster} --region {wildcards.region} --classes {input.classes}"
-        " --out {output.map} --png {output.png} {params.options} > {log} 2>&1"
+        " --out {output.map} --png {output.png} --threads {threads} {params.options}"
+        " > {log} 2>&1"

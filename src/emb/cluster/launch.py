@@ -35,6 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from emb.cluster.retries import earlier_failure, record_failure
 from emb.cluster.slurm import SlurmError, first_node, job_end_time
 from emb.cluster.supervise import EX_TEMPFAIL, LaunchError, resumable_exit, supervise
 
@@ -183,6 +184,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                         help="environment default; $VARS expand at launch")  # fmt: skip
     parser.add_argument("--checkpoint", type=Path, help="written by a resumable stop: exit 75")
+    parser.add_argument("--attempt", type=int, default=1, help="Snakemake's attempt number")
+    parser.add_argument(
+        "--failure-record", type=Path, help="left by a failure no retry can fix (see retries)"
+    )
     parser.add_argument("--dry-run", action="store_true", help="print the command, run nothing")
     parser.add_argument("--supervise", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("command", nargs=argparse.REMAINDER)
@@ -221,6 +226,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.supervise:  # inside an srun task: run the node command
         sys.exit(supervise(args.command))
     started = time.time()
+    record = args.failure_record
+    earlier = earlier_failure(record, args.attempt) if record and not args.dry_run else None
+    if earlier is not None:
+        print(f"error: {earlier[1]}", file=sys.stderr)
+        sys.exit(earlier[0])
     try:
         cmd, env = prepare(args, os.environ)
         print("launch:", shlex.join(cmd), flush=True)
@@ -229,7 +239,9 @@ def main(argv: list[str] | None = None) -> None:
         code = resumable_exit(supervise(cmd, env), args.checkpoint, started)
     except (LaunchError, SlurmError) as err:
         print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
+        code = 2
+    if record:
+        record_failure(record, args.attempt, code)
     if code == EX_TEMPFAIL:
         print(f"launch: stopped early with a checkpoint ({args.checkpoint}); re-run resumes")
     sys.exit(code)

@@ -9,25 +9,34 @@ those of the weights the checkpoint was selected for: EMA when present, else raw
 
 Outputs: ``metrics.json``, ``per_class.csv`` (one row per weight set, level and class),
 ``confusion_l{1,2,3}.png`` (row-normalized) and ``iou.png`` (per-class IoU bars).
+
+Run under torchrun (the launcher, as training), every rank scores its own shards and the
+confusion matrices are summed across ranks: exact integers, so the figures do not depend on the
+number of processes. Rank 0 writes the outputs.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
+import torch.distributed as dist
 
 from emb.classes import N_L1, N_L2, N_L3, ClassMap, load_class_map
+from emb.evaluation.inference import Inference, inference
 from emb.evaluation.runs import LEVELS, RunError, TrainedRun, open_run
 from emb.io import atomic_path, write_json
 from emb.loading.batches import LoaderSpec, eval_batches, shard_sample_counts
 from emb.metrics import confusion_update, scores_from_confusion
 from emb.prep.manifest import read_manifest
 from emb.report import plots
+from emb.training.distributed import is_distributed
 from emb.training.loss import HierarchyTargets
 
 N_CLASSES = {"l1": N_L1, "l2": N_L2, "l3": N_L3}
@@ -41,13 +50,17 @@ def confusion_matrices(
     shard_samples: dict[str, int],
     cmap: ClassMap,
     batch_size: int = 16,
-    device: torch.device | None = None,
+    run_on: Inference | None = None,
+    rank: int = 0,
+    world: int = 1,
 ) -> dict[str, dict[str, np.ndarray]]:
-    """{weights: {level: (n, n) int64}} over every sample of ``shards``, read once."""
-    device = device or torch.device("cpu")
+    """{weights: {level: (n, n) int64}} over every sample of ``shards``, read once, summed over
+    the ``world`` ranks (each reads its own shards)."""
+    run_on = run_on or Inference(torch.device("cpu"))
+    device = run_on.device
     dequantize = run.dequantize().to(device)
     targets_of = HierarchyTargets(cmap).to(device)
-    models = {name: run.model(name, device) for name in run.weights}
+    models = {name: run_on.prepare(run.model(name)) for name in run.weights}
     cms = {
         name: {
             lv: torch.zeros(n, n, dtype=torch.int64, device=device) for lv, n in N_CLASSES.items()
@@ -55,13 +68,18 @@ def confusion_matrices(
         for name in models
     }
     spec = LoaderSpec(run.cfg.data.source, run.cfg.model.in_dim, batch_size)
-    for batch in eval_batches(shards, spec, shard_samples=shard_samples):
+    for batch in eval_batches(shards, spec, rank, world, shard_samples):
         x, y = dequantize({k: v.to(device) for k, v in batch.items()})
-        targets = targets_of(y)
+        x, targets = run_on.inputs(x), targets_of(y)
         for name, model in models.items():
-            logits = model(x)
+            with run_on.autocast():
+                logits = model(x)
             for level in LEVELS:
                 confusion_update(cms[name][level], logits[level].argmax(1), targets[level])
+    if is_distributed():
+        for per_level in cms.values():
+            for cm in per_level.values():
+                dist.all_reduce(cm)  # integer sums: exact whatever the number of ranks
     return {name: {lv: cm.cpu().numpy() for lv, cm in per.items()} for name, per in cms.items()}
 
 
@@ -116,7 +134,9 @@ def evaluate(
     split: str = "test",
     checkpoint_name: str = "best.pt",
     batch_size: int = 16,
-    device: torch.device | None = None,
+    run_on: Inference | None = None,
+    rank: int = 0,
+    world: int = 1,
 ) -> tuple[dict, pd.DataFrame, dict[str, np.ndarray]]:
     """Score a run's checkpoint on ``split`` of its manifest.
 
@@ -129,7 +149,7 @@ def evaluate(
     run.check_in_dim(int(manifest["in_dim"]), str(manifest_path))
     part = manifest["splits"][split]
     cms = confusion_matrices(
-        run, part["shards"], shard_sample_counts(part), cmap, batch_size, device
+        run, part["shards"], shard_sample_counts(part), cmap, batch_size, run_on, rank, world
     )
     empty = [lv for lv, cm in cms[run.selected].items() if cm.sum() == 0]
     if empty:
@@ -165,6 +185,22 @@ def write_figures(
     return [*written, path]
 
 
+def evaluate_ranks(
+    args: argparse.Namespace, rank: int, world: int, local_rank: int | None
+) -> tuple[dict, pd.DataFrame, dict[str, np.ndarray]]:
+    """:func:`evaluate` on this rank's device, in a process group when there are several."""
+    cmap = load_class_map(args.classes)
+    loop = open_run(args.run_dir, cmap, args.classes, args.checkpoint).cfg.train
+    run_on = inference(loop.precision, loop.channels_last, args.threads, local_rank)
+    if world > 1:
+        backend = "nccl" if run_on.device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, timeout=timedelta(seconds=loop.collective_timeout_s))
+    return evaluate(
+        args.run_dir, args.classes, args.split, args.checkpoint, args.batch_size, run_on,
+        rank, world,
+    )  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run-dir", type=Path, required=True, help="results/runs/{run}")
@@ -173,14 +209,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--split", default="test", choices=["train", "val", "test"])
     parser.add_argument("--out-dir", type=Path, required=True, help="results/eval/{run}")
     parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--threads", type=int, default=1, help="CPU threads per process")
     args = parser.parse_args(argv)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    local = int(os.environ["LOCAL_RANK"]) if "LOCAL_RANK" in os.environ else None
     try:
-        record, table, cms = evaluate(
-            args.run_dir, args.classes, args.split, args.checkpoint, args.batch_size, device
-        )
+        record, table, cms = evaluate_ranks(args, rank, world, local)
     except (ValueError, FileNotFoundError) as err:  # RunError, CheckpointError, ConfigError
         raise SystemExit(f"error: {err}") from err
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    if rank != 0:
+        return
     write_figures(args.out_dir, record, table, cms, load_class_map(args.classes))
     with atomic_path(args.out_dir / "per_class.csv") as tmp:
         table.to_csv(tmp, index=False)

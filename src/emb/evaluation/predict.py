@@ -20,6 +20,7 @@ import rasterio
 import torch
 
 from emb.classes import ClassMap, load_class_map
+from emb.evaluation.inference import Inference, inference
 from emb.evaluation.map_files import (
     NODATA,
     describe_map,
@@ -37,7 +38,7 @@ from emb.prep.manifest import read_manifest
 
 def predict_raster(
     run: TrainedRun, weights: str, raster: Path, cmap: ClassMap, spec: PredictSpec,
-    out: Path, probabilities: Path | None = None, device: torch.device | None = None,
+    out: Path, probabilities: Path | None = None, run_on: Inference | None = None,
     tags: dict[str, str] | None = None,
 ) -> None:  # fmt: skip
     """Write the L3 map of ``raster`` (and optionally probabilities) as COGs.
@@ -45,12 +46,12 @@ def predict_raster(
     Blocks go into tiled temporary GeoTIFFs, which GDAL then copies into COGs (the COG driver
     only copies); the final files appear atomically, complete or not at all.
     """
-    device = device or torch.device("cpu")
+    run_on = run_on or Inference(torch.device("cpu"))
     raster = Path(raster)
     if not raster.is_file():
         raise RunError(f"region raster {raster} not found")
-    model = run.model(weights, device)
-    dequantize = run.dequantize().to(device)
+    model = run_on.prepare(run.model(weights))
+    dequantize = run.dequantize().to(run_on.device)
     names = list(cmap.l3_names)
     tags = map_tags(names, tags)
     tmp_map = tmp_sibling(out, "map")
@@ -67,7 +68,7 @@ def predict_raster(
                 prob = stack.enter_context(rasterio.open(tmp_prob, "w", **profile))
             for block in blocks(src.height, src.width, spec.block):
                 acc, wsum, valid = predict_block(
-                    model, dequantize, src, run.cfg.data.source, block, spec, device
+                    model, dequantize, src, run.cfg.data.source, block, spec, run_on
                 )
                 ids, probs = classify(acc, wsum, valid, prob is not None)
                 dst.write(ids, 1, window=block)
@@ -109,11 +110,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--overlap", type=float, default=0.5, help="fraction of the window")
     parser.add_argument("--block", type=int, default=1024, help="pixels per block side")
     parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--threads", type=int, default=1, help="CPU threads (no GPU)")
     args = parser.parse_args(argv)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         cmap = load_class_map(args.classes)
         run = open_run(args.run_dir, cmap, args.classes, args.checkpoint)
+        loop = run.cfg.train
+        run_on = inference(loop.precision, loop.channels_last, args.threads)
         spec = PredictSpec(
             args.tile or default_tile(run), args.overlap, args.block, args.batch_size
         )
@@ -123,7 +126,7 @@ def main(argv: list[str] | None = None) -> None:
         tags = {"RUN": args.run_dir.name, "REGION": args.region, "WEIGHTS": run.selected,
                 "CHECKPOINT": str(run.path)}  # fmt: skip
         predict_raster(
-            run, run.selected, args.raster, cmap, spec, args.out, args.probabilities, device, tags
+            run, run.selected, args.raster, cmap, spec, args.out, args.probabilities, run_on, tags
         )
     except (ValueError, FileNotFoundError) as err:  # RunError, CheckpointError, ConfigError
         raise SystemExit(f"error: {err}") from err

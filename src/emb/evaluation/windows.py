@@ -24,9 +24,10 @@ import torch
 from rasterio.windows import Window
 from torch import nn
 
+from emb.evaluation.inference import Inference
 from emb.evaluation.map_files import NODATA, PROB_SCALE
 from emb.loading.dequantize import Dequantize
-from emb.rasters import AEF_NODATA, shard_arrays, valid_pixels
+from emb.rasters import embedding_nodata, shard_arrays, valid_pixels
 
 
 @dataclass(frozen=True)
@@ -76,10 +77,9 @@ def blend_weights(tile: int) -> np.ndarray:
 
 
 def fill_value(src: rasterio.DatasetReader) -> float:
-    """What pads a window beyond the raster: the raster's nodata, else NaN / AEF's -128."""
-    if src.nodata is not None:
-        return src.nodata
-    return np.nan if np.issubdtype(np.dtype(src.dtypes[0]), np.floating) else AEF_NODATA
+    """What pads a window beyond the raster: its nodata (AEF: -128 when untagged), else NaN."""
+    nodata = embedding_nodata(src.dtypes[0], src.nodata)
+    return np.nan if nodata is None else nodata
 
 
 def read_window(src: rasterio.DatasetReader, row: int, col: int, tile: int) -> np.ndarray:
@@ -103,18 +103,21 @@ def blocks(height: int, width: int, block: int) -> Iterator[Window]:
 @torch.no_grad()
 def _window_logits(
     model: nn.Module, dequantize: Dequantize, arrays: list[dict[str, np.ndarray]],
-    device: torch.device,
+    run: Inference,
 ) -> np.ndarray:  # fmt: skip
     """(B, 61, T, T) float32 L3 logits of a batch of windows in compact shard form."""
+    device = run.device
     batch = {k: torch.from_numpy(np.stack([a[k] for a in arrays])).to(device) for k in arrays[0]}
     batch["label"] = torch.zeros(batch["emb"].shape[0], *batch["emb"].shape[-2:], device=device)
     x, _ = dequantize(batch)
-    return model(x)["l3"].float().cpu().numpy()
+    with run.autocast():
+        logits = model(run.inputs(x))["l3"]
+    return logits.float().cpu().numpy()
 
 
 def predict_block(
     model: nn.Module, dequantize: Dequantize, src: rasterio.DatasetReader, source: str,
-    block: Window, spec: PredictSpec, device: torch.device,
+    block: Window, spec: PredictSpec, run: Inference,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
     """Blended L3 logits (C, h, w) float32, weight sum (h, w) and valid mask (h, w) of one block.
 
@@ -122,7 +125,7 @@ def predict_block(
     """
     r0, c0, bh, bw = block.row_off, block.col_off, block.height, block.width
     tile, weights = spec.tile, blend_weights(spec.tile)
-    nodata = src.nodata
+    nodata = embedding_nodata(src.dtypes[0], src.nodata)
     acc: np.ndarray | None = None
     wsum = np.zeros((bh, bw), np.float32)
     valid = np.zeros((bh, bw), bool)
@@ -140,7 +143,7 @@ def predict_block(
                 masks.append(mask)
         if not chunk:
             continue
-        logits = _window_logits(model, dequantize, arrays, device)
+        logits = _window_logits(model, dequantize, arrays, run)
         if acc is None:
             acc = np.zeros((logits.shape[1], bh, bw), np.float32)
         for (r, c), window_logits, mask in zip(chunk, logits, masks, strict=True):
