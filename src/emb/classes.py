@@ -36,6 +36,14 @@ class ClassMap:
     l2_names: tuple[str, ...]
     l1_names: tuple[str, ...]
 
+    def l3_of(self, codes: np.ndarray) -> np.ndarray:
+        """L3 ids (uint8) of CDL ``codes`` of any integer dtype: codes beyond the table (a
+        uint16 CDL's codes above 255) are unmapped, never wrapped onto another class."""
+        n = len(self.cdl_to_l3)
+        inside = (codes >= 0) & (codes < n)
+        l3 = np.where(inside, self.cdl_to_l3[np.clip(codes, 0, n - 1)], IGNORE)
+        return l3.astype(np.uint8)
+
     def levels(self, l3: np.ndarray) -> dict[str, np.ndarray]:
         """All three levels of an L3 array of any shape (255 stays 255)."""
         return {"l1": self.l3_to_l1[l3], "l2": self.l3_to_l2[l3], "l3": l3}

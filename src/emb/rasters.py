@@ -76,6 +76,14 @@ def dequantize_tessera(q: np.ndarray, scale: np.ndarray) -> np.ndarray:
     return q.astype(np.float32) * s
 
 
+def embedding_nodata(dtype: str | np.dtype, declared: float | None) -> float | None:
+    """The nodata value of an embedding raster: the file's tag, else -128 for int8 (AEF's
+    convention, which exports do not always tag); float rasters (TESSERA) use NaN/Inf."""
+    if declared is not None:
+        return declared
+    return AEF_NODATA if np.dtype(dtype) == np.int8 else None
+
+
 def nodata_mask(block: np.ndarray, nodata: float | None) -> np.ndarray:
     """(D, H, W) raster block -> (H, W) bool, True where any band is nodata or non-finite."""
     mask = np.zeros(block.shape[1:], bool)
@@ -96,8 +104,11 @@ def shard_arrays(
     given) receives its int8 values and ``map_chunks`` runs its row chunks.
     """
     if source == "aef":
-        q = block.astype(np.int8, copy=False)
-        return {"emb": np.ascontiguousarray(q)}
+        q = np.ascontiguousarray(block.astype(np.int8, copy=False))
+        if nodata is not None and not np.isnan(nodata) and nodata != AEF_NODATA:
+            q = q.copy() if q is block else q
+            q[:, (block == np.asarray(nodata, block.dtype)).any(axis=0)] = AEF_NODATA
+        return {"emb": q}
     data = block.astype(np.float32, copy=False)
     if nodata is not None and not np.isnan(nodata):
         data[:, (block == np.asarray(nodata, block.dtype)).any(axis=0)] = np.nan

@@ -273,7 +273,60 @@ def _(env):
     ]
 
 
+@case("raster: AEF in a geographic CRS (degrees)")
+def _(env):
+    bad = copy_raster(env.raster("aef"), env.tmp / "lonlat.tif", crs="EPSG:4326",
+                      transform=rasterio.Affine(0.0001, 0, -93.5, 0, -0.0001, 42.0))  # fmt: skip
+    return check_table(regions_table(env, [good_row(env, aef=str(bad))])), [
+        "column 'aef'", "lonlat.tif", "geographic CRS EPSG:4326", "metres"]  # fmt: skip
+
+
+@case("raster: rotated geotransform")
+def _(env):
+    with rasterio.open(env.raster("aef")) as src:
+        t = src.transform
+    rotated = rasterio.Affine(t.a, 2.0, t.c, 1.5, t.e, t.f)
+    bad = copy_raster(env.raster("aef"), env.tmp / "rotated.tif", transform=rotated)
+    return check_table(regions_table(env, [good_row(env, aef=str(bad))])), [
+        "column 'aef'", "rotated.tif", "rotated or sheared", "b = 2.0, d = 1.5"]  # fmt: skip
+
+
+@case("raster: CDL with only background over the embedding")
+def _(env):
+    bad = copy_raster(env.raster("cdl"), env.tmp / "background.tif")
+    with rasterio.open(bad, "r+") as dst:
+        dst.write(np.zeros((1, dst.height, dst.width), dst.dtypes[0]))
+    return check_table(regions_table(env, [good_row(env, cdl=str(bad))])), [
+        "column 'cdl'", "background.tif", "no labelled pixel", "aef.tif"]  # fmt: skip
+
+
+@case("raster: CDL with no class-table code reaches the align stage")
+def _(env):
+    bad = copy_raster(env.raster("cdl"), env.tmp / "unmapped.tif")
+    with rasterio.open(bad, "r+") as dst:
+        dst.write(np.full((1, dst.height, dst.width), 19, dst.dtypes[0]))  # not in the table
+    out = env.good / "labels" / "aef" / "demo_a.tif"  # a good label raster already there
+    argv = ["--emb", str(env.raster("aef")), "--cdl", str(bad), "--classes", str(CLASSES_CSV),
+            "--out", str(out), "--report", str(env.tmp / "report.json")]  # fmt: skip
+    return lambda: align_labels.main(argv), ["unmapped.tif", "no labelled pixel", "19"]
+
+
 # --- tables --------------------------------------------------------------------------------
+
+
+@case("regions.tsv: one raster listed under two region ids")
+def _(env):
+    rows = [good_row(env), good_row(env, region="demo_a2")]
+    return check_table(regions_table(env, rows)), [
+        "row 2", "demo_a2", "the same file as", "row 1", "two regions' splits"]  # fmt: skip
+
+
+@case("regions.tsv: a copy of a raster (same grid) under another region id")
+def _(env):
+    copy = Path(shutil.copy(env.raster("aef"), env.tmp / "copy_of_aef.tif"))
+    rows = [good_row(env), good_row(env, region="demo_a2", aef=str(copy), tessera="")]
+    return check_table(regions_table(env, rows)), [
+        "row 2", "copy_of_aef.tif", "a raster on the same grid as", "row 1"]  # fmt: skip
 
 
 @case("regions.tsv: duplicate region ids")

@@ -20,7 +20,7 @@ from rasterio.windows import Window
 
 from emb.classes import IGNORE, ClassMap, load_class_map
 from emb.io import atomic_path
-from emb.rasters import nodata_mask
+from emb.rasters import embedding_nodata, nodata_mask
 
 
 def _windows(height: int, width: int, block: int):
@@ -61,9 +61,11 @@ def align_labels(
         if emb.height >= 16 and emb.width >= 16:
             profile.update(tiled=True, blockxsize=256, blockysize=256)
         cdl_band = rasterio.band(cdl, 1)
+        nodata = embedding_nodata(emb.dtypes[0], emb.nodata)
         with atomic_path(out_path) as tmp, rasterio.open(tmp, "w", **profile) as dst:
             for win in _windows(emb.height, emb.width, block):
-                codes_win = np.zeros((win.height, win.width), np.uint8)
+                # the CDL's own dtype: uint16 codes above 255 stay themselves (and unmapped)
+                codes_win = np.zeros((win.height, win.width), cdl.dtypes[0])
                 reproject(
                     source=cdl_band,
                     destination=codes_win,
@@ -72,8 +74,8 @@ def align_labels(
                     dst_nodata=0,
                     resampling=Resampling.nearest,
                 )
-                l3 = cmap.cdl_to_l3[codes_win]
-                missing = nodata_mask(emb.read(window=win), emb.nodata)
+                l3 = cmap.l3_of(codes_win)
+                missing = nodata_mask(emb.read(window=win), nodata)
                 unmapped = (l3 == IGNORE) & ~missing
                 counts["emb_nodata"] += int(missing.sum())
                 counts["cdl_background"] += int((unmapped & (codes_win == 0)).sum())
@@ -83,6 +85,12 @@ def align_labels(
                 l3[missing] = IGNORE
                 counts["labelled"] += int((l3 != IGNORE).sum())
                 dst.write(l3, 1, window=win)
+            if counts["labelled"] == 0:  # before the file is published
+                raise AlignmentError(
+                    f"{cdl_path} gives no labelled pixel on {emb_path}: expected CDL codes of "
+                    f"the class table over the embedding's valid pixels, found {dict(counts)} "
+                    f"(unmapped codes: {dict(codes.most_common(5))})"
+                )
         counts["pixels"] = emb.height * emb.width
     return {"counts": dict(counts), "unmapped_codes": {str(k): v for k, v in sorted(codes.items())}}
 
