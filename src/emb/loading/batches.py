@@ -10,14 +10,16 @@ for TESSERA, nodata 0) and ``y`` (B, T, T) int64 L3 ids, 255 = ignore.
 Every rank reads a disjoint set of shards; a training epoch is a fixed number of batches on
 every rank (so DDP never waits on a rank that ran out of data), and its order is a pure
 function of (seed, epoch, rank), so a resumed run can continue an epoch at any batch.
-The order is decided on shard offsets (:mod:`emb.loading.shard_index`); reader threads then read
-each array straight into its batch (:mod:`emb.loading.batch_reader`).
+The order is decided on shard offsets (:mod:`emb.loading.sidecar`, which falls back to
+:mod:`emb.loading.shard_index` scans); reader threads then read each array straight into its
+batch (:mod:`emb.loading.batch_reader`).
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+import os
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,7 +29,8 @@ import webdataset as wds
 
 from emb.loading.batch_reader import BatchReader, round_robin
 from emb.loading.dequantize import AUG_CODES
-from emb.loading.shard_index import SampleAt, ShardError, scan_shard_cached
+from emb.loading.shard_index import SampleAt, ShardError
+from emb.loading.sidecar import index_shard, sidecar_path
 
 LoaderError = ShardError  # one error for every shard that is not what the manifest promises
 
@@ -48,7 +51,8 @@ class LoaderSpec:
 
 
 class _ShardIndex:
-    """Scans shards on first use (in the reader threads) and checks their sample counts."""
+    """Indexes shards on first use (in the reader threads; from their sidecars, else by
+    scanning) and checks their sample counts against the manifest's."""
 
     def __init__(self, shard_samples: dict[str, int] | None) -> None:
         self.shard_samples = shard_samples or {}
@@ -56,12 +60,14 @@ class _ShardIndex:
 
     def __call__(self, url: str) -> list[SampleAt]:
         if url not in self._scanned:
-            samples = scan_shard_cached(url)
+            samples = index_shard(url)
             expected = self.shard_samples.get(url)
             if expected is not None and len(samples) != expected:
+                side = sidecar_path(url)
+                source = f" from its index {side}" if os.path.exists(side) else ""
                 raise LoaderError(
-                    f"{url}: read {len(samples)} samples, the manifest lists {expected} "
-                    "(truncated or replaced shard)"
+                    f"{url}: read {len(samples)} samples{source}, the manifest lists "
+                    f"{expected} (truncated or replaced shard)"
                 )
             self._scanned[url] = samples
         return self._scanned[url]

@@ -3,7 +3,8 @@
 A loader that knows the offsets reads each array straight into its slot of a batch: one copy
 from the page cache, no per-sample buffer, no stacking, which is why the order is decided on
 offsets before any data is read. Scanning costs two small reads per member (the 512-byte tar
-header and the ``.npy`` header).
+header and the ``.npy`` header); shards built with an index sidecar are not scanned
+(:func:`emb.loading.sidecar.index_shard`).
 """
 
 from __future__ import annotations
@@ -75,18 +76,6 @@ def scan_shard(url: str) -> list[SampleAt]:
                 samples.append(SampleAt(url, key, {}))
             samples[-1].arrays[suffix[:-4]] = _npy_array(fh, data, info, url)
     return samples
-
-
-def scan_shard_cached(url: str) -> list[SampleAt]:
-    """:func:`scan_shard`, remembered while the file stays the same (inode, size, mtime):
-    every epoch reads the same shards, and a rebuilt shard is a new file."""
-    st = os.stat(url)
-    return list(_scan_version(url, st.st_ino, st.st_size, st.st_mtime_ns))
-
-
-@functools.lru_cache(maxsize=4096)
-def _scan_version(url: str, ino: int, size: int, mtime_ns: int) -> tuple[SampleAt, ...]:
-    return tuple(scan_shard(url))
 
 
 def _pread(fh: BinaryIO, offset: int, n: int) -> bytes:

@@ -2,17 +2,18 @@
 
 A sample (docs/design.md): ``__key__`` = ``{region}_{row}_{col}``, ``emb.npy`` (D, T, T) int8,
 ``label.npy`` (T, T) uint8 L3 (255 = ignore), ``meta.json``; TESSERA adds ``scale.npy`` (T, T)
-float32. Shards are staged and published together when the region is complete.
+float32, and its training tiles ``moments.npy`` (3, D) float64 (:mod:`emb.prep.moments`), so
+that the statistics need not read them again. Each shard has an index sidecar
+(:mod:`emb.loading.sidecar`). Shards and sidecars are staged and published together when the
+region is complete.
 """
 
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import shutil
-import tarfile
 import tempfile
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -25,26 +26,15 @@ import rasterio
 from emb.classes import IGNORE, N_L3
 from emb.io import write_json
 from emb.loading.buffer_pool import BufferPool
+from emb.loading.sidecar import sidecar_path
+from emb.prep.moments import moments_array, stores_moments, tile_moments
+from emb.prep.shard_writer import Payload, TarShard, encode_npy, write_shards
 from emb.prep.tiles import SPLITS, SplitSpec, Tile, TileSpec, TilingError, plan_tiles
 from emb.rasters import BANDS, shard_arrays
 
+__all__ = ["TarShard", "build_region", "encode_npy", "tile_samples", "write_shards"]
 T = TypeVar("T")
 GDAL_CACHE_MB = 64  # tiles are read once: a large block cache only inflates memory
-
-
-Payload = tuple[bytes | memoryview, ...]  # a tar member's bytes, as buffers written in turn
-
-
-def encode_npy(array: np.ndarray) -> Payload:
-    """``.npy`` bytes as (header, the array's own memory): written without a copy."""
-    array = np.ascontiguousarray(array)
-    header = io.BytesIO()
-    np.lib.format.write_array_header_1_0(header, np.lib.format.header_data_from_array_1_0(array))
-    return header.getvalue(), memoryview(array).cast("B")
-
-
-def payload_size(payload: Payload) -> int:
-    return sum(memoryview(part).nbytes for part in payload)
 
 
 def read_ahead(items: Iterator[T]) -> Iterator[T]:
@@ -85,6 +75,8 @@ def tile_samples(
             arrays = shard_arrays(source, block, emb.nodata, q, quantizers.map)
             end_row, end_col = tile.row + tile.size, tile.col + tile.size
             arrays["label"] = labels[tile.row : end_row, tile.col : end_col]
+            if tile.split == "train" and stores_moments(source):  # what the statistics read
+                arrays["moments"] = moments_array(*tile_moments(source, arrays))
             meta = {
                 "region": region,
                 "source": source,
@@ -98,82 +90,22 @@ def tile_samples(
             yield sample
 
 
-class TarShard:
-    """A WebDataset tar written member by member, payloads straight from the arrays' memory.
-
-    webdataset's TarWriter goes through tarfile's copy loop over a BytesIO; writing the USTAR
-    headers ourselves lets the arrays' memory go to the file without any copy. The result is
-    a plain tar: webdataset and tarfile read it as usual.
-    """
-
-    def __init__(self, path: str) -> None:
-        self.fh = open(path, "wb")  # noqa: SIM115 - closed in close()
-
-    def write(self, sample: dict[str, str | Payload]) -> None:
-        key = sample["__key__"]
-        for name, payload in sample.items():
-            if name == "__key__":
-                continue
-            size = payload_size(payload)
-            info = tarfile.TarInfo(f"{key}.{name}")
-            info.size, info.mode, info.mtime = size, 0o644, 0
-            self.fh.write(info.tobuf(tarfile.USTAR_FORMAT))
-            for part in payload:
-                self.fh.write(part)
-            self.fh.write(b"\0" * (-size % tarfile.BLOCKSIZE))
-
-    def close(self) -> None:
-        self.fh.write(b"\0" * (2 * tarfile.BLOCKSIZE))  # end-of-archive marker
-        self.fh.close()
-
-
-def write_shards(
-    samples: Iterator[dict], pattern: str, max_samples: int, max_bytes: int
-) -> list[dict]:
-    """Stream samples into ``pattern % n`` shards, each closed at ``max_samples`` samples or
-    ``max_bytes`` bytes; returns [{path, samples, bytes, keys}] per shard. Memory holds one
-    sample."""
-    shards: list[dict] = []
-    sink: TarShard | None = None
-    count = size = 0
-    keys: list[str] = []
-
-    def close() -> None:
-        nonlocal sink
-        assert sink is not None
-        sink.close()
-        path = Path(pattern % len(shards))
-        shards.append(
-            {"path": str(path), "samples": count, "bytes": path.stat().st_size, "keys": keys[:]}
-        )
-        sink = None
-
-    for sample in samples:
-        if sink is None:
-            sink, count, size = TarShard(pattern % len(shards)), 0, 0
-            keys.clear()
-        sink.write(sample)
-        keys.append(sample["__key__"])
-        count += 1
-        size += sum(payload_size(v) for k, v in sample.items() if k != "__key__")
-        if count >= max_samples or size >= max_bytes:
-            close()
-    if sink is not None:
-        close()
-    return shards
-
-
 def _publish(staging: Path, out_dir: Path, index: dict) -> None:
-    """Move the staged shards under their final names, then drop shards of an older build."""
+    """Move the staged shards and sidecars under their final names, then drop shards of an
+    older build."""
     keep = set()
     for part in index["splits"].values():
         for shard in part["shards"]:
             final = out_dir / Path(shard["path"]).name
+            # The tar first: a stop in between leaves the old sidecar (or none) beside the new
+            # tar, which the loader refuses (size) or scans; never a sidecar without its tar.
             os.replace(shard["path"], final)
+            os.replace(sidecar_path(shard["path"]), sidecar_path(final))
             shard["path"] = str(final)
             keep.add(final.name)
     for old in out_dir.glob("*-[0-9][0-9][0-9][0-9].tar"):
         if old.name not in keep:
+            Path(sidecar_path(old)).unlink(missing_ok=True)
             old.unlink()
 
 

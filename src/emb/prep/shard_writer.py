@@ -1,0 +1,109 @@
+"""WebDataset tar shards written member by member, each with its index sidecar.
+
+webdataset's TarWriter goes through tarfile's copy loop over a BytesIO; writing the USTAR
+headers ourselves lets the arrays' memory go to the file without any copy, and knowing every
+member's offset as it is written gives the index sidecar (:mod:`emb.loading.sidecar`) for
+free. The result is a plain tar: webdataset and tarfile read it as usual.
+"""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from emb.loading.sidecar import Member, npy_member, write_sidecar
+
+Payload = tuple[bytes | memoryview, ...]  # a tar member's bytes, as buffers written in turn
+NPY_HEAD = 4096  # bytes of a payload that hold its .npy header (as scan_shard reads them)
+
+
+def encode_npy(array: np.ndarray) -> Payload:
+    """``.npy`` bytes as (header, the array's own memory): written without a copy."""
+    array = np.ascontiguousarray(array)
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, np.lib.format.header_data_from_array_1_0(array))
+    return header.getvalue(), memoryview(array).cast("B")
+
+
+def payload_size(payload: Payload) -> int:
+    return sum(memoryview(part).nbytes for part in payload)
+
+
+def _head(payload: Payload) -> bytes:
+    """The first bytes of a payload, across its parts (an ``.npy`` header is in them)."""
+    head = b""
+    for part in payload:
+        head += bytes(memoryview(part)[: NPY_HEAD - len(head)])
+        if len(head) >= NPY_HEAD:
+            break
+    return head
+
+
+class TarShard:
+    """A tar written sample by sample; :meth:`close` ends it and writes its index sidecar."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.fh = open(path, "wb")  # noqa: SIM115 - closed in close()
+        self.members: list[Member] = []
+
+    def write(self, sample: dict[str, str | Payload]) -> None:
+        key = sample["__key__"]
+        for name, payload in sample.items():
+            if name == "__key__":
+                continue
+            size = payload_size(payload)
+            info = tarfile.TarInfo(f"{key}.{name}")
+            info.size, info.mode, info.mtime = size, 0o644, 0
+            self.fh.write(info.tobuf(tarfile.USTAR_FORMAT))
+            head = _head(payload) if name.endswith(".npy") else b""
+            self.members.append(npy_member(info.name, self.fh.tell(), size, head))
+            for part in payload:
+                self.fh.write(part)
+            self.fh.write(b"\0" * (-size % tarfile.BLOCKSIZE))
+
+    def close(self) -> None:
+        self.fh.write(b"\0" * (2 * tarfile.BLOCKSIZE))  # end-of-archive marker
+        size = self.fh.tell()
+        self.fh.close()
+        write_sidecar(self.path, size, self.members)
+
+
+def write_shards(
+    samples: Iterator[dict], pattern: str, max_samples: int, max_bytes: int
+) -> list[dict]:
+    """Stream samples into ``pattern % n`` shards, each closed at ``max_samples`` samples or
+    ``max_bytes`` bytes; returns [{path, samples, bytes, keys}] per shard. Memory holds one
+    sample."""
+    shards: list[dict] = []
+    sink: TarShard | None = None
+    count = size = 0
+    keys: list[str] = []
+
+    def close() -> None:
+        nonlocal sink
+        assert sink is not None
+        sink.close()
+        path = Path(pattern % len(shards))
+        shards.append(
+            {"path": str(path), "samples": count, "bytes": path.stat().st_size, "keys": keys[:]}
+        )
+        sink = None
+
+    for sample in samples:
+        if sink is None:
+            sink, count, size = TarShard(pattern % len(shards)), 0, 0
+            keys.clear()
+        sink.write(sample)
+        keys.append(sample["__key__"])
+        count += 1
+        size += sum(payload_size(v) for k, v in sample.items() if k != "__key__")
+        if count >= max_samples or size >= max_bytes:
+            close()
+    if sink is not None:
+        close()
+    return shards
