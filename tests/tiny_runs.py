@@ -20,7 +20,7 @@ from conftest import CLASSES_CSV, REPO, TinyDemo
 from emb.classes import load_class_map
 from emb.loading.batches import LoaderSpec, shard_sample_counts, train_batches
 from emb.loading.dequantize import Dequantize
-from emb.models import build_model
+from emb.models import ModelConfig, build_model
 from emb.prep.channel_stats import main as channel_stats_main
 from emb.training import checkpoint
 from emb.training.config import TrainConfig
@@ -46,7 +46,11 @@ def resolved_config(demo: TinyDemo, root: Path, source: str, arch: str) -> dict:
         if not (stats / "channel_mean.npy").exists():
             channel_stats_main(["--manifest", str(demo.manifests[source]), "--out-dir", str(stats)])
         overrides.append(f"data.stats_dir={stats}")
-    return resolve(files, overrides, REPO / "workflow/schemas/train.schema.yaml")
+    config = resolve(files, overrides, REPO / "workflow/schemas/train.schema.yaml")
+    model = ModelConfig(**config["model"]).for_tile(demo.manifest(source)["tile_size"])
+    if model.aspp_rates is not None:  # DeepLab: the rates training records (loop.build_config)
+        config["model"]["aspp_rates"] = list(model.aspp_rates)
+    return config
 
 
 def fit(config: dict, steps: int, seed: int = 0) -> list[dict[str, torch.Tensor]]:

@@ -3,16 +3,22 @@ signal or kill one rank, and compare checkpoints bitwise."""
 
 from __future__ import annotations
 
+import json
 import re
+import signal
 import subprocess
 import time
 from pathlib import Path
 
 import psutil
+import pytest
 import torch
 from conftest import REPO, TinyDemo, venv_env
 
 from emb.training import checkpoint
+from emb.training.config import load
+from emb.training.loop import Stopped, run
+from emb.training.stop import StopRequest
 from emb.training.train_config import main as resolve_config_main
 
 
@@ -35,6 +41,35 @@ def resolve_config(
         *[arg for s in sets for arg in ("--set", s)],
     ])  # fmt: skip
     return config
+
+
+def train_here(config: Path, stop: StopRequest | None = None) -> dict:
+    """Train ``config`` in this process (world size 1); returns the ``train.json`` summary."""
+    return run(load(config), config.parent, 0, 1, torch.device("cpu"), stop)
+
+
+def interrupt(config: Path) -> int:
+    """Start ``config`` in this process and stop it after its first step as SIGUSR1 would:
+    an interrupted run (``last.pt`` written, not finished). Returns the step it stopped at."""
+    stop = StopRequest()
+    stop.signal = signal.SIGUSR1
+    with pytest.raises(Stopped):
+        train_here(config, stop)
+    return checkpoint.load(config.parent / "last.pt")["step"]
+
+
+def manifest_with_val(demo: TinyDemo, out: Path, shards: list[int], source: str = "aef") -> Path:
+    """The tiny demo's manifest with its validation split made of the val shards at positions
+    ``shards`` (repeats allowed): one shard for two ranks, or a validation longer than an
+    epoch of training."""
+    manifest = demo.manifest(source)
+    val = manifest["splits"]["val"]
+    picked = {key: [val[key][i] for i in shards] for key in ("shards", "shard_samples",
+                                                              "shard_keys")}  # fmt: skip
+    val.update(picked, samples=sum(picked["shard_samples"]), tiles=sum(picked["shard_samples"]))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(manifest))
+    return out
 
 
 def torchrun(config: Path, nproc: int = 2) -> list[str]:

@@ -1,5 +1,10 @@
-"""Run under torchrun by test_train_runs.py: validate one checkpoint on the val split with
-WORLD_SIZE ranks (gloo) and write rank 0's figures as JSON. Usage: CKPT OUT."""
+"""Run under torchrun by the training tests: validate one checkpoint on the val split with
+WORLD_SIZE ranks (gloo) and write rank 0's figures as JSON. Usage: CKPT OUT [--as-trained].
+
+By default the raw weights are validated in batches of 3 without the BatchNorm guards;
+``--as-trained`` validates as the run's own validator did (its batch size, both weight sets,
+``val_bn_batch_stats`` and ``val_min_batch``), so its figures can be held against history.csv.
+"""
 
 from __future__ import annotations
 
@@ -21,13 +26,16 @@ from emb.training.loss import HierarchyTargets, MultiHeadLoss
 from emb.training.trainer import Trainer
 
 
-def main(ckpt: Path, out: Path) -> None:
+def main(ckpt: Path, out: Path, as_trained: bool = False) -> None:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo")
     state = checkpoint.load(ckpt)
     cfg = TrainConfig.from_dict(state["config"])
-    model = build_model(cfg.model)
-    model.load_state_dict(state["model"])
+    models = {}
+    for name in ("ema", "raw") if as_trained and state.get("ema") is not None else ("raw",):
+        models[name] = build_model(cfg.model)
+        models[name].load_state_dict(state["ema" if name == "ema" else "model"])
+    model = models["raw"]
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     trainer = Trainer(
         model, MultiHeadLoss(cfg.loss.weights, cfg.loss.label_smoothing),
@@ -36,13 +44,17 @@ def main(ckpt: Path, out: Path) -> None:
         precision="fp32",
     )  # fmt: skip
     val = json.loads(Path(cfg.data.manifest).read_text())["splits"]["val"]
-    spec = LoaderSpec(cfg.data.source, cfg.model.in_dim, batch_size=3)
+    spec = LoaderSpec(cfg.data.source, cfg.model.in_dim, cfg.train.batch_size if as_trained else 3)
     batches = eval_batches(val["shards"], spec, rank, world, shard_sample_counts(val))
-    figures = trainer.validate(batches, {"raw": model})
+    if as_trained:
+        loop = cfg.train
+        figures = trainer.validate(batches, models, loop.val_bn_batch_stats, loop.val_min_batch)
+    else:
+        figures = trainer.validate(batches, {"raw": model})
     if rank == 0:
         out.write_text(json.dumps(figures))
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), Path(sys.argv[2]))
+    main(Path(sys.argv[1]), Path(sys.argv[2]), "--as-trained" in sys.argv[3:])

@@ -45,7 +45,8 @@ def test_disk_full_during_a_save_keeps_the_previous_checkpoint_and_says_so(
     run_dir = small_disk / f"run{trial}"
     first = run(resolve_config(tiny_demo, run_dir, *QUIET, "train.max_updates=2"))
     assert first.returncode == 0, first.stderr[-3000:]
-    resolve_config(tiny_demo, run_dir, *QUIET, "train.max_updates=6")  # the job, resubmitted
+    resume = f"train.resume_from={run_dir / 'last.pt'}"  # continue the finished short run
+    resolve_config(tiny_demo, run_dir, *QUIET, "train.max_updates=6", resume)  # resubmitted
     before = tree_hashes(run_dir)
     fill(small_disk, leave=(run_dir / "last.pt").stat().st_size // 2)  # < one checkpoint
     second = run(run_dir / "config.yaml")

@@ -562,7 +562,9 @@ def _(env):
 
 @case("checkpoint: written by an incompatible config")
 def _(env):
-    return train_stage(run_config(env, "model.decoder_dim=24")), [
+    # the good run is finished: resuming it is asked for explicitly (a rerun would retrain)
+    resume = f"train.resume_from={env.run_dir / 'last.pt'}"
+    return train_stage(run_config(env, "model.decoder_dim=24", resume)), [
         "last.pt",
         "incompatible config",
         "model.decoder_dim: checkpoint 16, config 24",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import signal
 import subprocess
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 from conftest import TinyDemo, venv_env
 from training_runs import (
     assert_bitwise_equal,
+    manifest_with_val,
     resolve_config,
     resumable_state,
     run_to_end,
@@ -113,3 +115,23 @@ def test_time_limit_stops_with_a_checkpoint_and_a_rerun_completes(
               if line.startswith("step ")]  # fmt: skip
     assert logged == list(range(1, stopped_at + 6))  # continuous: nothing lost, nothing twice
     assert json.loads((run_dir / "train.json").read_text())["steps"] == stopped_at + 5
+
+
+def test_time_limit_stops_before_a_validation_that_would_run_past_it(
+    tiny_demo: TinyDemo, tmp_path: Path
+) -> None:
+    """A validation split ~300 times the training epoch: the end-of-epoch validation takes far
+    longer than the 12 s limit. The stop must come before it, not after it (an overrun)."""
+    manifest = manifest_with_val(tiny_demo, tmp_path / "long_val.json", [0, 1] * 1000)
+    run_dir = tmp_path / "run"
+    config = resolve_config(
+        tiny_demo, run_dir, "train.max_updates=100000", "train.patience=100000",
+        f"data.manifest={manifest}", "train.time_limit_s=12", "train.stop_margin_s=0",
+    )  # fmt: skip
+    cmd = ["python", "-m", "emb.training.train", "--config", str(config)]
+    done = subprocess.run(cmd, env=venv_env(), capture_output=True, text=True, timeout=600)
+    assert done.returncode == EXIT_STOPPED, done.stdout[-2000:] + done.stderr[-2000:]
+    reason = json.loads((run_dir / "ranks" / "rank0.stopped.json").read_text())["reason"]
+    assert not (run_dir / "history.csv").exists(), reason  # no validation was started ...
+    left = re.match(r"deadline in (-?\d+) s \(step [\d.]+ s, validation ([\d.]+) s", reason)
+    assert left and 0 <= int(left.group(1)) < float(left.group(2)), reason  # ... for want of time

@@ -10,18 +10,15 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import TinyDemo, venv_env
-from training_runs import resolve_config
+from training_runs import assert_bitwise_equal, interrupt, resolve_config, train_here
 
 from emb.training import checkpoint
 from emb.training.checkpoint import CheckpointError
 from emb.training.config import load
-from emb.training.loop import run
+from emb.training.loop import build_loop, run
+from emb.training.stop import StopRequest
 
 ALLOWED = (torch.Tensor, int, float, bool, str, type(None))
-
-
-def train_here(config: Path) -> dict:
-    return run(load(config), config.parent, 0, 1, torch.device("cpu"))
 
 
 def plain_types_only(value, where: str = "state") -> None:
@@ -80,20 +77,49 @@ def test_restart_false_with_init_from_loads_weights_only(finished, tiny_demo, tm
     )  # fmt: skip
     cfg = load(config)
     (tmp_path / "tuned" / "last.pt").write_bytes(b"ignored: restart is false")
+    loop = build_loop(cfg, config.parent, 0, 1, torch.device("cpu"), StopRequest())
+    loop.log.close()
+    source = checkpoint.load(source_dir / "best.pt")  # selected by its EMA weights
+    assert_bitwise_equal(loop.trainer.model.state_dict(), source["ema"], "model")
+    assert_bitwise_equal(loop.trainer.ema.module.state_dict(), source["ema"], "ema")
+    assert loop.trainer.step == 0 and loop.trainer.optimizer.state_dict()["state"] == {}
     summary = run(cfg, config.parent, 0, 1, torch.device("cpu"))
     state = checkpoint.load(tmp_path / "tuned" / "last.pt")
     assert state["step"] == summary["steps"] < 2 * summary["steps"] + 1  # a fresh schedule
     assert state["loader"] == {"epoch": 1, "batch": 0}
 
 
-def test_resume_refuses_a_checkpoint_of_another_model(finished, tiny_demo, tmp_path) -> None:
-    source_dir, _ = finished
+@pytest.fixture(scope="module")
+def interrupted(tiny_demo: TinyDemo, tmp_path_factory) -> Path:
+    """A run stopped after its first step (as by SIGUSR1): its last.pt is to be resumed."""
+    run_dir = tmp_path_factory.mktemp("interrupted") / "run"
+    interrupt(resolve_config(tiny_demo, run_dir, "train.epochs=1"))
+    return run_dir
+
+
+def test_resume_refuses_a_checkpoint_of_another_model(interrupted, tiny_demo, tmp_path) -> None:
+    source_dir = interrupted
     run_dir = tmp_path / "other"
     config = resolve_config(tiny_demo, run_dir, "train.epochs=1", "model.decoder_dim=24")
     run_dir.joinpath("last.pt").write_bytes((source_dir / "last.pt").read_bytes())
     with pytest.raises(CheckpointError, match=r"model\.decoder_dim: checkpoint 16, config 24"):
         train_here(config)
     assert (run_dir / "last.pt").read_bytes() == (source_dir / "last.pt").read_bytes()
+
+
+def test_early_stopping_ends_the_run_after_patience_validations_without_gain(
+    tiny_demo, tmp_path
+) -> None:
+    # An lr too small to move a weight: validation figures never rise after the first.
+    config = resolve_config(
+        tiny_demo, tmp_path / "run", "train.max_updates=50", "train.val_every_updates=1",
+        "train.patience=3", "optimizer.lr=1.0e-12", "schedule.warmup_steps=0",
+    )  # fmt: skip
+    summary = train_here(config)
+    steps = [int(r.split(",")[1]) for r in (tmp_path / "run/history.csv").read_text().split()[1:]]
+    assert summary["steps"] == 4 and steps == [1, 2, 3, 4]
+    state = checkpoint.load(tmp_path / "run" / "last.pt")
+    assert state["early_stop"]["bad"] == 3 and state["finished"]
 
 
 def test_max_updates_and_validation_every_n_updates(tiny_demo, tmp_path) -> None:

@@ -146,6 +146,22 @@ def test_ema_buffers_equal_model_buffers_and_parameters_lag(class_map) -> None:
     assert trainer.ema.updates == 4
 
 
+@pytest.mark.parametrize("clip", [0.01, 1e9])
+def test_gradient_clipping_bounds_the_update_to_grad_clip(class_map, clip: float) -> None:
+    """SGD moves the weights by lr x the gradient: by lr x grad_clip when the gradient's norm
+    (reported before clipping) is larger, by lr x that norm when it is not."""
+    torch.manual_seed(0)
+    model = GroupNormNet()
+    before = [p.detach().clone() for p in model.parameters()]
+    trainer = make_trainer(model, class_map, lr=1.0, optimizer=torch.optim.SGD, grad_clip=clip)
+    lr = trainer.optimizer.param_groups[0]["lr"]
+    result = trainer.train_step([compact_batch(4, seed=1)])
+    after = list(model.parameters())
+    moved = torch.cat([(p.detach() - b).flatten() for p, b in zip(after, before, strict=True)])
+    assert result.applied and 0.01 < result.grad_norm < 1e9
+    assert float(moved.norm()) == pytest.approx(lr * min(clip, result.grad_norm), rel=1e-4)
+
+
 def test_bf16_has_no_grad_scaler_and_fp16_has_one(class_map) -> None:
     assert make_trainer(GroupNormNet(), class_map, precision="bf16").scaler is None
     assert make_trainer(GroupNormNet(), class_map, precision="fp32").scaler is None
@@ -375,3 +391,14 @@ def test_stop_request_from_a_signal_and_from_a_deadline() -> None:
     timed.record_step(5.0)
     assert timed.reason(now=980.0) is None  # 980 + 5 <= 990
     assert "deadline" in timed.reason(now=986.0)  # 986 + 5 > 990
+
+
+def test_the_deadline_budgets_the_validation_that_follows_the_next_step() -> None:
+    stop = StopRequest(deadline=1000.0, margin_s=10.0)
+    stop.record_step(5.0)
+    stop.validation_steps = 4  # before one is timed: about 4 steps (from the split's size)
+    assert stop.reason(now=970.0) is None  # no validation ahead: 970 + 5 <= 990
+    assert "validation 20.0 s" in stop.reason(now=970.0, validation=True)  # 970 + 5 + 20 > 990
+    stop.record_validation(2.0)  # timed: the longest validation so far counts
+    assert stop.reason(now=980.0, validation=True) is None  # 980 + 5 + 2 <= 990
+    assert "deadline in 16 s" in stop.reason(now=984.0, validation=True)  # 984 + 5 + 2 > 990

@@ -29,17 +29,56 @@ except RegionsError as err:
 
 RUNS = config["runs"]
 TRAIN_SCHEMA = str(Path(workflow.basedir) / "workflow/schemas/train.schema.yaml")
+DEMO_OVERLAY = "config/train/demo.yaml"
+
+
+def profile_resource(rule, name):
+    """A resource of ``rule`` as the profile sets it (set-resources, default-resources), or
+    None: read while the workflow is parsed, so its files are checked before any job."""
+    settings = workflow.resource_settings
+    for given in (
+        settings.overwrite_resources.get(rule, {}),
+        settings.default_resources or {},
+    ):
+        if name in given:
+            return getattr(given[name], "raw", given[name])
+    return None
+
+
+def run_source(run):
+    """The run's ``data.source``, from its own file (what decides the demo overlay)."""
+    files = [Path("config/train/defaults.yaml"), Path(f"config/train/{run}.yaml")]
+    try:
+        return resolve(files, [], Path(TRAIN_SCHEMA))["data"]["source"]
+    except (ConfigError, FileNotFoundError, WorkflowError) as err:
+        raise WorkflowError(f"train config of run {run!r}: {err}") from None
+
+
+def is_demo_data(source):
+    """Every region with a ``source`` raster is a synthesized demo region."""
+    rasters = [REGIONS.loc[r, source] for r in regions_of(source)]
+    return bool(rasters) and all(path in DEMO_FILES for path in rasters)
 
 
 def train_config_files(run):
-    return [
+    """defaults <- run <- the demo overlay (demo data only) <- train_overlays <- the profile's
+    cluster overlay (its ``train_config: train_overlay`` resource)."""
+    demo = [DEMO_OVERLAY] if is_demo_data(RUN_SOURCE[run]) else []
+    cluster = profile_resource("train_config", "train_overlay")
+    files = [
         "config/train/defaults.yaml",
         f"config/train/{run}.yaml",
+        *demo,
         *config["train_overlays"],
+        *([str(cluster)] if cluster else []),
     ]
+    # A file listed twice (the demo overlay in train_overlays too) is merged once.
+    return list(dict.fromkeys(files))
 
 
 def resolved_train_config(run):
+    """The run's config as the train_config job will resolve it: every file checked against
+    the schema (errors name the file and the key) before any job starts."""
     try:
         return resolve(
             [Path(f) for f in train_config_files(run)], [], Path(TRAIN_SCHEMA)
@@ -48,18 +87,25 @@ def resolved_train_config(run):
         raise WorkflowError(f"train config of run {run!r}: {err}") from None
 
 
+def regions_of(source):
+    return [r for r in REGIONS.index if REGIONS.loc[r, source]]
+
+
+RUN_SOURCE = {run: run_source(run) for run in RUNS}
 RUN_CONFIG = {run: resolved_train_config(run) for run in RUNS}
-RUN_SOURCE = {run: cfg["data"]["source"] for run, cfg in RUN_CONFIG.items()}
+for run, cfg in RUN_CONFIG.items():
+    if cfg["data"]["source"] != RUN_SOURCE[run]:
+        raise WorkflowError(
+            f"train config of run {run!r}: data.source: expected the run file's "
+            f"{RUN_SOURCE[run]!r} (config/train/{run}.yaml), found "
+            f"{cfg['data']['source']!r} after the overlays {train_config_files(run)[2:]}"
+        )
 
 
 wildcard_constraints:
     source="aef|tessera",
     region="|".join(REGIONS.index),
     run="|".join(RUNS),
-
-
-def regions_of(source):
-    return [r for r in REGIONS.index if REGIONS.loc[r, source]]
 
 
 def get_emb(wildcards):
@@ -82,7 +128,8 @@ def get_region_indexes(wildcards):
 
 
 def loader_workers(wildcards):
-    """The most data-loader workers any run of this source asks for (shard-count warning)."""
+    """The most reader threads per rank any run of this source asks for, cluster overlay
+    included (the manifest's shard-count check)."""
     return max(
         [
             c["train"]["num_workers"]
@@ -91,6 +138,18 @@ def loader_workers(wildcards):
         ],
         default=0,
     )
+
+
+def training_ranks(wildcards):
+    """Processes of one training job as the profile submits it (nodes x tasks_per_node of
+    the train job's resources), for the manifest's shard-count check."""
+    resources = rules.train.rule.resources
+    counts = {key: resources[key].raw for key in ("nodes", "tasks_per_node")}
+    if not all(isinstance(v, int) for v in counts.values()):
+        raise WorkflowError(
+            f"train job's resources nodes and tasks_per_node: expected integers, found {counts}"
+        )
+    return counts["nodes"] * counts["tasks_per_node"]
 
 
 def get_run_inputs(wildcards):

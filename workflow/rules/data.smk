@@ -69,7 +69,7 @@ rule manifest:
         mem_mb=1000,
         runtime=10,
     params:
-        ranks=config["launch"]["nproc_per_node"],
+        ranks=training_ranks,  # as rule train is submitted under this profile
         workers=loader_workers,
     shell:
         "python -m emb.prep.manifest {input} --out {output} --ranks {params.ranks}"

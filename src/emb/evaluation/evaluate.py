@@ -5,7 +5,7 @@ trained) and, when the checkpoint holds one, ``ema`` (its moving average). Every
 from an exact integer confusion matrix per level (rows = reference, columns = prediction;
 pixels labelled 255 never count), stored in ``metrics.json`` so that anyone can recompute it.
 The top-level ``miou_l3``, ``f1_l1``, ``oa_l2``, ... keys (what ``summary.csv`` shows) are
-those of the weights the checkpoint was selected for: EMA when present, else raw.
+those of the weights ``ema.select_best_by`` chose the checkpoint by (raw without EMA).
 
 Outputs: ``metrics.json``, ``per_class.csv`` (one row per weight set, level and class),
 ``confusion_l{1,2,3}.png`` (row-normalized) and ``iou.png`` (per-class IoU bars).

@@ -2,8 +2,10 @@
 
 Loading goes through :func:`~emb.training.checkpoint.load` only. The weight sets are ``raw``
 (the model as trained) and, when the checkpoint holds one, ``ema`` (its moving average); the
-run's best checkpoint stands for EMA when present. Every mismatch between checkpoint, data and
-class table is an error naming the file, the expected and the found value.
+run's best checkpoint stands for the set its run selected it by (``ema.select_best_by``: EMA
+unless ``raw``, and raw without EMA weights), and evaluation, prediction and the summary report
+that set. Every mismatch between checkpoint, data and class table is an error naming the file,
+the expected and the found value.
 """
 
 from __future__ import annotations
@@ -42,8 +44,9 @@ class TrainedRun:
 
     @property
     def selected(self) -> str:
-        """The weight set the best checkpoint stands for: EMA when present, else raw."""
-        return "ema" if "ema" in self.weights else "raw"
+        """The weight set the best checkpoint was selected by (``ema.select_best_by``)."""
+        chosen = self.cfg.ema.select_best_by
+        return "ema" if chosen == "ema" and "ema" in self.weights else "raw"
 
     def model(self, weights: str, device: torch.device | None = None) -> nn.Module:
         """The model with weight set ``weights`` loaded, in eval mode, on ``device``."""

@@ -14,12 +14,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from emb.models import OUTPUT_STRIDE
 from emb.models.blocks import DropPath, Heads, LayerNorm2d, drop_path_rates
 
 if TYPE_CHECKING:
     from emb.models import ModelConfig
 
-OUTPUT_STRIDE = 16
 LOW_LEVEL_DIM = 48
 
 

@@ -185,17 +185,60 @@ def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def check_compatible(saved: dict, current: dict, path: Path) -> None:
-    """Refuse a checkpoint whose model or data source differs from the current config."""
+ARCH_KEYS = ("model.", "data.source")  # a checkpoint's weights fit the model only if equal
+# What a resume must find unchanged: every key that changes the math of the next steps. Run
+# length (epochs, max_updates), patience, checkpoints, workers and logging may change.
+RESUME_KEYS = (
+    "model.", "data.", "loss.", "optimizer.", "schedule.", "ema.enabled", "ema.decay",
+    "train.batch_size", "train.accumulation", "train.lr_scaling", "train.reference_batch",
+    "train.grad_clip", "train.precision", "train.seed",
+)  # fmt: skip
+
+
+def differing_keys(saved: dict, current: dict, prefixes: tuple[str, ...]) -> list[str]:
+    """Flat keys starting with one of ``prefixes`` whose values differ between two configs."""
     old, new = _flatten(saved), _flatten(current)
-    keys = sorted(
+    return sorted(
         k
         for k in set(old) | set(new)
-        if k.startswith(("model.", "data.source")) and _norm(old.get(k)) != _norm(new.get(k))
+        if k.startswith(prefixes) and _norm(old.get(k)) != _norm(new.get(k))
     )
-    if keys:
-        diffs = "; ".join(f"{k}: checkpoint {old.get(k)!r}, config {new.get(k)!r}" for k in keys)
+
+
+def _differences(saved: dict, current: dict, keys: list[str]) -> str:
+    old, new = _flatten(saved), _flatten(current)
+    return "; ".join(f"{k}: checkpoint {old.get(k)!r}, config {new.get(k)!r}" for k in keys)
+
+
+def check_compatible(saved: dict, current: dict, path: Path) -> None:
+    """Refuse a checkpoint whose model or data source differs from the current config."""
+    if keys := differing_keys(saved, current, ARCH_KEYS):
+        diffs = _differences(saved, current, keys)
         raise CheckpointError(f"{path}: written by an incompatible config ({diffs})")
+
+
+def check_resumable(state: dict, current: dict, global_batch: int, path: Path) -> None:
+    """Refuse to resume from ``state`` when a key that changes the training's math differs
+    (a resume with a new learning rate would step on the old schedule), naming the keys."""
+    keys = differing_keys(state["config"], current, RESUME_KEYS)
+    diffs = _differences(state["config"], current, keys)
+    if state.get("global_batch", global_batch) != global_batch:
+        keys.append("global batch")
+        diffs += f"{'; ' if diffs else ''}global batch: checkpoint {state['global_batch']}, "
+        diffs += f"run {global_batch} (ranks x batch_size x accumulation)"
+    if keys:
+        raise CheckpointError(
+            f"{path}: cannot resume: written by an incompatible config ({diffs}); these keys "
+            "change what the next steps compute: restore them, or set train.restart: false to "
+            "start over (train.init_from fine-tunes from its weights)"
+        )
+
+
+def selected_weights(state: dict) -> str:
+    """The weight set a checkpoint stands for: its run's ``ema.select_best_by`` (raw without
+    EMA weights). Evaluation, prediction and fine-tuning all take this one."""
+    chosen = state.get("config", {}).get("ema", {}).get("select_best_by", "ema")
+    return "ema" if chosen == "ema" and state.get("ema") is not None else "raw"
 
 
 def _norm(value: Any) -> Any:

@@ -2,12 +2,15 @@
 
 A checkpoint is the union of its parts' ``state_dict()``s (the trainer: weights, optimizer,
 schedule, scaler, counters; the EMA; the loop position: loader and early stopping) plus the
-RNG state and the run's identity (config, world size, global batch). Only rank 0 writes; every
+RNG state, the run's identity (config, world size, global batch) and ``finished``: true only
+when the run had nothing left to do (its last validation done), so that a rerun of a finished
+run starts over instead of resuming it (:mod:`emb.training.start`). Only rank 0 writes; every
 write goes through :func:`emb.training.checkpoint.save` (atomic, with a sha256 sidecar).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
@@ -40,14 +43,16 @@ class Checkpointer:
         *,
         save_every_epochs: int = 0,
         every_updates: int = 0,
+        finished: Callable[[], bool] = lambda: False,
     ) -> None:
         self.run_dir, self.rank = run_dir, rank
         self.trainer, self.ema, self.position = trainer, ema, position
         self.identity = identity  # {"world", "global_batch", "config"}
         self.save_every_epochs, self.every_updates = save_every_epochs, every_updates
+        self.finished = finished  # nothing left to train and the final state validated
         self.last = run_dir / "last.pt"
 
-    def state(self) -> dict[str, Any]:
+    def state(self, finished: bool | None = None) -> dict[str, Any]:
         """Everything a resume needs, as tensors and plain types (loadable with weights_only)."""
         ema = self.ema.state_dict() if self.ema is not None else {"ema": None, "ema_updates": 0}
         return {
@@ -57,14 +62,16 @@ class Checkpointer:
             **self.position.state_dict(),
             "rng": checkpoint.rng_state(),
             **self.identity,
+            "finished": self.finished() if finished is None else finished,
             "saved_at": datetime.now().isoformat(timespec="seconds"),
         }
 
-    def save(self, *names: str) -> None:
-        """Write the current state under each of ``names`` (rank 0 only)."""
+    def save(self, *names: str, finished: bool | None = None) -> None:
+        """Write the current state under each of ``names`` (rank 0 only); ``finished`` False
+        for a stop's save, which a retry must resume whatever the state."""
         if self.rank != 0 or not names:
             return
-        state = self.state()
+        state = self.state(finished)
         for name in names:
             checkpoint.save(self.run_dir / name, state)
 
@@ -85,12 +92,14 @@ class Checkpointer:
         """Temporary files of writes that a killed process left (rank 0 removes them)."""
         return checkpoint.clean_leftovers(self.run_dir) if self.rank == 0 else []
 
-    def resume(self, path: Path) -> None:
-        """Restore everything from ``path``: weights, optimizer, schedule, EMA, RNG, position."""
-        state = checkpoint.load(path)
-        checkpoint.check_compatible(state["config"], self.identity["config"], path)
-        if "optimizer" not in state or "loader" not in state:
+    def resume(self, path: Path, state: dict[str, Any]) -> None:
+        """Restore everything from ``state`` (read from ``path``): weights, optimizer, schedule,
+        EMA, RNG, position; refused when a key that changes the math differs."""
+        if "optimizer" not in state or "loader" not in state or "config" not in state:
             raise CheckpointError(f"{path}: holds weights only; it cannot be resumed")
+        checkpoint.check_resumable(
+            state, self.identity["config"], self.identity["global_batch"], path
+        )
         self.trainer.load_state_dict(state)
         if self.ema is not None:
             if state.get("ema") is None:
@@ -99,10 +108,17 @@ class Checkpointer:
         checkpoint.set_rng_state(state["rng"])
         self.position.load_state_dict(state)
 
-    def init_weights(self, path: Path) -> None:
-        """Weights only (fine-tuning): a fresh optimizer, schedule and position."""
+    def init_weights(self, path: Path) -> str:
+        """Weights only (fine-tuning): the weight set ``path`` stands for (its run's
+        ``ema.select_best_by``, as evaluation takes it), a fresh optimizer, schedule and
+        position. Returns the name of the set."""
         state = checkpoint.load(path)
+        if "config" not in state:
+            raise CheckpointError(f"{path}: has no 'config' (not written by emb.training)")
         checkpoint.check_compatible(state["config"], self.identity["config"], path)
-        checkpoint.unwrap(self.trainer.model).load_state_dict(state["model"])
+        chosen = checkpoint.selected_weights(state)
+        weights = state["ema"] if chosen == "ema" else state["model"]
+        checkpoint.unwrap(self.trainer.model).load_state_dict(weights)
         if self.ema is not None:
-            self.ema.module.load_state_dict(state["model"])
+            self.ema.module.load_state_dict(weights)
+        return chosen

@@ -2,7 +2,8 @@
 
 The schema (``workflow/schemas/train.schema.yaml``) holds every default; the dataclasses repeat
 them only so that pure code and tests can build a config without the schema, and
-``tests/training/test_config.py`` proves the two agree. They reject unknown keys a second time.
+``tests/training/test_config_defaults.py`` proves the two agree. They reject unknown keys a
+second time.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ class ScheduleConfig:
 @dataclass(frozen=True)
 class EmaConfig:
     enabled: bool = True
-    decay: float = 0.999
+    decay: float = 0.9999
     select_best_by: str = "ema"  # ema | raw
 
 
@@ -99,10 +100,10 @@ class LoopConfig:
     nonfinite_policy: str = "skip"  # skip | stop
     max_nonfinite_in_row: int = 5
     val_every_updates: int | None = None
-    val_bn_batch_stats: bool = False
-    val_min_batch: int = 1
+    val_bn_batch_stats: bool = True
+    val_min_batch: int = 2
     patience: int = 15
-    save_every: int = 0
+    save_every: int = 10
     checkpoint_every_updates: int = 0
     time_limit_s: float | None = None
     stop_margin_s: float = 120.0
@@ -111,10 +112,21 @@ class LoopConfig:
     num_workers: int = 4
     shuffle_buffer: int = 256
     restart: bool = True
+    resume_from: str = "last"  # last | best | epoch_N | a checkpoint path
     init_from: str | None = None
 
     def __post_init__(self) -> None:
         check_grad_scaler(self.precision, self.grad_scaler)
+        if self.resume_from.startswith("epoch_") and not self.resume_from[6:].isdigit():
+            raise ConfigError(
+                f"train.resume_from: expected last, best, epoch_N (N an epoch number) or a "
+                f"checkpoint path, found {self.resume_from!r}"
+            )
+        if not self.restart and self.resume_from != "last":
+            raise ConfigError(
+                f"train.resume_from: {self.resume_from!r} resumes, but train.restart is false "
+                "(start over); expected resume_from: last with restart: false"
+            )
 
     @property
     def uses_grad_scaler(self) -> bool:

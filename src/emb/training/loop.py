@@ -7,7 +7,6 @@ raises :class:`Stopped` (every rank stopped on purpose with ``last.pt`` written)
 from __future__ import annotations
 
 import hashlib
-import math
 import time
 from dataclasses import dataclass
 from functools import partial
@@ -23,7 +22,6 @@ from emb.loading.batches import (
     shard_sample_counts,
     shards_for_rank,
     train_batches,
-    train_steps_per_epoch,
 )
 from emb.loading.dequantize import Dequantize
 from emb.models import build_model
@@ -34,8 +32,10 @@ from emb.training.config import ConfigError, TrainConfig
 from emb.training.distributed import any_rank, barrier, wrap_model
 from emb.training.ema import ModelEma
 from emb.training.loss import HierarchyTargets, MultiHeadLoss, class_weights_from_histogram
+from emb.training.plan import Plan, build_plan, validation_steps
 from emb.training.run_log import KeyRecord, RunLog
-from emb.training.schedule import scaled_lr, warmup_cosine
+from emb.training.schedule import warmup_cosine
+from emb.training.start import begin
 from emb.training.stop import StopRequest
 from emb.training.trainer import Trainer
 from emb.training.validator import Position, Validator
@@ -43,20 +43,6 @@ from emb.training.validator import Position, Validator
 
 class Stopped(Exception):
     """Every rank stopped early on purpose, with ``last.pt`` written."""
-
-
-@dataclass(frozen=True)
-class Plan:
-    """Batch sizes, learning rate and step counts, from the config, the data and the world."""
-
-    batch: int
-    accumulation: int
-    global_batch: int
-    lr: float
-    micro_per_epoch: int
-    updates_per_epoch: int
-    total: int
-    epochs: float  # math.inf when train.max_updates bounds the run
 
 
 @dataclass
@@ -89,26 +75,36 @@ def parameter_digest(model: torch.nn.Module) -> str:
 
 
 def build_manifest(cfg: TrainConfig) -> dict:
+    """The run's manifest, checked against the model and with every shard present (before a
+    start can set an earlier run aside)."""
     manifest = read_manifest(Path(cfg.data.manifest))
     if manifest["in_dim"] != cfg.model.in_dim:
         raise ConfigError(
             f"{cfg.data.manifest}: in_dim is {manifest['in_dim']}, "
             f"but model.in_dim is {cfg.model.in_dim}"
         )
+    for split in ("train", "val"):
+        missing = [s for s in manifest["splits"][split]["shards"] if not Path(s).is_file()]
+        if missing:
+            raise ValueError(
+                f"{cfg.data.manifest}: the {split} split lists {len(missing)} shard(s) that do "
+                f"not exist, e.g. {missing[0]}; rebuild the shards (snakemake --forcerun shards)"
+            )
     return manifest
 
 
-def build_plan(cfg: TrainConfig, train_samples: int, world: int) -> Plan:
-    loop = cfg.train
-    global_batch = loop.batch_size * loop.accumulation * world
-    lr = scaled_lr(cfg.optimizer.lr, loop.lr_scaling, global_batch, loop.reference_batch)
-    micro = train_steps_per_epoch(train_samples, loop.batch_size, world)
-    updates = math.ceil(micro / loop.accumulation)
-    return Plan(
-        loop.batch_size, loop.accumulation, global_batch, lr, micro, updates,
-        total=loop.max_updates or loop.epochs * updates,
-        epochs=math.inf if loop.max_updates else loop.epochs,
-    )  # fmt: skip
+def build_config(cfg: TrainConfig, tile_size: int | None, run_dir: Path) -> TrainConfig:
+    """``cfg`` with DeepLab's ``model.aspp_rates`` fixed for the tiles (derived when null,
+    refused when they would read only padding), so checkpoints record what was built."""
+    if cfg.model.arch != "deeplab" or tile_size is None:
+        return cfg
+    try:
+        model = cfg.model.for_tile(int(tile_size))
+    except ValueError as err:
+        raise ConfigError(
+            f"{run_dir / 'config.yaml'}: model.{err} ({cfg.data.manifest}: tile_size {tile_size})"
+        ) from None
+    return cfg.with_value("model", "aspp_rates", list(model.aspp_rates))
 
 
 def build_trainer(
@@ -156,20 +152,27 @@ def build_loop(
     cfg: TrainConfig, run_dir: Path, rank: int, world: int, device: torch.device,
     stop: StopRequest,
 ) -> Loop:  # fmt: skip
-    """Everything the loop needs, restored from ``last.pt`` (or ``train.init_from``) if asked."""
-    log = RunLog(run_dir, rank, cfg)
+    """Everything the loop needs, checked, then started as :mod:`emb.training.start` decides
+    (resumed, fresh or fine-tuned); files are written only after that."""
     manifest = build_manifest(cfg)
+    cfg = build_config(cfg, manifest.get("tile_size"), run_dir)
     train, val = manifest["splits"]["train"], manifest["splits"]["val"]
     plan = build_plan(cfg, train["samples"], world)
     trainer, ema = build_trainer(cfg, plan, train["class_hist"], world, device)
-    log.plan(plan, cfg, world, device, trainer)
     position = Position()
     identity = {"world": world, "global_batch": plan.global_batch, "config": cfg.resolved}
     checkpointer = Checkpointer(
         run_dir, rank, trainer, ema, position, identity,
         save_every_epochs=cfg.train.save_every, every_updates=cfg.train.checkpoint_every_updates,
+        finished=lambda: validator.finished(plan),
     )  # fmt: skip
-    restore(cfg, checkpointer, trainer, position, log)
+    start, notes = begin(cfg, run_dir, rank, checkpointer)
+    log = RunLog(run_dir, rank, cfg)
+    log.plan(plan, cfg, world, device, trainer)
+    if start.resume is not None:
+        log.resumed(trainer.step)
+    for note in notes:
+        log.info(note)
     keys = KeyRecord(run_dir / "keys" / f"rank{rank}.tsv", cfg.logging.record_keys,
                      (position.epoch, position.batch))  # fmt: skip
     spec = LoaderSpec(
@@ -177,8 +180,9 @@ def build_loop(
         cfg.train.shuffle_buffer, cfg.train.seed,
     )  # fmt: skip
     val_batches = partial(eval_batches, val["shards"], spec, rank, world, shard_sample_counts(val))
+    stop.validation_steps = validation_steps(val, plan, world)
     validator = Validator(
-        trainer, ema, val_batches, position, checkpointer, log,
+        trainer, ema, val_batches, position, checkpointer, log, stop,
         select_best_by=cfg.ema.select_best_by, every_updates=cfg.train.val_every_updates,
         patience=cfg.train.patience, bn_batch_stats=cfg.train.val_bn_batch_stats,
         min_batch=cfg.train.val_min_batch,
@@ -189,22 +193,6 @@ def build_loop(
     )  # fmt: skip
     return Loop(cfg, plan, trainer, position, validator, checkpointer, epoch_batches, keys, log,
                 stop, device, rank, world, train["shards"])  # fmt: skip
-
-
-def restore(
-    cfg: TrainConfig, checkpointer: Checkpointer, trainer: Trainer, position: Position,
-    log: RunLog,
-) -> None:  # fmt: skip
-    for leftover in checkpointer.clean_leftovers():
-        log.info(f"removed {leftover.name}, left by a checkpoint write that was killed")
-    last = checkpointer.last
-    if cfg.train.restart and last.exists():
-        checkpointer.resume(last)
-        log.resumed(trainer.step)
-        log.info(f"resumed from {last} at epoch {position.epoch}, batch {position.batch}")
-    elif cfg.train.init_from:
-        checkpointer.init_weights(Path(cfg.train.init_from))
-        log.info(f"initialized weights from {cfg.train.init_from} (fine-tuning)")
 
 
 def fit(loop: Loop) -> list[int]:
@@ -231,7 +219,8 @@ def fit(loop: Loop) -> list[int]:
                 early = True
                 break
             loop.checkpointer.after_step(result)
-            if any_rank(stop.reason() is not None, loop.device):
+            ahead = loop.validator.due_soon(plan)  # the deadline counts its validation too
+            if any_rank(stop.reason(validation=ahead) is not None, loop.device):
                 stop_now(loop)
         batches_per_epoch.append(pos.batch)
         if pos.batch >= plan.micro_per_epoch:
@@ -247,8 +236,9 @@ def fit(loop: Loop) -> list[int]:
 
 def stop_now(loop: Loop) -> None:
     """Save ``last.pt``, wait for every rank, record why, raise :class:`Stopped`."""
-    reason = loop.stop.reason() or "another rank asked to stop"
-    loop.checkpointer.save("last.pt")
+    reason = loop.stop.reason(validation=loop.validator.due_soon(loop.plan))
+    reason = reason or "another rank asked to stop"
+    loop.checkpointer.save("last.pt", finished=False)  # a retry resumes it, whatever its state
     barrier()  # no rank exits before last.pt is complete
     last, trainer, pos = loop.checkpointer.last, loop.trainer, loop.position
     write_json(
@@ -270,7 +260,7 @@ def run(
     batches_per_epoch = fit(loop)
     loop.log.close()
     loop.keys.close()
-    trainer, plan = loop.trainer, loop.plan
+    trainer, plan, cfg = loop.trainer, loop.plan, loop.cfg
     write_json(
         run_dir / "ranks" / f"rank{rank}.json",
         {

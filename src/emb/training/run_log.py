@@ -18,7 +18,7 @@ from emb.training.loss import LEVELS
 
 if TYPE_CHECKING:
     from emb.training.config import TrainConfig
-    from emb.training.loop import Plan
+    from emb.training.plan import Plan
     from emb.training.trainer import StepResult, Trainer
 
 

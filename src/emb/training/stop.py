@@ -19,13 +19,17 @@ class StopRequest:
     """Why this process wants to stop, if it does: a caught signal or a deadline ahead.
 
     ``deadline`` is a ``time.time()`` value (or None); a step is not started when the mean
-    step time so far says it would end later than ``deadline - margin_s``.
+    step time so far says it would end later than ``deadline - margin_s``, counting the
+    validation that follows it where one does: the longest validation timed so far, or, before
+    the first, ``validation_steps`` mean steps (set from the validation split's size).
     """
 
     def __init__(self, deadline: float | None = None, margin_s: float = 120.0) -> None:
         self.deadline, self.margin_s = deadline, margin_s
         self.signal: int | None = None
         self._steps, self._seconds = 0, 0.0
+        self.validation_steps = 0.0
+        self._validation_s: float | None = None
 
     def install(self, signals: tuple[int, ...] = STOP_SIGNALS) -> None:
         for sig in signals:
@@ -38,15 +42,26 @@ class StopRequest:
         self._steps += 1
         self._seconds += seconds
 
-    def reason(self, now: float | None = None) -> str | None:
-        """A short reason to stop before the next step, or None to go on."""
+    def record_validation(self, seconds: float) -> None:
+        self._validation_s = max(seconds, self._validation_s or 0.0)
+
+    def reason(self, now: float | None = None, validation: bool = False) -> str | None:
+        """A short reason to stop before the next step (and the validation that follows it,
+        when ``validation``), or None to go on."""
         if self.signal is not None:
             return f"signal {signal.Signals(self.signal).name}"
         if self.deadline is None:
             return None
         step = self._seconds / self._steps if self._steps else 0.0
+        val = 0.0
+        if validation:
+            timed = self._validation_s
+            val = timed if timed is not None else self.validation_steps * step
         now = time.time() if now is None else now
-        if now + step > self.deadline - self.margin_s:
+        if now + step + val > self.deadline - self.margin_s:
             left = self.deadline - now
-            return f"deadline in {left:.0f} s (step {step:.2f} s, margin {self.margin_s:.0f} s)"
+            then = f", validation {val:.1f} s" if validation else ""
+            return (
+                f"deadline in {left:.0f} s (step {step:.2f} s{then}, margin {self.margin_s:.0f} s)"
+            )
         return None

@@ -1,9 +1,12 @@
 """Stage: resolve one run's training configuration into ``results/runs/{run}/config.yaml``.
 
 Resolution order: ``config/train/defaults.yaml`` <- ``config/train/{run}.yaml`` <- overlays
-(demo, cluster) <- ``key.path=value`` overrides. The merged dict is validated against
-``workflow/schemas/train.schema.yaml`` by Snakemake's own validator (unknown keys rejected,
-defaults filled), then read into :class:`~emb.training.config.TrainConfig` for cross-key rules.
+(demo, cluster) <- ``key.path=value`` overrides. Each file is checked against
+``workflow/schemas/train.schema.yaml`` on its own (keys and types; a file holds part of a
+config, so required keys are not asked of it), so an error names the file and the key; the
+merged dict is then validated by Snakemake's own validator (defaults filled) and read into
+:class:`~emb.training.config.TrainConfig` for cross-key rules. The workflow runs this for
+every run before any job starts.
 """
 
 from __future__ import annotations
@@ -43,18 +46,56 @@ def apply_override(config: dict, override: str) -> dict:
     return deep_merge(config, update)
 
 
+def _without_required(schema: object) -> object:
+    """``schema`` with every ``required`` list dropped: what one file of a config must obey."""
+    if isinstance(schema, dict):
+        return {k: _without_required(v) for k, v in schema.items() if k != "required"}
+    if isinstance(schema, list):
+        return [_without_required(v) for v in schema]
+    return schema
+
+
+def schema_error(config: dict, schema: dict) -> str | None:
+    """The first schema violation in ``config``, naming the key, what was found and what was
+    expected (jsonschema's own words, which say both)."""
+    import jsonschema  # comes with snakemake
+
+    errors = jsonschema.Draft202012Validator(schema).iter_errors(config)
+    error = min(errors, key=lambda e: [str(p) for p in e.absolute_path], default=None)
+    if error is None:
+        return None
+    where = ".".join(str(p) for p in error.absolute_path)
+    if error.validator == "additionalProperties":
+        allowed = sorted(error.schema.get("properties", {}))
+        unknown = sorted(set(error.instance) - set(allowed))
+        keys = ", ".join(f"{where}.{k}" if where else k for k in unknown)
+        return f"unknown key {keys} ({error.message}); expected one of {allowed}"
+    if error.validator == "required":
+        missing = [k for k in error.validator_value if k not in error.instance]
+        keys = ", ".join(f"{where}.{k}" if where else k for k in missing)
+        return f"missing key {keys} ({error.message})"
+    return f"{where or 'top level'}: {error.message}"  # e.g. -4 is less than the minimum of 1
+
+
 def resolve(files: list[Path], overrides: list[str], schema: Path) -> dict:
     """Merge the YAML ``files`` in order, apply ``overrides``, validate and fill defaults."""
     from snakemake.utils import validate  # the workflow's validator, defaults included
 
+    rules = yaml.safe_load(Path(schema).read_text())
+    per_file = _without_required(rules)
     config: dict = {}
     for path in files:
         loaded = yaml.safe_load(path.read_text()) or {}
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: expected a mapping at the top level")
+        if problem := schema_error(loaded, per_file):
+            raise ConfigError(f"{path}: {problem} (schema {schema})")
         config = deep_merge(config, loaded)
     for override in overrides:
         config = apply_override(config, override)
+    if problem := schema_error(config, rules):
+        where = " <- ".join([*map(str, files), *(f"--set {o}" for o in overrides)])
+        raise ConfigError(f"{where}: {problem} (schema {schema})")
     validate(config, str(schema), set_default=True)
     TrainConfig.from_dict(config, " <- ".join(str(f) for f in files))  # cross-key rules
     return config

@@ -1,0 +1,140 @@
+"""Where a run starts, and what becomes of an earlier run's files in its folder.
+
+- ``train.resume_from: last`` (the default): an interrupted run (``last.pt`` not marked
+  finished) resumes from ``last.pt``; a finished one starts over, so a forced rerun (or a rerun
+  after its config changed) retrains instead of re-validating a finished model.
+- ``best``, ``epoch_N`` (this run's ``epoch_NNNN.pt``) or a path: resume from that checkpoint.
+  Once this run has written ``last.pt`` under the same setting, a restart (SLURM's retry after
+  a time limit) continues from ``last.pt`` instead of going back again.
+- ``train.restart: false``: start over (from ``train.init_from``'s weights when set).
+
+Starting over moves the earlier run's files into ``previous/<time>/``; resuming from a chosen
+checkpoint hard-links them there first (the run then replaces them as it goes). Nothing is
+deleted. Only rank 0 touches files; every rank reads the same checkpoint and so decides alike.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from emb.training import checkpoint
+from emb.training.checkpointer import Checkpointer
+from emb.training.config import ConfigError, TrainConfig
+from emb.training.distributed import barrier
+
+RUN_FILES = ("*.pt", "*.pt.sha256", "history.csv", "train.json", "tb", "ranks", "keys", "wandb")
+
+
+@dataclass(frozen=True)
+class Start:
+    """How a run starts: ``resume`` (with its loaded ``state``) or fresh, and the earlier
+    run's files ``aside``: "move" (starting over), "link" (kept, then replaced) or None."""
+
+    resume: Path | None
+    state: dict[str, Any] | None
+    aside: str | None
+    note: str
+
+
+def chosen_checkpoint(setting: str, run_dir: Path) -> Path:
+    """The file ``train.resume_from`` names: last, best, epoch_N or a path."""
+    if setting in ("last", "best"):
+        return run_dir / f"{setting}.pt"
+    if setting.startswith("epoch_") and setting[6:].isdigit():
+        return run_dir / f"epoch_{int(setting[6:]):04d}.pt"
+    return Path(setting)
+
+
+def earlier_files(run_dir: Path) -> list[Path]:
+    """What an earlier run left in ``run_dir`` (not its config, not ``previous/``)."""
+    return sorted({p for pattern in RUN_FILES for p in run_dir.glob(pattern)})
+
+
+def has_earlier_run(run_dir: Path) -> bool:
+    """A checkpoint or a history: a run worth keeping (logs of a run that never validated or
+    saved are not set aside)."""
+    return any(run_dir.glob("*.pt")) or (run_dir / "history.csv").exists()
+
+
+def plan_start(cfg: TrainConfig, run_dir: Path) -> Start:
+    """Decide how this run starts; reads (never writes) the checkpoints it names."""
+    setting, last = cfg.train.resume_from, run_dir / "last.pt"
+    kept = "move" if has_earlier_run(run_dir) else None
+    if not cfg.train.restart:
+        return Start(None, None, kept, "train.restart is false: starting over")
+    state = checkpoint.load(last) if last.exists() else None
+    finished = state is not None and bool(state.get("finished"))
+    if state is not None and not finished:
+        written_under = state.get("config", {}).get("train", {}).get("resume_from", "last")
+        if setting == "last" or written_under == setting:
+            return Start(last, state, None, f"resuming {last}")
+    if setting == "last":
+        why = f"{last} is a finished run: starting over" if finished else "starting"
+        return Start(None, None, kept, why)
+    chosen = chosen_checkpoint(setting, run_dir)
+    if not chosen.is_file():
+        held = ", ".join(p.name for p in sorted(run_dir.glob("*.pt"))) or "no checkpoint"
+        raise ConfigError(
+            f"{run_dir / 'config.yaml'}: train.resume_from: expected an existing checkpoint, "
+            f"found {setting!r} -> {chosen}, which does not exist ({run_dir} holds {held})"
+        )
+    return Start(chosen, checkpoint.load(chosen), "link" if kept else None, f"resuming {chosen}")
+
+
+def begin(cfg: TrainConfig, run_dir: Path, rank: int, checkpointer: Checkpointer) -> tuple[
+    Start, list[str]
+]:  # fmt: skip
+    """Start as :func:`plan_start` decides: restore the checkpoint (or ``train.init_from``'s
+    weights), then set the earlier run's files aside. Every rank calls it; returns the start
+    and the lines to log (there is no run log yet: it is opened after the files moved)."""
+    notes = [f"removed {p.name}, left by a checkpoint write that was killed"
+             for p in checkpointer.clean_leftovers()]  # fmt: skip
+    start = plan_start(cfg, run_dir)
+    position = checkpointer.position
+    if start.resume is not None:
+        checkpointer.resume(start.resume, start.state)
+        notes.append(f"resumed from {start.resume} at epoch {position.epoch}, "
+                     f"batch {position.batch}")  # fmt: skip
+    elif cfg.train.init_from:
+        chosen = checkpointer.init_weights(Path(cfg.train.init_from))
+        notes.append(f"initialized weights from {cfg.train.init_from} ({chosen} weights; "
+                     "fine-tuning)")  # fmt: skip
+    barrier()  # every rank has decided on the same files, and none has written yet
+    if start.aside and rank == 0:
+        folder = set_aside(run_dir, start.aside)
+        done = "moved to" if start.aside == "move" else "kept (hard links) in"
+        notes.append(f"{start.note}; the earlier run's files are {done} {folder}")
+    barrier()  # no rank writes before they are set aside
+    return start, notes
+
+
+def set_aside(run_dir: Path, how: str) -> Path:
+    """Move (``how="move"``) or hard-link (copy where links fail) the earlier run's files into
+    a new ``previous/<time>/`` folder of ``run_dir``; returns that folder."""
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    target = run_dir / "previous" / stamp
+    n = 1
+    while target.exists():
+        n += 1
+        target = run_dir / "previous" / f"{stamp}-{n}"
+    target.mkdir(parents=True)
+    for path in earlier_files(run_dir):
+        if how == "move":
+            path.rename(target / path.name)
+        elif path.is_dir():
+            shutil.copytree(path, target / path.name, copy_function=_link_or_copy)
+        else:
+            _link_or_copy(path, target / path.name)
+    return target
+
+
+def _link_or_copy(src: str | Path, dst: str | Path) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
