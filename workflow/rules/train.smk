@@ -1,3 +1,5 @@
+# The files are those common.smk already resolved and checked before any job: defaults, run,
+# the demo overlay (demo data only), train_overlays, the profile's train_overlay resource.
 rule train_config:
     input:
         files=lambda wildcards: train_config_files(wildcards.run),
@@ -17,9 +19,8 @@ rule train_config:
     params:
         source=lambda wildcards: RUN_SOURCE[wildcards.run],
         classes=config["classes"],
-        cluster=lambda wildcards, resources: resources.get("train_overlay", ""),
     shell:
-        "python -m emb.training.train_config {input.files} {params.cluster} --schema {input.schema} --out {output}"
+        "python -m emb.training.train_config {input.files} --schema {input.schema} --out {output}"
         " --set data.manifest=results/shards/{params.source}/manifest.json"
         " --set data.stats_dir=results/stats/{params.source}"
         " --set data.classes={params.classes} > {log} 2>&1"
@@ -57,7 +58,10 @@ rule gpu_check:
 
 # Checkpoints (best.pt, last.pt) are not declared outputs: Snakemake deletes the outputs of a
 # failed job, and a stopped run must keep them to resume. A run stopped by SLURM's signal or
-# its deadline exits 75; the profiles' retries resume it from last.pt.
+# its deadline writes ranks/rank0.stopped.json and exits 75; the profiles' retries resume it
+# from last.pt. Any other failure leaves launch.failed.json: a retry then ends at once. A
+# rerun of a finished run (--forcerun train, a changed config) trains from scratch; the
+# earlier run's files move to results/runs/{run}/previous/ (emb.training.start).
 rule train:
     input:
         unpack(get_run_inputs),
@@ -80,9 +84,12 @@ rule train:
         tasks_per_node=config["launch"]["nproc_per_node"],
         cpus_per_task=config["launch"]["threads"],
         gpus_per_node=0,
+        attempt=lambda wildcards, attempt: attempt,
     params:
         launch=launch_options,
-        checkpoint="results/runs/{run}/last.pt",
+        stopped="results/runs/{run}/ranks/rank0.stopped.json",
+        failed="results/runs/{run}/launch.failed.json",
     shell:
-        "python -m emb.cluster.launch {params.launch} --checkpoint {params.checkpoint}"
+        "python -m emb.cluster.launch {params.launch} --checkpoint {params.stopped}"
+        " --attempt {resources.attempt} --failure-record {params.failed}"
         " -- emb.training.train --config {input.config} >> {log} 2>&1"

@@ -4,24 +4,55 @@
 these functions, so a missing account variable, a GPU count the nodes do not have or a missing
 container image stops ``snakemake --profile ...`` with one clear line instead of a rejected
 ``sbatch`` (or a job that waits a day in the queue and then fails).
+
+A dry run (``-n``) submits nothing, so it must work on any machine: there a missing variable or
+image is a warning and a placeholder stands in, and the dry run lists every job with its
+resources. A real run keeps refusing with the error.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+DRY_RUN_FLAGS = ("--dry-run", "--dryrun")
 
 
 class ProfileError(ValueError):
     """A cluster profile that cannot work as configured."""
 
 
-def require_env(name: str, hint: str, env: Mapping[str, str] | None = None) -> str:
-    """The value of environment variable ``name``; a clear error naming it when unset or empty."""
+def is_dry_run(argv: Sequence[str] | None = None) -> bool:
+    """True when Snakemake's command line (``argv``, default ``sys.argv``) asks for a dry run."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    for arg in args:
+        if arg == "--":
+            break
+        if arg in DRY_RUN_FLAGS or (
+            arg.startswith("-") and not arg.startswith("--") and "n" in arg
+        ):
+            return True
+    return False
+
+
+def _missing(message: str, placeholder: str, argv: Sequence[str] | None) -> str:
+    if not is_dry_run(argv):
+        raise ProfileError(message)
+    print(f"warning: {message} (dry run: using {placeholder!r})", file=sys.stderr)
+    return placeholder
+
+
+def require_env(
+    name: str, hint: str, env: Mapping[str, str] | None = None,
+    argv: Sequence[str] | None = None,
+) -> str:  # fmt: skip
+    """The value of environment variable ``name``; a clear error naming it when unset or empty
+    (in a dry run: a warning and the placeholder ``<NAME>``)."""
     value = (os.environ if env is None else env).get(name, "")
     if not value:
-        raise ProfileError(f"environment variable {name} is not set: {hint}")
+        return _missing(f"environment variable {name} is not set: {hint}", f"<{name}>", argv)
     return value
 
 
@@ -35,8 +66,9 @@ def gpus_per_node(asked: int, cluster: str, available: int) -> int:
     return asked
 
 
-def container_image(path: str, variable: str) -> str:
-    """``path`` (from ``variable``) when it is an existing image file, else an error."""
+def container_image(path: str, variable: str, argv: Sequence[str] | None = None) -> str:
+    """``path`` (from ``variable``) when it is an existing image file, else an error (in a dry
+    run: a warning, and the path stands as it is)."""
     if not Path(path).is_file():
-        raise ProfileError(f"container image {path} (from {variable}) does not exist")
+        return _missing(f"container image {path} (from {variable}) does not exist", path, argv)
     return path

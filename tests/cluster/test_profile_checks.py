@@ -1,0 +1,34 @@
+"""The profiles' checks: a real run refuses what cannot work, a dry run warns and goes on."""
+
+from __future__ import annotations
+
+import pytest
+
+from emb.cluster.profile import ProfileError, container_image, is_dry_run, require_env
+
+
+@pytest.mark.parametrize(
+    ("argv", "dry"),
+    [(["-n", "--profile", "p"], True), (["--profile", "p", "-np"], True), (["--dry-run"], True),
+     (["--dryrun"], True), (["--profile", "p"], False), (["--cores", "2", "-p"], False),
+     (["--config", "--", "-n"], False)],
+)  # fmt: skip
+def test_dry_runs_are_recognized_from_snakemakes_command_line(argv, dry) -> None:
+    assert is_dry_run(argv) is dry
+
+
+def test_a_real_run_refuses_a_missing_variable_and_image(tmp_path) -> None:
+    with pytest.raises(ProfileError, match="environment variable EMB_X is not set: set it"):
+        require_env("EMB_X", "set it", env={}, argv=["--profile", "p"])
+    with pytest.raises(ProfileError, match="no.sif .from EMB_C. does not exist"):
+        container_image(str(tmp_path / "no.sif"), "EMB_C", argv=["--profile", "p"])
+
+
+def test_a_dry_run_warns_and_uses_placeholders(tmp_path, capsys) -> None:
+    assert require_env("EMB_X", "set it", env={}, argv=["-n"]) == "<EMB_X>"
+    image = str(tmp_path / "no.sif")
+    assert container_image(image, "EMB_C", argv=["-n"]) == image
+    err = capsys.readouterr().err
+    assert "warning: environment variable EMB_X is not set: set it (dry run" in err
+    assert f"warning: container image {image} (from EMB_C) does not exist" in err
+    assert require_env("EMB_X", "set it", env={"EMB_X": "v"}, argv=["-n"]) == "v"
