@@ -20,6 +20,15 @@ include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/report.smk"
 
 
+# Bookkeeping that takes seconds runs where Snakemake runs, never as its own cluster job.
+localrules:
+    train_config,
+    manifest,
+    summary,
+    curves,
+    data_report,
+
+
 rule all:
     default_target: True
     input:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import rasterio
+import yaml
 from conftest import REPO, venv_env
 
 RULES = ["demo_region", "align_labels", "shards", "manifest", "channel_stats", "train_config",
@@ -109,3 +110,42 @@ def test_report_shows_every_figure_of_every_run(finished_run: Path) -> None:
             "tessera.png", "tessera.html"]  # fmt: skip
     assert {name: shown(name) for name in once} == dict.fromkeys(once, 1)
     assert "row-normalized" in page  # a caption from workflow/report/*.rst
+
+
+# Spaces, both quotes, a command substitution, '#' and non-ASCII letters: every one of them
+# must reach each stage as one argument and never run in a shell.
+WEIRD_DIR = "in put 'single' \"double\" $(touch PWNED) $HOME #1 ñøé"
+
+
+def test_demo_runs_end_to_end_from_paths_a_shell_would_break(
+    finished_run: Path, tmp_path: Path
+) -> None:
+    workdir = make_workdir(tmp_path / "wd")
+    inputs = workdir / WEIRD_DIR
+    rows = ["region\tyear\taef\ttessera\tcdl\tsplit"]
+    for region in ("demo_a", "demo_b"):
+        cells = []
+        for kind in ("aef", "tessera", "cdl"):
+            target = inputs / f"{region} {kind} #$x.tif"
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(finished_run / f"resources/demo/{region}/{kind}.tif", target)
+            cells.append(str(target.relative_to(workdir)))
+        rows.append("\t".join([f"odd_{region}", "2024", *cells, "auto"]))
+    table = inputs / "my regions #1.tsv"
+    table.write_text("# a comment line\n" + "\n".join(rows) + "\n", encoding="utf-8")
+
+    # In the test config, not --config: the command line's YAML would cut the value at " #".
+    test_config = workdir / ".test" / "config.yaml"
+    settings = {"regions": str(table), "runs": ["aef_segformer"]}
+    test_config.write_text(test_config.read_text() + yaml.safe_dump(settings, allow_unicode=True))
+
+    result = snakemake(workdir, "--cores", "2")
+
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert not list(workdir.rglob("PWNED")), "a path ran in a shell"
+    for region in ("odd_demo_a", "odd_demo_b"):
+        with rasterio.open(inputs / f"{region[4:]} aef #$x.tif") as src:
+            grid = (src.crs, src.transform, src.shape)
+        with rasterio.open(workdir / f"results/maps/aef_segformer/{region}.tif") as out:
+            assert (out.crs, out.transform, out.shape) == grid
+    assert pd.read_csv(workdir / "results/summary.csv")["run"].tolist() == ["aef_segformer"]

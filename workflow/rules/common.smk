@@ -1,5 +1,7 @@
 # Validation, the parsed tables and the input functions. Runs before any job starts.
 import os
+import re
+import shlex
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
@@ -102,10 +104,15 @@ for run, cfg in RUN_CONFIG.items():
         )
 
 
+def one_of(names):
+    """A wildcard pattern matching exactly these names (escaped: region ids may hold dots)."""
+    return "|".join(re.escape(str(name)) for name in names)
+
+
 wildcard_constraints:
     source="aef|tessera",
-    region="|".join(REGIONS.index),
-    run="|".join(RUNS),
+    region=one_of(REGIONS.index),
+    run=one_of(RUNS),
 
 
 def get_emb(wildcards):
@@ -201,17 +208,18 @@ def predict_extra_outputs():
 
 
 def predict_options(wildcards, output):
+    """predict's options, shell-quoted (the probabilities path is the user's)."""
     cfg = config["predict"]
     options = [
-        f"--overlap {cfg['overlap']}",
-        f"--block {cfg['block']}",
-        f"--batch-size {cfg['batch_size']}",
+        f"--overlap={cfg['overlap']}",
+        f"--block={cfg['block']}",
+        f"--batch-size={cfg['batch_size']}",
     ]
     if cfg.get("tile"):
-        options.append(f"--tile {cfg['tile']}")
+        options.append(f"--tile={cfg['tile']}")
     if "probabilities" in output.keys():
-        options.append(f"--probabilities {output.probabilities}")
-    return " ".join(options)
+        options.append(f"--probabilities={output.probabilities}")
+    return shlex.join(options)
 
 
 def map_targets():

@@ -17,8 +17,9 @@ rule align_labels:
         mem_mb=4000,
         runtime=60,
     shell:
-        "python -m emb.prep.align_labels --emb {input.emb} --cdl {input.cdl} --classes {input.classes}"
-        " --out {output.labels} --report {output.report} > {log} 2>&1"
+        "python -m emb.prep.align_labels --emb={input.emb:q} --cdl={input.cdl:q}"
+        " --classes={input.classes:q} --out={output.labels:q} --report={output.report:q}"
+        " > {log:q} 2>&1"
 
 
 rule shards:
@@ -43,14 +44,14 @@ rule shards:
         splits=config["splits"],
         shards=config["shards"],
     shell:
-        "python -m emb.prep.shards --source {wildcards.source} --region {wildcards.region}"
-        " --emb {input.emb} --labels {input.labels} --index {output.index}"
-        " --tile-size {params.tiles[size]} --stride {params.tiles[stride]}"
-        " --min-valid {params.tiles[min_valid]} --block-m {params.splits[block_m]}"
-        " --fractions {params.splits[fractions]} --seed {params.splits[seed]}"
-        " --buffer-m {params.splits[buffer_m]}"
-        " --split {params.split} --max-samples {params.shards[max_samples]}"
-        " --max-bytes {params.shards[max_bytes]} > {log} 2>&1"
+        "python -m emb.prep.shards --source={wildcards.source:q} --region={wildcards.region:q}"
+        " --emb={input.emb:q} --labels={input.labels:q} --index={output.index:q}"
+        " --tile-size={params.tiles[size]:q} --stride={params.tiles[stride]:q}"
+        " --min-valid={params.tiles[min_valid]:q} --block-m={params.splits[block_m]:q}"
+        " --fractions {params.splits[fractions]:q} --seed={params.splits[seed]:q}"
+        " --buffer-m={params.splits[buffer_m]:q}"
+        " --split={params.split:q} --max-samples={params.shards[max_samples]:q}"
+        " --max-bytes={params.shards[max_bytes]:q} > {log:q} 2>&1"
 
 
 rule manifest:
@@ -72,5 +73,5 @@ rule manifest:
         ranks=training_ranks,  # as rule train is submitted under this profile
         workers=loader_workers,
     shell:
-        "python -m emb.prep.manifest {input} --out {output} --ranks {params.ranks}"
-        " --workers {params.workers} > {log} 2>&1"
+        "python -m emb.prep.manifest --out={output:q} --ranks={params.ranks:q}"
+        " --workers={params.workers:q} -- {input:q} > {log:q} 2>&1"

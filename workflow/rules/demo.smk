@@ -10,7 +10,7 @@ rule demo_region:
     benchmark:
         "benchmarks/demo_region/{region}.tsv"
     wildcard_constraints:
-        region="|".join(DEMO_NAMES),
+        region=one_of(DEMO_NAMES),
     conda:
         "../../envs/emb.yaml"
     threads: 1
@@ -20,6 +20,8 @@ rule demo_region:
     params:
         size=config["demo"]["size"],
         seed=config["demo"]["seed"],
+        out_dir=lambda wildcards, output: Path(output.aef).parent,
     shell:
-        "python -m emb.prep.demo_region --region {wildcards.region} --size {params.size} --seed {params.seed}"
-        " --classes {input.classes} --out-dir resources/demo/{wildcards.region} > {log} 2>&1"
+        "python -m emb.prep.demo_region --region={wildcards.region:q} --size={params.size:q}"
+        " --seed={params.seed:q} --classes={input.classes:q} --out-dir={params.out_dir:q}"
+        " > {log:q} 2>&1"

@@ -63,8 +63,8 @@ rule evaluate:
         ),
     shell:
         "python -m emb.cluster.launch {params.launch} -- emb.evaluation.evaluate"
-        " --run-dir {params.run_dir} --classes {input.classes} --out-dir {params.out_dir}"
-        " --threads {params.threads} > {log} 2>&1"
+        " --run-dir={params.run_dir:q} --classes={input.classes:q} --out-dir={params.out_dir:q}"
+        " --threads={params.threads:q} > {log:q} 2>&1"
 
 
 rule predict:
@@ -96,7 +96,7 @@ rule predict:
         run_dir=lambda wildcards, input: Path(input.trained).parent,
         options=predict_options,
     shell:
-        "OMP_NUM_THREADS={threads} python -m emb.evaluation.predict --run-dir {params.run_dir}"
-        " --raster {input.raster} --region {wildcards.region} --classes {input.classes}"
-        " --out {output.map} --png {output.png} --threads {threads} {params.options}"
-        " > {log} 2>&1"
+        "OMP_NUM_THREADS={threads} python -m emb.evaluation.predict"
+        " --run-dir={params.run_dir:q} --raster={input.raster:q} --region={wildcards.region:q}"
+        " --classes={input.classes:q} --out={output.map:q} --png={output.png:q}"
+        " --threads={threads} {params.options} > {log:q} 2>&1"

@@ -33,8 +33,8 @@ rule summary:
     params:
         runs=RUNS,
     shell:
-        "python -m emb.report.summary --runs {params.runs} --metrics {input.metrics}"
-        " --out {output.csv} --html {output.html} --png {output.png} > {log} 2>&1"
+        "python -m emb.report.summary --runs {params.runs:q} --metrics {input.metrics:q}"
+        " --out={output.csv:q} --html={output.html:q} --png={output.png:q} > {log:q} 2>&1"
 
 
 rule curves:
@@ -61,8 +61,8 @@ rule curves:
     params:
         history="results/runs/{run}/history.csv",
     shell:
-        "python -m emb.report.curves --history {params.history} --run {wildcards.run}"
-        " --out {output} > {log} 2>&1"
+        "python -m emb.report.curves --history={params.history:q} --run={wildcards.run:q}"
+        " --out={output:q} > {log:q} 2>&1"
 
 
 rule data_report:
@@ -93,5 +93,6 @@ rule data_report:
         mem_mb=1000,
         runtime=5,
     shell:
-        "python -m emb.report.data_report --manifest {input.manifest} --classes {input.classes}"
-        " --png {output.png} --html {output.html} > {log} 2>&1"
+        "python -m emb.report.data_report --manifest={input.manifest:q}"
+        " --classes={input.classes:q} --png={output.png:q} --html={output.html:q}"
+        " > {log:q} 2>&1"

@@ -18,7 +18,8 @@ rule channel_stats:
     params:
         n_tiles=config["stats"]["n_tiles"],
         seed=config["stats"]["seed"],
+        out_dir=lambda wildcards, output: Path(output.record).parent,
     shell:
-        "python -m emb.prep.channel_stats --manifest {input.manifest} --n-tiles {params.n_tiles}"
-        " --seed {params.seed} --threads {threads}"
-        " --out-dir results/stats/{wildcards.source} > {log} 2>&1"
+        "python -m emb.prep.channel_stats --manifest={input.manifest:q}"
+        " --n-tiles={params.n_tiles:q} --seed={params.seed:q} --threads={threads}"
+        " --out-dir={params.out_dir:q} > {log:q} 2>&1"

@@ -17,13 +17,15 @@ rule train_config:
         mem_mb=500,
         runtime=5,
     params:
-        source=lambda wildcards: RUN_SOURCE[wildcards.run],
-        classes=config["classes"],
+        manifest=lambda wildcards: (
+            f"data.manifest=results/shards/{RUN_SOURCE[wildcards.run]}/manifest.json"
+        ),
+        stats_dir=lambda wildcards: f"data.stats_dir=results/stats/{RUN_SOURCE[wildcards.run]}",
+        classes=f"data.classes={config['classes']}",
     shell:
-        "python -m emb.training.train_config {input.files} --schema {input.schema} --out {output}"
-        " --set data.manifest=results/shards/{params.source}/manifest.json"
-        " --set data.stats_dir=results/stats/{params.source}"
-        " --set data.classes={params.classes} > {log} 2>&1"
+        "python -m emb.training.train_config --schema={input.schema:q} --out={output:q}"
+        " --set={params.manifest:q} --set={params.stats_dir:q} --set={params.classes:q}"
+        " -- {input.files:q} > {log:q} 2>&1"
 
 
 # Which GPUs and CPUs a job step really gets, in the same form as train (the profiles give both
@@ -52,8 +54,8 @@ rule gpu_check:
         launch=launch_options,
     shell:
         "python -m emb.cluster.launch --per-node {params.launch} -- emb.cluster.gpu_check"
-        " --gpus {resources.gpus_per_node} --processes {resources.tasks_per_node}"
-        " --threads {resources.cpus_per_task} --out {output} > {log} 2>&1"
+        " --gpus={resources.gpus_per_node:q} --processes={resources.tasks_per_node:q}"
+        " --threads={resources.cpus_per_task:q} --out={output:q} > {log:q} 2>&1"
 
 
 # Checkpoints (best.pt, last.pt) are not declared outputs: Snakemake deletes the outputs of a
@@ -90,6 +92,6 @@ rule train:
         stopped="results/runs/{run}/ranks/rank0.stopped.json",
         failed="results/runs/{run}/launch.failed.json",
     shell:
-        "python -m emb.cluster.launch {params.launch} --checkpoint {params.stopped}"
-        " --attempt {resources.attempt} --failure-record {params.failed}"
-        " -- emb.training.train --config {input.config} >> {log} 2>&1"
+        "python -m emb.cluster.launch {params.launch} --checkpoint={params.stopped:q}"
+        " --attempt={resources.attempt:q} --failure-record={params.failed:q}"
+        " -- emb.training.train --config={input.config:q} >> {log:q} 2>&1"

@@ -6,6 +6,7 @@ Files that the workflow itself generates (the demo region) are checked by their 
 
 from __future__ import annotations
 
+import io
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -29,7 +30,10 @@ class RegionsError(ValueError):
 
 def read_regions(path: str | Path) -> pd.DataFrame:
     """The table as strings (empty cells -> ""), indexed by region, rows in file order."""
-    table = pd.read_csv(path, sep="\t", dtype=str, keep_default_na=False, comment="#")
+    # Comments are whole lines only: a '#' inside a cell is part of a path, not a comment.
+    lines = Path(path).read_text(encoding="utf-8-sig").splitlines(keepends=True)
+    text = "".join(line for line in lines if not line.lstrip().startswith("#"))
+    table = pd.read_csv(io.StringIO(text), sep="\t", dtype=str, keep_default_na=False)
     return table.set_index("region", drop=False)
 
 
