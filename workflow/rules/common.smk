@@ -16,7 +16,10 @@ from emb.prep.regions import RegionsError, check_regions, read_regions
 
 validate(config, "../schemas/config.schema.yaml")
 
-REGIONS = read_regions(config["regions"])
+try:
+    REGIONS = read_regions(config["regions"])
+except (ValueError, KeyError, OSError) as err:  # RegionsError, pandas, decoding
+    raise WorkflowError(f"regions table {config['regions']}: {err}") from None
 validate(REGIONS, "../schemas/regions.schema.yaml")
 DEMO_NAMES = [r.name for r in DEMO_REGIONS]
 DEMO_FILES = [
@@ -168,9 +171,18 @@ def get_run_inputs(wildcards):
     }
 
 
-# Software: with `--sdm apptainer` every rule runs in the image named by $EMB_CONTAINER (the
-# cluster profiles check that it exists). train and gpu_check run the launcher outside it, and
-# the launcher starts the image inside its srun step (srun is not in the image).
+# Software: with `--sdm conda` every rule runs in envs/emb.yaml (emb's dependencies) and finds
+# emb itself in this checkout's src/ (a `pip -e ..` in the env file would resolve from
+# Snakemake's copy of the file). With `--sdm apptainer` every rule runs in the image named by
+# $EMB_CONTAINER (the cluster profiles check that it exists). train and gpu_check run the
+# launcher outside it, and the launcher starts the image inside its srun step (srun is not in
+# the image).
+if DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method:
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        filter(
+            None, [str(Path(workflow.basedir) / "src"), os.environ.get("PYTHONPATH")]
+        )
+    )
 APPTAINER = DeploymentMethod.APPTAINER in workflow.deployment_settings.deployment_method
 CONTAINER = os.environ.get("EMB_CONTAINER", "") if APPTAINER else ""
 if APPTAINER and not CONTAINER:
