@@ -21,6 +21,13 @@ from emb.training.loop import Stopped, run
 from emb.training.stop import StopRequest
 from emb.training.train_config import main as resolve_config_main
 
+STAMP = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d "  # what starts each line of the run log
+
+
+def unstamped(text: str) -> list[str]:
+    """The run log's lines without their time stamps."""
+    return [re.sub(rf"^{STAMP}", "", line) for line in text.splitlines()]
+
 
 def resolve_config(
     demo: TinyDemo, run_dir: Path, *overrides: str, arch: str = "segformer", source: str = "aef"
@@ -92,7 +99,7 @@ def start(config: Path, log: Path, nproc: int = 2) -> subprocess.Popen:
 def wait_for_step(log: Path, step: int, proc: subprocess.Popen, timeout: float = 240) -> None:
     """Block until rank 0 has logged optimizer step ``step`` (needs logging.log_every=1)."""
     deadline = time.monotonic() + timeout
-    pattern = re.compile(rf"^step {step} ", re.M)
+    pattern = re.compile(rf"^{STAMP}step {step} ", re.M)
     while time.monotonic() < deadline:
         if pattern.search(log.read_text()):
             return

@@ -20,6 +20,7 @@ from training_runs import (
     resumable_state,
     run_to_end,
     start,
+    unstamped,
     wait_for_step,
     workers,
 )
@@ -111,7 +112,7 @@ def test_time_limit_stops_with_a_checkpoint_and_a_rerun_completes(
     second = subprocess.run(cmd, env=venv_env(), capture_output=True, text=True, timeout=300)
     assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-2000:]
     assert f"resumed from {run_dir / 'last.pt'}" in second.stdout
-    logged = [int(line.split()[1]) for line in (first.stdout + second.stdout).splitlines()
+    logged = [int(line.split()[1]) for line in unstamped(first.stdout + second.stdout)
               if line.startswith("step ")]  # fmt: skip
     assert logged == list(range(1, stopped_at + 6))  # continuous: nothing lost, nothing twice
     assert json.loads((run_dir / "train.json").read_text())["steps"] == stopped_at + 5

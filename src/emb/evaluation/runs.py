@@ -10,15 +10,17 @@ the expected and the found value.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+import yaml
 from torch import nn
 
 from emb.classes import ClassMap
 from emb.loading.dequantize import Dequantize
 from emb.models import build_model
+from emb.provenance import UNKNOWN, digest_file
 from emb.training import checkpoint
 from emb.training.config import TrainConfig
 
@@ -37,6 +39,7 @@ class TrainedRun:
     cfg: TrainConfig
     weights: dict[str, dict[str, torch.Tensor]]  # "raw" and, when saved, "ema"
     epoch: int | None
+    trained_with: dict[str, str] = field(default_factory=dict)  # the checkpoint's provenance
 
     @property
     def name(self) -> str:
@@ -107,6 +110,7 @@ def load_run(path: Path, cmap: ClassMap, classes_path: Path | str) -> TrainedRun
     state = checkpoint.load(path)
     if "config" not in state:
         raise RunError(f"{path}: checkpoint has no 'config' (not written by emb.training.train)")
+    check_identity(state, Path(path))
     cfg = TrainConfig.from_dict(state["config"], f"{path}: config")
     weights = {"raw": state["model"]}
     if state.get("ema") is not None:
@@ -122,10 +126,76 @@ def load_run(path: Path, cmap: ClassMap, classes_path: Path | str) -> TrainedRun
                     f"classes, {classes_path} defines {expected[level]}"
                 )
     epoch = state.get("epoch")
-    return TrainedRun(Path(path), cfg, weights, int(epoch) if epoch is not None else None)
+    epoch = int(epoch) if epoch is not None else None
+    return TrainedRun(Path(path), cfg, weights, epoch, dict(state.get("provenance", {})))
+
+
+# What makes a checkpoint another run's: its data and the shape of its model.
+IDENTITY_KEYS = ("data.source", "model.arch", "model.in_dim", "model.num_classes")
+
+
+def check_identity(state: dict, path: Path) -> None:
+    """A checkpoint must be this run's: the run name it was trained under (when recorded) is
+    its folder's, and its source, architecture, in_dim and classes are those of the run's
+    ``config.yaml`` beside it. A checkpoint copied from another run is refused before any
+    result of this run is rewritten."""
+    trained_as = state.get("run")
+    if trained_as is not None and trained_as != path.parent.name:
+        raise RunError(
+            f"{path}: run: expected {path.parent.name!r} (the folder it is in), found "
+            f"{trained_as!r}: a checkpoint of another run"
+        )
+    config_path = path.parent / "config.yaml"
+    if not config_path.is_file():
+        return
+    try:
+        current = yaml.safe_load(config_path.read_text())
+    except (yaml.YAMLError, UnicodeDecodeError) as err:
+        raise RunError(f"{config_path}: not readable YAML ({err})") from None
+    saved, current = _flat(state["config"]), _flat(current if isinstance(current, dict) else {})
+    for key in IDENTITY_KEYS:
+        if key in current and _plain(saved.get(key)) != _plain(current[key]):
+            raise RunError(
+                f"{path}: {key}: expected {current[key]!r} (the run's {config_path}), found "
+                f"{saved.get(key)!r} in the checkpoint: a checkpoint of another run"
+            )
+
+
+def check_same_data(run: TrainedRun) -> None:
+    """Evaluation must score the data the run was trained on: a manifest rebuilt since (other
+    shards, other splits) could put training tiles into the test split; maps would come from
+    a model the workflow is about to replace."""
+    trained = run.trained_with.get("manifest_digest", UNKNOWN)
+    manifest = Path(run.cfg.data.manifest)
+    if trained == UNKNOWN or not manifest.is_file():
+        return
+    now = digest_file(manifest)
+    if now != trained:
+        raise RunError(
+            f"{run.path}: trained on {manifest} with digest {trained[:12]}, which now has "
+            f"digest {now[:12]}: the data changed since training; retrain the run "
+            f"(snakemake --forcerun train) before evaluating or predicting with it"
+        )
+
+
+def _flat(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _plain(value: object) -> object:
+    return list(value) if isinstance(value, tuple) else value
 
 
 def open_run(run_dir: Path | str, cmap: ClassMap, classes_path: Path | str,
              checkpoint_name: str = "best.pt") -> TrainedRun:  # fmt: skip
-    """The run in ``run_dir`` from its checkpoint ``checkpoint_name``."""
-    return load_run(find_checkpoint(run_dir, checkpoint_name), cmap, classes_path)
+    """The run in ``run_dir`` from its checkpoint ``checkpoint_name``, trained on the data its
+    config names as that data is now."""
+    run = load_run(find_checkpoint(run_dir, checkpoint_name), cmap, classes_path)
+    check_same_data(run)
+    return run

@@ -47,7 +47,7 @@ class Checkpointer:
     ) -> None:
         self.run_dir, self.rank = run_dir, rank
         self.trainer, self.ema, self.position = trainer, ema, position
-        self.identity = identity  # {"world", "global_batch", "config"}
+        self.identity = identity  # {"world", "global_batch", "config", "run", "provenance"}
         self.save_every_epochs, self.every_updates = save_every_epochs, every_updates
         self.finished = finished  # nothing left to train and the final state validated
         self.last = run_dir / "last.pt"

@@ -26,6 +26,7 @@ from emb.loading.batches import (
 from emb.loading.dequantize import Dequantize
 from emb.models import build_model
 from emb.prep.manifest import read_manifest
+from emb.provenance import digest_config, digest_file, provenance
 from emb.training import checkpoint
 from emb.training.checkpointer import Checkpointer
 from emb.training.config import ConfigError, TrainConfig
@@ -160,7 +161,14 @@ def build_loop(
     plan = build_plan(cfg, train["samples"], world)
     trainer, ema = build_trainer(cfg, plan, train["class_hist"], world, device)
     position = Position()
-    identity = {"world": world, "global_batch": plan.global_batch, "config": cfg.resolved}
+    identity = {
+        "world": world, "global_batch": plan.global_batch, "config": cfg.resolved,
+        "run": run_dir.name,
+        "provenance": provenance(
+            config_digest=digest_config(cfg.resolved),
+            manifest_digest=digest_file(cfg.data.manifest), device=device,
+        ),
+    }  # fmt: skip
     checkpointer = Checkpointer(
         run_dir, rank, trainer, ema, position, identity,
         save_every_epochs=cfg.train.save_every, every_updates=cfg.train.checkpoint_every_updates,
@@ -282,4 +290,5 @@ def run(
         "global_batch": plan.global_batch,
         "lr": plan.lr,
         "model": cfg.resolved["model"],
+        "provenance": loop.checkpointer.identity["provenance"],
     }

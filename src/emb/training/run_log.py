@@ -1,13 +1,14 @@
 """What a training run tells people: console lines, ``history.csv``, TensorBoard, wandb.
 
-Only rank 0 writes; the other ranks' calls do nothing. Losses are printed with 4 significant
-digits (never a fixed 3 decimals that shows a diverging run as 0.000) and NaN as nan.
+Only rank 0 writes; the other ranks' calls do nothing. Console lines start with a time stamp;
+losses are printed with 4 significant digits (never a fixed 3 decimals that shows a diverging run as 0.000) and NaN as nan.
 """
 
 from __future__ import annotations
 
 import csv
 import sys
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -54,11 +55,11 @@ class RunLog:
 
     def info(self, message: str) -> None:
         if self.active:
-            print(message, flush=True)
+            print(f"{_now()} {message}", flush=True)
 
     def warn(self, message: str) -> None:
         if self.active:
-            print(f"warning: {message}", file=sys.stderr, flush=True)
+            print(f"{_now()} warning: {message}", file=sys.stderr, flush=True)
 
     def plan(self, plan: Plan, cfg: TrainConfig, world: int, device, trainer: Trainer) -> None:
         """The batch, learning-rate and step arithmetic of this run, in one line."""
@@ -166,6 +167,11 @@ class RunLog:
         if self.wandb is not None:
             self.wandb.finish()
             self.wandb = None
+
+
+def _now() -> str:
+    """The time stamp of a log line (a SLURM log of a day-long run must say when)."""
+    return datetime.now().strftime("%Y-%m-%d %H:%M:%S")
 
 
 def _read_history(path: Path) -> list[dict]:

@@ -7,6 +7,8 @@
   Once this run has written ``last.pt`` under the same setting, a restart (SLURM's retry after
   a time limit) continues from ``last.pt`` instead of going back again.
 - ``train.restart: false``: start over (from ``train.init_from``'s weights when set).
+- An unfinished ``last.pt`` trained on other data (its manifest digest is not the current
+  manifest's) is not resumed: the run starts over, the earlier files kept in ``previous/``.
 
 Starting over moves the earlier run's files into ``previous/<time>/``; resuming from a chosen
 checkpoint hard-links them there first (the run then replaces them as it goes). Nothing is
@@ -22,6 +24,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from emb.provenance import UNKNOWN
 from emb.training import checkpoint
 from emb.training.checkpointer import Checkpointer
 from emb.training.config import ConfigError, TrainConfig
@@ -61,8 +64,21 @@ def has_earlier_run(run_dir: Path) -> bool:
     return any(run_dir.glob("*.pt")) or (run_dir / "history.csv").exists()
 
 
-def plan_start(cfg: TrainConfig, run_dir: Path) -> Start:
-    """Decide how this run starts; reads (never writes) the checkpoints it names."""
+def data_change(state: dict[str, Any], current: dict[str, str] | None) -> str | None:
+    """How the data a checkpoint was trained on differs from this run's (by manifest digest),
+    or None when they are the same or either digest is unknown (checkpoints before digests)."""
+    old = state.get("provenance", {}).get("manifest_digest", UNKNOWN)
+    new = (current or {}).get("manifest_digest", UNKNOWN)
+    if UNKNOWN in (old, new) or old == new:
+        return None
+    return f"manifest digest {old[:12]} in the checkpoint, {new[:12]} now"
+
+
+def plan_start(cfg: TrainConfig, run_dir: Path, current: dict[str, str] | None = None) -> Start:
+    """Decide how this run starts; reads (never writes) the checkpoints it names. ``current``
+    is this run's provenance: an unfinished ``last.pt`` of other data is not resumed (its
+    steps would continue a schedule on data it never saw); the run starts over instead and
+    the earlier files are kept in ``previous/``."""
     setting, last = cfg.train.resume_from, run_dir / "last.pt"
     kept = "move" if has_earlier_run(run_dir) else None
     if not cfg.train.restart:
@@ -71,6 +87,10 @@ def plan_start(cfg: TrainConfig, run_dir: Path) -> Start:
     finished = state is not None and bool(state.get("finished"))
     if state is not None and not finished:
         written_under = state.get("config", {}).get("train", {}).get("resume_from", "last")
+        changed = data_change(state, current)
+        if changed and (setting == "last" or written_under == setting):
+            why = f"{last} was trained on other data ({cfg.data.manifest}: {changed})"
+            return Start(None, None, kept, f"{why}: starting over")
         if setting == "last" or written_under == setting:
             return Start(last, state, None, f"resuming {last}")
     if setting == "last":
@@ -94,12 +114,14 @@ def begin(cfg: TrainConfig, run_dir: Path, rank: int, checkpointer: Checkpointer
     and the lines to log (there is no run log yet: it is opened after the files moved)."""
     notes = [f"removed {p.name}, left by a checkpoint write that was killed"
              for p in checkpointer.clean_leftovers()]  # fmt: skip
-    start = plan_start(cfg, run_dir)
+    current = checkpointer.identity.get("provenance")
+    start = plan_start(cfg, run_dir, current)
     position = checkpointer.position
     if start.resume is not None:
         checkpointer.resume(start.resume, start.state)
         notes.append(f"resumed from {start.resume} at epoch {position.epoch}, "
                      f"batch {position.batch}")  # fmt: skip
+        notes += config_change(start.state, cfg.resolved, current)
     elif cfg.train.init_from:
         chosen = checkpointer.init_weights(Path(cfg.train.init_from))
         notes.append(f"initialized weights from {cfg.train.init_from} ({chosen} weights; "
@@ -111,6 +133,20 @@ def begin(cfg: TrainConfig, run_dir: Path, rank: int, checkpointer: Checkpointer
         notes.append(f"{start.note}; the earlier run's files are {done} {folder}")
     barrier()  # no rank writes before they are set aside
     return start, notes
+
+
+def config_change(
+    state: dict[str, Any], config: dict[str, Any], current: dict[str, str] | None
+) -> list[str]:
+    """A line naming the keys a resumed checkpoint's config differs in (those that change the
+    math were refused before this), with both digests; none when the configs are equal."""
+    keys = checkpoint.differing_keys(state.get("config", {}), config, ("",))
+    if not keys:
+        return []
+    old = state.get("provenance", {}).get("config_digest", UNKNOWN)
+    new = (current or {}).get("config_digest", UNKNOWN)
+    return [f"config digest {new[:12]} differs from the checkpoint's {old[:12]} in "
+            f"{', '.join(keys)} (none changes what the next steps compute)"]  # fmt: skip
 
 
 def set_aside(run_dir: Path, how: str) -> Path:
