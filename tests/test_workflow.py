@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 import subprocess
@@ -12,6 +13,9 @@ import pytest
 import rasterio
 import yaml
 from conftest import REPO, venv_env
+
+from emb.provenance import digest_config, digest_file
+from emb.training import checkpoint
 
 RULES = ["demo_region", "align_labels", "shards", "manifest", "channel_stats", "train_config",
          "train", "evaluate", "summary", "predict", "curves", "data_report"]  # fmt: skip
@@ -149,3 +153,31 @@ def test_demo_runs_end_to_end_from_paths_a_shell_would_break(
         with rasterio.open(workdir / f"results/maps/aef_segformer/{region}.tif") as out:
             assert (out.crs, out.transform, out.shape) == grid
     assert pd.read_csv(workdir / "results/summary.csv")["run"].tolist() == ["aef_segformer"]
+
+
+def test_metrics_summary_and_maps_name_the_code_config_and_data_that_made_them(
+    finished_run: Path,
+) -> None:
+    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True,
+                          text=True, check=True).stdout.strip()  # fmt: skip
+    table = pd.read_csv(finished_run / "results" / "summary.csv").set_index("run")
+    for run in RUNS:
+        source = run.split("_")[0]
+        trained = checkpoint.load(finished_run / f"results/runs/{run}/best.pt")
+        metrics = json.loads((finished_run / f"results/eval/{run}/metrics.json").read_text())
+        manifest = finished_run / f"results/shards/{source}/manifest.json"
+        expected = {
+            "git_commit": head,
+            "config_digest": digest_config(trained["config"]),
+            "manifest_digest": digest_file(manifest),
+        }
+        for block in (trained["provenance"], metrics["trained_with"], table.loc[run]):
+            assert {key: block[key] for key in expected} == expected, run
+        assert metrics["provenance"]["manifest_digest"] == expected["manifest_digest"]
+        with rasterio.open(finished_run / f"results/maps/{run}/demo_a.tif") as out:
+            tags = out.tags()
+        assert tags["TRAINED_CONFIG_DIGEST"] == expected["config_digest"]
+        assert tags["PROVENANCE_GIT_COMMIT"] == head
+        assert tags["PROVENANCE_TORCH_VERSION"] == metrics["provenance"]["torch_version"]
+    page = (finished_run / "results" / "summary.html").read_text()
+    assert "Provenance" in page and head in page

@@ -35,6 +35,7 @@ from emb.io import atomic_path, write_json
 from emb.loading.batches import LoaderSpec, eval_batches, shard_sample_counts
 from emb.metrics import confusion_update, scores_from_confusion
 from emb.prep.manifest import read_manifest
+from emb.provenance import digest_file, provenance
 from emb.report import plots
 from emb.training.distributed import is_distributed
 from emb.training.loss import HierarchyTargets
@@ -161,6 +162,12 @@ def evaluate(
         "split": split,
         "samples": part["samples"],
         **metrics_record(cms, run.selected),
+        "provenance": provenance(
+            config_digest=run.trained_with.get("config_digest"),
+            manifest_digest=digest_file(manifest_path),
+            device=run_on.device if run_on is not None else None,
+        ),
+        "trained_with": run.trained_with,
     }
     return record, per_class_table(cms, cmap), cms[run.selected]
 

@@ -34,6 +34,7 @@ from emb.evaluation.map_files import (
 from emb.evaluation.runs import RunError, TrainedRun, open_run
 from emb.evaluation.windows import PredictSpec, blocks, classify, predict_block
 from emb.prep.manifest import read_manifest
+from emb.provenance import provenance
 
 
 def predict_raster(
@@ -96,6 +97,18 @@ def default_tile(run: TrainedRun) -> int:
     return int(read_manifest(path, splits=())["tile_size"])
 
 
+def provenance_tags(run: TrainedRun, device: object) -> dict[str, str]:
+    """What made the map: this code and device (``PROVENANCE_*``), and what trained the model
+    (``TRAINED_*``: the checkpoint's own provenance, with its config and data digests)."""
+    trained = run.trained_with
+    now = provenance(config_digest=trained.get("config_digest"),
+                     manifest_digest=trained.get("manifest_digest"), device=device)  # fmt: skip
+    return {
+        **{f"PROVENANCE_{key.upper()}": value for key, value in now.items()},
+        **{f"TRAINED_{key.upper()}": str(value) for key, value in trained.items()},
+    }
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run-dir", type=Path, required=True, help="results/runs/{run}")
@@ -124,7 +137,7 @@ def main(argv: list[str] | None = None) -> None:
         if not args.raster.is_file():
             raise RunError(f"region {args.region!r}: embedding raster {args.raster} not found")
         tags = {"RUN": args.run_dir.name, "REGION": args.region, "WEIGHTS": run.selected,
-                "CHECKPOINT": str(run.path)}  # fmt: skip
+                "CHECKPOINT": str(run.path), **provenance_tags(run, run_on.device)}  # fmt: skip
         predict_raster(
             run, run.selected, args.raster, cmap, spec, args.out, args.probabilities, run_on, tags
         )

@@ -3,7 +3,9 @@ for the report, and ``summary.png`` (mIoU, macro-F1 and OA per level, grouped by
 
 Columns: ``run``, ``weights`` (the weight set the figures belong to: ema or raw), the nine
 ``{miou,f1,oa}_{l1,l2,l3}`` figures, then ``raw_miou_l3`` / ``ema_miou_l3`` where present,
-``epoch`` and ``samples``.
+``epoch`` and ``samples``; then the provenance of the model (``git_commit``, ``git_dirty``,
+library versions, ``config_digest``, ``manifest_digest``, ``host``, ``device`` of its training,
+from the checkpoint) and ``evaluated_git_commit``.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from emb.report import plots
 
 LEVELS = ("l1", "l2", "l3")
 FIGURES = ("miou", "f1", "oa")
+METRIC_COLUMNS = {"weights", "epoch", "samples"} | {f"{f}_{lv}" for f in FIGURES for lv in LEVELS}
 
 
 def summary_row(run: str, metrics: dict) -> dict:
@@ -28,7 +31,18 @@ def summary_row(run: str, metrics: dict) -> dict:
     for name in metrics.get("weight_sets", []):
         row[f"{name}_miou_l3"] = metrics[name]["l3"]["miou"]
     row.update({k: metrics.get(k) for k in ("epoch", "samples")})
+    row.update(metrics.get("trained_with", {}))  # what trained the model
+    row["evaluated_git_commit"] = metrics.get("provenance", {}).get("git_commit")
     return row
+
+
+def metric_table(table: pd.DataFrame) -> pd.DataFrame:
+    return table[[c for c in table.columns if c == "run" or c in METRIC_COLUMNS or "_miou_" in c]]
+
+
+def provenance_table(table: pd.DataFrame) -> pd.DataFrame:
+    """The provenance columns of the summary, one row per run (the report's own section)."""
+    return table[[c for c in table.columns if c not in METRIC_COLUMNS and "_miou_" not in c]]
 
 
 def summarize(runs: list[str], metrics_paths: list[Path]) -> pd.DataFrame:
@@ -52,7 +66,16 @@ def main(argv: list[str] | None = None) -> None:
     if args.html:
         with atomic_path(args.html) as tmp:
             tmp.write_text(
-                plots.html_page("emb summary", [("Test-split metrics, all runs", table)])
+                plots.html_page(
+                    "emb summary",
+                    [
+                        ("Test-split metrics, all runs", metric_table(table)),
+                        (
+                            "Provenance: the code, libraries, config and data of each run",
+                            provenance_table(table),
+                        ),
+                    ],
+                )  # fmt: skip
             )
     if args.png:
         plots.save(plots.summary_figure(table), args.png)
