@@ -111,7 +111,7 @@ def test_report_shows_every_figure_of_every_run(finished_run: Path) -> None:
                "curves.png", "per_class.csv", "demo_a.png", "demo_b.png"]  # fmt: skip
     assert {name: shown(name) for name in per_run} == dict.fromkeys(per_run, len(RUNS))
     once = ["summary.html", "summary.png", "summary.csv", "aef.png", "aef.html",
-            "tessera.png", "tessera.html"]  # fmt: skip
+            "tessera.png", "tessera.html", "provenance.html"]  # fmt: skip
     assert {name: shown(name) for name in once} == dict.fromkeys(once, 1)
     assert "row-normalized" in page  # a caption from workflow/report/*.rst
 
@@ -179,5 +179,5 @@ def test_metrics_summary_and_maps_name_the_code_config_and_data_that_made_them(
         assert tags["TRAINED_CONFIG_DIGEST"] == expected["config_digest"]
         assert tags["PROVENANCE_GIT_COMMIT"] == head
         assert tags["PROVENANCE_TORCH_VERSION"] == metrics["provenance"]["torch_version"]
-    page = (finished_run / "results" / "summary.html").read_text()
-    assert "Provenance" in page and head in page
+    page = (finished_run / "results" / "provenance.html").read_text()
+    assert "What made each run" in page and head in page

@@ -20,6 +20,12 @@ rule summary:
             category="Summary",
             labels={"figure": "all runs side by side"},
         ),
+        provenance=report(
+            "results/provenance.html",
+            caption="../report/provenance.rst",
+            category="Provenance",
+            labels={"figure": "code, libraries, config and data of each run"},
+        ),
     log:
         "logs/summary.log",
     benchmark:
@@ -34,7 +40,8 @@ rule summary:
         runs=RUNS,
     shell:
         "python -m emb.report.summary --runs {params.runs:q} --metrics {input.metrics:q}"
-        " --out={output.csv:q} --html={output.html:q} --png={output.png:q} > {log:q} 2>&1"
+        " --out={output.csv:q} --html={output.html:q} --png={output.png:q}"
+        " --provenance={output.provenance:q} > {log:q} 2>&1"
 
 
 rule curves:

@@ -21,6 +21,7 @@ from emb.report import plots
 
 LEVELS = ("l1", "l2", "l3")
 FIGURES = ("miou", "f1", "oa")
+PROVENANCE_TITLE = "What made each run's model: code, libraries, config and data (digests)"
 METRIC_COLUMNS = {"weights", "epoch", "samples"} | {f"{f}_{lv}" for f in FIGURES for lv in LEVELS}
 
 
@@ -34,10 +35,6 @@ def summary_row(run: str, metrics: dict) -> dict:
     row.update(metrics.get("trained_with", {}))  # what trained the model
     row["evaluated_git_commit"] = metrics.get("provenance", {}).get("git_commit")
     return row
-
-
-def metric_table(table: pd.DataFrame) -> pd.DataFrame:
-    return table[[c for c in table.columns if c == "run" or c in METRIC_COLUMNS or "_miou_" in c]]
 
 
 def provenance_table(table: pd.DataFrame) -> pd.DataFrame:
@@ -59,6 +56,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, required=True, help="summary.csv")
     parser.add_argument("--html", type=Path, help="the table as HTML (for the report)")
     parser.add_argument("--png", type=Path, help="summary.png")
+    parser.add_argument("--provenance", type=Path, help="the provenance table as HTML")
     args = parser.parse_args(argv)
     table = summarize(args.runs, args.metrics)
     with atomic_path(args.out) as tmp:
@@ -66,17 +64,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.html:
         with atomic_path(args.html) as tmp:
             tmp.write_text(
-                plots.html_page(
-                    "emb summary",
-                    [
-                        ("Test-split metrics, all runs", metric_table(table)),
-                        (
-                            "Provenance: the code, libraries, config and data of each run",
-                            provenance_table(table),
-                        ),
-                    ],
-                )  # fmt: skip
+                plots.html_page("emb summary", [("Test-split metrics, all runs", table)])
             )
+    if args.provenance:
+        page = plots.html_page("emb provenance", [(PROVENANCE_TITLE, provenance_table(table))])
+        with atomic_path(args.provenance) as tmp:
+            tmp.write_text(page)
     if args.png:
         plots.save(plots.summary_figure(table), args.png)
     print(table.to_string(index=False))
