@@ -1,58 +1,51 @@
-"""Per-level segmentation metrics (torchmetrics): mIoU, macro-F1 and overall accuracy.
+"""Per-level segmentation figures: mIoU, macro-F1 and overall accuracy, one definition.
 
-Two sets of functions. ``level_metrics`` / ``update`` / ``compute`` (torchmetrics) serve the
-trainer's validation: classes absent from both prediction and target are left out of the
-macro averages (torchmetrics' own rule), and when torch.distributed is initialized,
-``compute()`` synchronizes the states across ranks. ``confusion_update`` /
-``scores_from_confusion`` serve the test-split evaluation: exact integer confusion matrices
-and figures derived from them alone, macro averages over the classes present in the reference.
+Validation (the trainer, which picks ``best.pt``) and test evaluation compute them the same
+way: exact integer confusion matrices per level (``confusion_update``), summed over ranks
+(``sum_over_ranks``: integer sums, so any number of ranks gives the same matrix), and figures
+from the matrix alone (``scores_from_confusion``): macro averages over the classes present in
+the reference.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import torch
-from torch import nn
-from torchmetrics import MetricCollection
-from torchmetrics.classification import (
-    MulticlassAccuracy,
-    MulticlassConfusionMatrix,
-    MulticlassF1Score,
-    MulticlassJaccardIndex,
-)
+import torch.distributed as dist
 
 from emb.classes import IGNORE, N_L1, N_L2, N_L3
 
 NUM_CLASSES = {"l1": N_L1, "l2": N_L2, "l3": N_L3}
+FIGURES = ("miou", "f1", "oa")
 
 
-def level_metrics(confusion: bool = False) -> nn.ModuleDict:
-    """{"l1", "l2", "l3"} -> MetricCollection of miou, f1 (macro) and oa (micro accuracy)."""
-    out = {}
-    for level, n in NUM_CLASSES.items():
-        metrics = {
-            "miou": MulticlassJaccardIndex(n, average="macro", ignore_index=IGNORE),
-            "f1": MulticlassF1Score(n, average="macro", ignore_index=IGNORE),
-            "oa": MulticlassAccuracy(n, average="micro", ignore_index=IGNORE),
-        }
-        if confusion:
-            metrics["confusion"] = MulticlassConfusionMatrix(n, ignore_index=IGNORE)
-        out[level] = MetricCollection(metrics)
-    return nn.ModuleDict(out)
+def empty_confusions(device: torch.device | None = None) -> dict[str, torch.Tensor]:
+    """{"l1", "l2", "l3"} -> (n, n) int64 zeros (rows = reference, columns = prediction)."""
+    return {
+        lv: torch.zeros(n, n, dtype=torch.int64, device=device) for lv, n in NUM_CLASSES.items()
+    }
 
 
-def update(metrics: nn.ModuleDict, logits: dict[str, torch.Tensor], targets: dict) -> None:
-    for level, collection in metrics.items():
-        collection.update(logits[level].argmax(1), targets[level])
+def update(cms: dict[str, torch.Tensor], logits: dict[str, torch.Tensor], targets: dict) -> None:
+    """Add one batch's predictions (argmax of each level's logits) to ``cms`` in place."""
+    for level, cm in cms.items():
+        confusion_update(cm, logits[level].argmax(1), targets[level])
 
 
-def compute(metrics: nn.ModuleDict) -> dict[str, float]:
-    """Flat {"miou_l3": ..., "f1_l1": ..., "oa_l2": ...}; confusion matrices are left out."""
+def sum_over_ranks(cms: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
+    """The matrices summed over every rank (when torch.distributed is initialized), as numpy."""
+    if dist.is_available() and dist.is_initialized():
+        for cm in cms.values():
+            dist.all_reduce(cm)  # integer sums: exact whatever the number of ranks
+    return {lv: cm.cpu().numpy() for lv, cm in cms.items()}
+
+
+def level_figures(cms: dict[str, np.ndarray]) -> dict[str, float]:
+    """Flat {"miou_l3": ..., "f1_l1": ..., "oa_l2": ...} of one weight set's matrices."""
     flat = {}
-    for level, collection in metrics.items():
-        for name, value in collection.compute().items():
-            if name != "confusion":
-                flat[f"{name}_{level}"] = float(value)
+    for level, cm in cms.items():
+        scores = scores_from_confusion(cm)
+        flat.update({f"{fig}_{level}": scores[fig] for fig in FIGURES})
     return flat
 
 

@@ -28,19 +28,17 @@ import pandas as pd
 import torch
 import torch.distributed as dist
 
-from emb.classes import N_L1, N_L2, N_L3, ClassMap, load_class_map
+from emb.classes import ClassMap, load_class_map
 from emb.evaluation.inference import Inference, inference
 from emb.evaluation.runs import LEVELS, RunError, TrainedRun, open_run
 from emb.io import atomic_path, write_json
 from emb.loading.batches import LoaderSpec, eval_batches, shard_sample_counts
-from emb.metrics import confusion_update, scores_from_confusion
+from emb.metrics import empty_confusions, scores_from_confusion, sum_over_ranks, update
 from emb.prep.manifest import read_manifest
 from emb.provenance import digest_file, provenance
 from emb.report import plots
-from emb.training.distributed import is_distributed
 from emb.training.loss import HierarchyTargets
 
-N_CLASSES = {"l1": N_L1, "l2": N_L2, "l3": N_L3}
 FIGURES = ("oa", "miou", "f1")
 
 
@@ -62,12 +60,7 @@ def confusion_matrices(
     dequantize = run.dequantize().to(device)
     targets_of = HierarchyTargets(cmap).to(device)
     models = {name: run_on.prepare(run.model(name)) for name in run.weights}
-    cms = {
-        name: {
-            lv: torch.zeros(n, n, dtype=torch.int64, device=device) for lv, n in N_CLASSES.items()
-        }
-        for name in models
-    }
+    cms = {name: empty_confusions(device) for name in models}
     spec = LoaderSpec(run.cfg.data.source, run.cfg.model.in_dim, batch_size)
     for batch in eval_batches(shards, spec, rank, world, shard_samples):
         x, y = dequantize({k: v.to(device) for k, v in batch.items()})
@@ -75,13 +68,8 @@ def confusion_matrices(
         for name, model in models.items():
             with run_on.autocast():
                 logits = model(x)
-            for level in LEVELS:
-                confusion_update(cms[name][level], logits[level].argmax(1), targets[level])
-    if is_distributed():
-        for per_level in cms.values():
-            for cm in per_level.values():
-                dist.all_reduce(cm)  # integer sums: exact whatever the number of ranks
-    return {name: {lv: cm.cpu().numpy() for lv, cm in per.items()} for name, per in cms.items()}
+            update(cms[name], logits, targets)
+    return {name: sum_over_ranks(per_level) for name, per_level in cms.items()}
 
 
 def class_names(cmap: ClassMap) -> dict[str, tuple[str, ...]]:

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from emb import metrics as level_metrics
+from emb import metrics
 from emb.loading.dequantize import Dequantize
 from emb.training.checkpoint import unwrap
 from emb.training.config import check_grad_scaler
@@ -202,7 +202,8 @@ class Trainer:
         bn_batch_stats: bool = False,
         min_batch: int = 1,
     ) -> dict[str, float]:
-        """Loss and per-level metrics of each of ``models`` in one pass, summed over ranks.
+        """Loss and per-level metrics of each of ``models`` in one pass, summed over ranks;
+        the figures are those of the test evaluation (:mod:`emb.metrics`, one definition).
 
         Keys: ``val_loss``, ``val_miou_l3``, ... for the first model, ``val_{name}_...`` for
         every model. ``bn_batch_stats`` (defence in depth) runs BatchNorm on batch statistics
@@ -211,7 +212,7 @@ class Trainer:
         for name, model in models.items():
             check_finite_buffers(model, name)
             _eval_mode(model, bn_batch_stats)
-        states = {name: level_metrics.level_metrics().to(self.device) for name in models}
+        states = {name: metrics.empty_confusions(self.device) for name in models}
         sums = {name: 0.0 for name in models}
         count = 0
         try:
@@ -225,7 +226,7 @@ class Trainer:
                         logits = model(x)
                     loss, _ = self.loss_fn(logits, targets)
                     sums[name] += float(loss) * x.shape[0]
-                    level_metrics.update(states[name], logits, targets)
+                    metrics.update(states[name], logits, targets)
         finally:
             for model in models.values():
                 _restore_bn(model)
@@ -235,7 +236,7 @@ class Trainer:
         out: dict[str, float] = {"val_samples": int(count_all)}
         for i, name in enumerate(names):
             figures = {"loss": totals[i] / max(count_all, 1)}
-            figures.update(level_metrics.compute(states[name]))
+            figures.update(metrics.level_figures(metrics.sum_over_ranks(states[name])))
             for key, value in figures.items():
                 out[f"val_{name}_{key}"] = value
                 if i == 0:
