@@ -1,7 +1,8 @@
 """Per-level segmentation figures: mIoU, macro-F1 and overall accuracy, one definition.
 
 Validation (the trainer, which picks ``best.pt``) and test evaluation compute them the same
-way: exact integer confusion matrices per level (``confusion_update``), summed over ranks
+way: exact integer confusion matrices per level (``confusion_update``, torchmetrics' counts),
+summed over ranks
 (``sum_over_ranks``: integer sums, so any number of ranks gives the same matrix), and figures
 from the matrix alone (``scores_from_confusion``): macro averages over the classes present in
 the reference.
@@ -12,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 import torch.distributed as dist
+from torchmetrics.functional.classification import multiclass_confusion_matrix
 
 from emb.classes import IGNORE, N_L1, N_L2, N_L3
 
@@ -57,10 +59,10 @@ def confusion_update(
 ) -> None:
     """Add the counts of one batch to ``cm`` (n, n) int64 in place: rows = reference, columns =
     prediction. Pixels whose target is ``ignore`` never count."""
-    n = cm.shape[0]
-    keep = target != ignore
-    idx = target[keep].long() * n + pred[keep].long()
-    cm += torch.bincount(idx, minlength=n * n).reshape(n, n).to(cm)
+    counts = multiclass_confusion_matrix(
+        pred, target, cm.shape[0], ignore_index=ignore, validate_args=False
+    )
+    cm += counts.to(cm)
 
 
 def scores_from_confusion(cm: np.ndarray) -> dict:
