@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)  # no space left; disk quota exceeded
+CANT_WRITE = (errno.EROFS, errno.EACCES, errno.EPERM)  # read-only file system; permission
 
 
 def is_disk_full(err: BaseException) -> bool:
@@ -22,24 +24,30 @@ def atomic_path(path: Path | str) -> Iterator[Path]:
     """Yield a temporary sibling of ``path``; on success fsync it and rename it over ``path``.
 
     On an exception the temporary file is removed and whatever was at ``path`` stays intact.
-    A full disk raises ``OSError`` (ENOSPC/EDQUOT) naming ``path``, even when the failing call
-    was a ``write`` that knew no file name.
+    A full disk (ENOSPC/EDQUOT) or a folder we may not write in (EROFS, EACCES) raises an
+    ``OSError`` naming ``path``, even when the failing call was a ``write`` that knew no file
+    name or a GDAL call that knew no errno.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
+        # Created here, so that a read-only or full folder fails as an OSError naming the file
+        # (GDAL, which writes rasters into it, would fail with a message naming no errno).
+        tmp.touch()
         yield tmp
         with open(tmp, "rb+") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp, path)
         _fsync_dir(path.parent)  # the rename itself survives a crash only once the dir is synced
     except OSError as err:
-        if is_disk_full(err) and err.filename in (None, str(tmp)):
-            raise OSError(err.errno, err.strerror, str(path)) from err
+        about_tmp = err.filename is None or os.fspath(err.filename) == os.fspath(tmp)
+        if about_tmp and (is_disk_full(err) or err.errno in CANT_WRITE):
+            raise OSError(err.errno, err.strerror, str(path)) from err  # its subclass, by errno
         raise
     finally:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # on a read-only folder unlink fails (EROFS) too
+            tmp.unlink(missing_ok=True)
 
 
 def _fsync_dir(folder: Path) -> None:

@@ -129,7 +129,7 @@ def test_tiles_without_any_valid_pixel_are_an_error_and_keep_the_old_stats(tmp_p
     tile = ordinary_tile(np.random.default_rng(23))
     tile["scale"][:] = 0
     result = run_stats(tmp_path, write_shard(tmp_path, [tile, tile]), "--n-tiles", "all")
-    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "the 2 sampled tiles have no valid pixel (first" in result.stderr
     assert (tmp_path / "stats" / "stats.json").read_text() == '{"old": true}'
     assert not (tmp_path / "stats" / "channel_mean.npy").exists()
@@ -140,7 +140,7 @@ def test_corrupt_moments_stop_the_stage_and_keep_the_old_stats(tmp_path: Path) -
     tiles = [ordinary_tile(rng) for _ in range(2)]
     shards = write_shard(tmp_path, tiles, {1: spoiled(tiles[1], "negative_m2")})
     result = run_stats(tmp_path, shards)
-    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "train-0000.tar: sample r_1_0: moments.npy: means" in result.stderr
     assert (tmp_path / "stats" / "stats.json").read_text() == '{"old": true}'
 
@@ -154,7 +154,7 @@ def test_a_truncated_shard_beside_its_sidecar_names_both_and_keeps_the_old_stats
     shutil.copy(sidecar_path(url), sidecar_path(copy))
     copy.write_bytes(copy.read_bytes()[:-4096])
     result = run_stats(tmp_path, [str(copy)], "--n-tiles", "all")
-    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "train-0000.tar.idx.json indexes" in result.stderr
     assert f"{copy} has {copy.stat().st_size}: the two disagree" in result.stderr
     assert (tmp_path / "stats" / "stats.json").read_text() == '{"old": true}'
@@ -166,7 +166,7 @@ def test_more_tiles_requested_than_exist_uses_every_tile_and_says_so(tmp_path: P
     result = run_stats(tmp_path, write_shard(tmp_path, [ordinary_tile(rng) for _ in range(3)]),
                        "--n-tiles", "10000")  # fmt: skip
     assert result.returncode == 0, result.stderr
-    assert "warning: 10000 tiles requested, the train split has 3: all of them used" in (
+    assert "WARNING emb.prep.channel_stats: 10000 tiles requested, the train split has 3: all" in (
         result.stderr
     )
     record = json.loads((tmp_path / "stats" / "stats.json").read_text())

@@ -52,7 +52,8 @@ def test_disk_full_during_a_save_keeps_the_previous_checkpoint_and_says_so(
     second = run(run_dir / "config.yaml")
     output = second.stdout + second.stderr
     assert second.returncode != 0, output[-3000:]
-    assert f"error: disk full: cannot write {run_dir / 'last.pt'}" in output, output[-3000:]
+    said = f"ERROR emb.training.train: disk full: cannot write {run_dir / 'last.pt'}"
+    assert said in output, output[-3000:]
     assert worker_exit_codes(output).get(0) == EXIT_DISK_FULL, output[-3000:]
     after = tree_hashes(run_dir)
     assert {k: after.get(k) for k in before} == before  # nothing written before was changed

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 from collections import Counter
 from pathlib import Path
 
@@ -18,9 +19,13 @@ from rasterio.enums import Resampling
 from rasterio.warp import reproject, transform_bounds
 from rasterio.windows import Window
 
+from emb import cli
 from emb.classes import IGNORE, ClassMap, load_class_map
-from emb.io import atomic_path
+from emb.io import atomic_path, write_json
+from emb.progress import Progress
 from emb.rasters import embedding_nodata, nodata_mask
+
+log = logging.getLogger(__name__)
 
 
 def _windows(height: int, width: int, block: int):
@@ -62,6 +67,8 @@ def align_labels(
             profile.update(tiled=True, blockxsize=256, blockysize=256)
         cdl_band = rasterio.band(cdl, 1)
         nodata = embedding_nodata(emb.dtypes[0], emb.nodata)
+        rows, cols = -(-emb.height // block), -(-emb.width // block)
+        progress = Progress(rows * cols, "blocks", f"{out_path.name} labels", log)
         with atomic_path(out_path) as tmp, rasterio.open(tmp, "w", **profile) as dst:
             for win in _windows(emb.height, emb.width, block):
                 # the CDL's own dtype: uint16 codes above 255 stay themselves (and unmapped)
@@ -85,6 +92,7 @@ def align_labels(
                 l3[missing] = IGNORE
                 counts["labelled"] += int((l3 != IGNORE).sum())
                 dst.write(l3, 1, window=win)
+                progress.advance()
             if counts["labelled"] == 0:  # before the file is published
                 raise AlignmentError(
                     f"{cdl_path} gives no labelled pixel on {emb_path}: expected CDL codes of "
@@ -92,9 +100,11 @@ def align_labels(
                     f"(unmapped codes: {dict(codes.most_common(5))})"
                 )
         counts["pixels"] = emb.height * emb.width
+    progress.done()
     return {"counts": dict(counts), "unmapped_codes": {str(k): v for k, v in sorted(codes.items())}}
 
 
+@cli.stage
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--emb", type=Path, required=True, help="embedding raster")
@@ -104,15 +114,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--report", type=Path, required=True, help="sidecar JSON")
     parser.add_argument("--block", type=int, default=512)
     args = parser.parse_args(argv)
-    try:
-        report = align_labels(
-            args.emb, args.cdl, load_class_map(args.classes), args.out, args.block
-        )
-    except AlignmentError as err:
-        raise SystemExit(f"error: {err}") from err
+    cmap = load_class_map(args.classes)
+    report = align_labels(args.emb, args.cdl, cmap, args.out, args.block)
     report.update(emb=str(args.emb), cdl=str(args.cdl))
-    args.report.write_text(json.dumps(report, indent=2))
-    print(json.dumps(report["counts"]))
+    write_json(args.report, report)
+    log.info("%s: %s", args.out, json.dumps(report["counts"]))
 
 
 if __name__ == "__main__":

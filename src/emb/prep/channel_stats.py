@@ -11,9 +11,9 @@ with the same result.
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 import os
-import sys
 import warnings
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -24,11 +24,12 @@ from typing import TypeVar
 import numpy as np
 import torch
 
+from emb import cli
 from emb.io import atomic_path, write_json
 from emb.loading.batch_reader import BatchReader, round_robin
 from emb.loading.shard_index import SampleAt, ShardError
 from emb.loading.sidecar import index_shard
-from emb.prep.manifest import ManifestError, read_manifest
+from emb.prep.manifest import read_manifest
 from emb.prep.moments import (
     check_moments,
     merge_moments,
@@ -36,12 +37,14 @@ from emb.prep.moments import (
     stores_moments,
     tile_moments,
 )
+from emb.progress import Progress
 
 __all__ = ["ALL", "StatsError", "channel_stats", "tile_moments"]
 T = TypeVar("T")
 R = TypeVar("R")
 ALL = "all"  # n_tiles: every training tile
 MOMENTS_DTYPE = np.dtype("<f8")
+log = logging.getLogger(__name__)
 
 
 class StatsError(ValueError):
@@ -84,12 +87,15 @@ def channel_stats(
     chosen = choose_tiles(keys, n_tiles, seed)
     sampled = _sampled_tiles(shards, shard_keys, chosen)
     dim = _in_dim(sampled[0])
-    parts = _stored_moments(sampled, dim)
+    progress = Progress(len(sampled), "tiles", f"{source} channel stats", log)
+    parts = _stored_moments(sampled, dim, progress)
     missing = [i for i, s in enumerate(sampled) if "moments" not in s.arrays]
     if missing and stores_moments(source):
         _warn_missing([sampled[i] for i in missing])
     if missing:
-        parts[missing] = _moments_from_tiles(source, [sampled[i] for i in missing], dim, threads)
+        tiles = [sampled[i] for i in missing]
+        parts[missing] = _moments_from_tiles(source, tiles, dim, threads, progress)
+    progress.done()
     pixels, mean, m2 = merge_moments(parts)
     if pixels == 0:
         raise StatsError(
@@ -130,7 +136,7 @@ def _sampled_tiles(
     return sampled
 
 
-def _stored_moments(sampled: list[SampleAt], dim: int) -> np.ndarray:
+def _stored_moments(sampled: list[SampleAt], dim: int, progress: Progress) -> np.ndarray:
     """(N, 3, D) moments of the sampled tiles, read where stored (other rows stay 0).
 
     All are checked against their tiles (shape, counts within the tile, finite, M2 >= 0): a
@@ -162,6 +168,7 @@ def _stored_moments(sampled: list[SampleAt], dim: int) -> np.ndarray:
                 raise ShardError(f"{where}: moments.npy ends early (truncated shard)")
             parts[i] = np.frombuffer(data, MOMENTS_DTYPE).reshape(3, dim)
             pixels[i] = math.prod(sample.arrays["emb"].shape[1:])
+            progress.advance()
     finally:
         if fd >= 0:
             os.close(fd)
@@ -194,7 +201,7 @@ def _warn_missing(samples: list[SampleAt]) -> None:
 
 
 def _moments_from_tiles(
-    source: str, sampled: list[SampleAt], dim: int, threads: int | None
+    source: str, sampled: list[SampleAt], dim: int, threads: int | None, progress: Progress
 ) -> np.ndarray:
     """(N, 3, D) moments computed from the tiles' arrays, read in a thread ahead of the sums."""
     names = ("emb",) if source == "aef" else ("emb", "scale")
@@ -203,7 +210,11 @@ def _moments_from_tiles(
     workers = threads or torch.get_num_threads()
     summed = _in_threads(lambda t: tile_moments(source, t), tiles, workers)
     try:
-        return np.stack([moments_array(*part) for _, part in summed])  # in sample order
+        parts = []
+        for _, part in summed:  # in sample order
+            parts.append(moments_array(*part))
+            progress.advance()
+        return np.stack(parts)
     finally:
         summed.close()  # its threads finish first, then the reader's thread stops
         tiles.close()
@@ -243,6 +254,7 @@ def n_tiles_arg(text: str) -> int | str:
     return int(text)
 
 
+@cli.stage
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--manifest", type=Path, required=True)
@@ -251,32 +263,28 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out-dir", type=Path, required=True)
     parser.add_argument("--threads", type=int, default=None, help="summing threads")
     args = parser.parse_args(argv)
+    manifest = read_manifest(args.manifest, splits=("train",), keys=("source",))
+    train = manifest["splits"]["train"]
     try:
-        manifest = read_manifest(args.manifest, splits=("train",), keys=("source",))
-    except ManifestError as err:
-        raise SystemExit(f"error: {err}") from err
-    shards = manifest["splits"]["train"]["shards"]
-    try:
-        keys = manifest["splits"]["train"].get("shard_keys")
         mean, std, record = channel_stats(
-            manifest["source"], shards, args.n_tiles, args.seed, keys, args.threads
-        )
+            manifest["source"], train["shards"], args.n_tiles, args.seed,
+            train.get("shard_keys"), args.threads,
+        )  # fmt: skip
     except (StatsError, ShardError) as err:
-        raise SystemExit(f"error: {args.manifest}: {err}") from err
+        raise type(err)(f"{args.manifest}: {err}") from err
     if args.n_tiles != ALL and args.n_tiles > record["n_tiles"]:
-        print(
-            f"warning: {args.n_tiles} tiles requested, the train split has "
-            f"{record['n_tiles']}: all of them used",
-            file=sys.stderr,
-        )
+        log.warning(
+            "%s tiles requested, the train split has %s: all of them used",
+            args.n_tiles, record["n_tiles"],
+        )  # fmt: skip
     for name, array in (("channel_mean.npy", mean), ("channel_std.npy", std)):
         with atomic_path(args.out_dir / name) as tmp, open(tmp, "wb") as fh:
             np.save(fh, array)
     write_json(args.out_dir / "stats.json", record)
-    print(
-        f"{manifest['source']}: {record['n_tiles']} tiles ({record['stored_moments']} with "
-        f"stored moments), {record['pixels']} pixels"
-    )
+    log.info(
+        "%s: %s tiles (%s with stored moments), %s pixels",
+        manifest["source"], record["n_tiles"], record["stored_moments"], record["pixels"],
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

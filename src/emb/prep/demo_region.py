@@ -11,6 +11,7 @@ function of the seed.
 from __future__ import annotations
 
 import argparse
+import logging
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,7 @@ from rasterio.crs import CRS
 from rasterio.warp import transform as warp_transform
 from rasterio.warp import transform_bounds
 
+from emb import cli
 from emb.classes import load_class_map
 from emb.rasters import AEF_NODATA, BANDS, dequantize_tessera, quantize_aef, quantize_tessera
 
@@ -45,6 +47,7 @@ CDL_FREQUENCIES = {
     63: 0.01,
     81: 0.005,
 }
+log = logging.getLogger(__name__)
 CDL_CRS = CRS.from_epsg(5070)
 CDL_RES = 30.0
 EMB_RES = 10.0
@@ -210,6 +213,7 @@ def write_region(
     return paths
 
 
+@cli.stage
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--region", required=True, choices=[r.name for r in DEMO_REGIONS])
@@ -222,7 +226,7 @@ def main(argv: list[str] | None = None) -> None:
     for name, path in write_region(
         region, args.size, args.out_dir, args.classes, args.seed
     ).items():
-        print(f"wrote {name}: {path}")
+        log.info("wrote %s: %s", name, path)
 
 
 if __name__ == "__main__":

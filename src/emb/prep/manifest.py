@@ -9,18 +9,36 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
+import logging
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 
+from emb import cli
 from emb.io import write_json
 from emb.prep.tiles import SPLITS
+
+log = logging.getLogger(__name__)
+INDEX_KEYS = ("source", "region", "in_dim", "tile_size", "dtype", "dropped", "splits")
 
 
 class ManifestError(ValueError):
     """Region indexes that cannot form one manifest, or a file that is not a manifest."""
+
+
+def read_index(path: Path) -> dict:
+    """A region index written by the shard stage, refused naming the file when it is not one."""
+    try:
+        index = json.loads(Path(path).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ManifestError(f"{path}: not a JSON region index ({err}); rebuild it") from err
+    missing = [k for k in INDEX_KEYS if not isinstance(index, dict) or k not in index]
+    if missing:
+        raise ManifestError(
+            f"{path}: expected a region index with keys {list(INDEX_KEYS)}, missing {missing}"
+        )
+    return index
 
 
 def read_manifest(
@@ -87,6 +105,7 @@ def shard_count_warnings(manifest: dict, ranks: int, workers: int) -> list[str]:
     ]
 
 
+@cli.stage
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("indexes", type=Path, nargs="+", help="region index JSON files")
@@ -94,19 +113,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ranks", type=int, default=1, help="training processes (all nodes)")
     parser.add_argument("--workers", type=int, default=0, help="loader workers per process")
     args = parser.parse_args(argv)
-    manifest = merge_indexes([json.loads(p.read_text()) for p in args.indexes], args.indexes)
+    manifest = merge_indexes([read_index(p) for p in args.indexes], args.indexes)
     for split in ("train", "val", "test"):
         if manifest["splits"][split]["samples"] == 0:
-            raise SystemExit(
-                f"error: split {split!r} of {manifest['source']} has no tiles "
+            raise ManifestError(
+                f"split {split!r} of {manifest['source']} has no tiles "
                 f"(dropped: {manifest['splits'][split]['dropped']}, straddling splits: "
                 f"{manifest['dropped_unassigned']}); lower tiles.min_valid or change the split"
             )
     manifest["warnings"] = shard_count_warnings(manifest, args.ranks, args.workers)
     for warning in manifest["warnings"]:
-        print(f"warning: {warning}", file=sys.stderr)
+        log.warning("%s", warning)
     write_json(args.out, manifest)
-    print({s: v["samples"] for s, v in manifest["splits"].items()})
+    log.info("%s: samples %s", args.out, {s: v["samples"] for s, v in manifest["splits"].items()})
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ free. The result is a plain tar: webdataset and tarfile read it as usual.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import tarfile
 from collections.abc import Iterator
@@ -52,6 +53,14 @@ class TarShard:
         self.members: list[Member] = []
 
     def write(self, sample: dict[str, str | Payload]) -> None:
+        try:
+            self._write(sample)
+        except OSError as err:  # a write() knows no file name: name the shard
+            if err.filename is None:
+                raise OSError(err.errno, err.strerror, self.path) from err
+            raise
+
+    def _write(self, sample: dict[str, str | Payload]) -> None:
         key = sample["__key__"]
         for name, payload in sample.items():
             if name == "__key__":
@@ -65,6 +74,12 @@ class TarShard:
             for part in payload:
                 self.fh.write(part)
             self.fh.write(b"\0" * (-size % tarfile.BLOCKSIZE))
+
+    def abandon(self) -> None:
+        """Close the file of a failed build; a flush failing on a full disk is ignored (the
+        file is closed all the same, and its staging folder is removed)."""
+        with contextlib.suppress(OSError):
+            self.fh.close()
 
     def close(self) -> None:
         self.fh.write(b"\0" * (2 * tarfile.BLOCKSIZE))  # end-of-archive marker
@@ -94,16 +109,21 @@ def write_shards(
         )
         sink = None
 
-    for sample in samples:
-        if sink is None:
-            sink, count, size = TarShard(pattern % len(shards)), 0, 0
-            keys.clear()
-        sink.write(sample)
-        keys.append(sample["__key__"])
-        count += 1
-        size += sum(payload_size(v) for k, v in sample.items() if k != "__key__")
-        if count >= max_samples or size >= max_bytes:
+    try:
+        for sample in samples:
+            if sink is None:
+                sink, count, size = TarShard(pattern % len(shards)), 0, 0
+                keys.clear()
+            sink.write(sample)
+            keys.append(sample["__key__"])
+            count += 1
+            size += sum(payload_size(v) for k, v in sample.items() if k != "__key__")
+            if count >= max_samples or size >= max_bytes:
+                close()
+        if sink is not None:
             close()
-    if sink is not None:
-        close()
+    except BaseException:
+        if sink is not None:
+            sink.abandon()
+        raise
     return shards

@@ -12,17 +12,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import shutil
 import tempfile
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import closing
 from pathlib import Path
 from typing import TypeVar
 
 import numpy as np
 import rasterio
 
+from emb import cli
 from emb.classes import IGNORE, N_L3
 from emb.io import write_json
 from emb.loading.buffer_pool import BufferPool
@@ -30,11 +33,17 @@ from emb.loading.sidecar import sidecar_path
 from emb.prep.moments import moments_array, stores_moments, tile_moments
 from emb.prep.shard_writer import Payload, TarShard, encode_npy, write_shards
 from emb.prep.tiles import SPLITS, SplitSpec, Tile, TileSpec, TilingError, plan_tiles
+from emb.progress import Progress
 from emb.rasters import BANDS, shard_arrays
 
 __all__ = ["TarShard", "build_region", "encode_npy", "tile_samples", "write_shards"]
 T = TypeVar("T")
 GDAL_CACHE_MB = 64  # tiles are read once: a large block cache only inflates memory
+log = logging.getLogger(__name__)
+
+
+class BandCountError(ValueError):
+    """An embedding raster with another band count than its source has."""
 
 
 def read_ahead(items: Iterator[T]) -> Iterator[T]:
@@ -68,8 +77,13 @@ def tile_samples(
         return tile, emb.read(window=tile.window, out=out)
 
     # Threads start on first use: AEF, which needs no quantization, never starts them.
-    with ThreadPoolExecutor(2, thread_name_prefix="quantize") as quantizers:
-        for tile, block in read_ahead(read(t) for t in tiles):
+    # closing(): the read-ahead thread has finished before the caller closes ``emb``, also
+    # when writing failed (a read into a closed GDAL dataset crashes the process).
+    with (
+        ThreadPoolExecutor(2, thread_name_prefix="quantize") as quantizers,
+        closing(read_ahead(read(t) for t in tiles)) as blocks,
+    ):
+        for tile, block in blocks:
             win = tile.window
             q = pool.take(block.shape, np.dtype(np.int8)) if quantized else None
             arrays = shard_arrays(source, block, emb.nodata, q, quantizers.map)
@@ -90,19 +104,31 @@ def tile_samples(
             yield sample
 
 
-def _publish(staging: Path, out_dir: Path, index: dict) -> None:
-    """Move the staged shards and sidecars under their final names, then drop shards of an
-    older build."""
-    keep = set()
+def _publish(staging: Path, out_dir: Path, index: dict, index_path: Path | None) -> None:
+    """Move the staged shards and sidecars under their final names, then the region index,
+    then drop shards of an older build.
+
+    Everything that can fail for want of space is written before the first rename, and
+    signals wait until the renames are done: neither a full disk nor a SIGTERM leaves half
+    the new shards beside half the old ones.
+    """
+    moves = []
     for part in index["splits"].values():
         for shard in part["shards"]:
-            final = out_dir / Path(shard["path"]).name
-            # The tar first: a stop in between leaves the old sidecar (or none) beside the new
-            # tar, which the loader refuses (size) or scans; never a sidecar without its tar.
-            os.replace(shard["path"], final)
-            os.replace(sidecar_path(shard["path"]), sidecar_path(final))
-            shard["path"] = str(final)
-            keep.add(final.name)
+            staged = shard["path"]
+            shard["path"] = str(out_dir / Path(staged).name)
+            moves.append((staged, shard["path"]))
+    if index_path is not None:
+        write_json(staging / "index.json", index)
+    with cli.signals_deferred():
+        for staged, final in moves:
+            # The tar first: a crash in between leaves the old sidecar (or none) beside the
+            # new tar, which the loader refuses (size) or scans; never a sidecar without its tar.
+            os.replace(staged, final)
+            os.replace(sidecar_path(staged), sidecar_path(final))
+        if index_path is not None:
+            os.replace(staging / "index.json", index_path)
+    keep = {Path(final).name for _, final in moves}
     for old in out_dir.glob("*-[0-9][0-9][0-9][0-9].tar"):
         if old.name not in keep:
             Path(sidecar_path(old)).unlink(missing_ok=True)
@@ -120,11 +146,14 @@ def build_region(
     fixed_split: str | None = None,
     max_samples: int = 256,
     max_bytes: int = 1 << 30,
+    index_path: Path | None = None,
 ) -> dict:
-    """Shards of one region for every split; returns the region's index (see manifest).
+    """Shards of one region for every split; returns the region's index (see manifest), also
+    written to ``index_path`` (a file in ``out_dir``) when given.
 
     Shards are written into a staging folder and moved into ``out_dir`` only when every
-    split is complete: a failed build leaves the shards of the previous build untouched.
+    split is complete: a failed build (bad input, disk full, SIGTERM) removes the staging
+    folder and leaves the shards and index of the previous build untouched.
     """
     with rasterio.Env(GDAL_CACHEMAX=GDAL_CACHE_MB), rasterio.open(label_path) as src:
         labels = src.read(1)
@@ -149,10 +178,11 @@ def build_region(
     }
     out_dir.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=out_dir))
+    progress = Progress(len(tiles), unit="tiles", what=f"{source}/{region} shards", logger=log)
     try:
         with rasterio.Env(GDAL_CACHEMAX=GDAL_CACHE_MB), rasterio.open(emb_path) as emb:
             if emb.count != BANDS[source]:
-                raise ValueError(
+                raise BandCountError(
                     f"{emb_path}: expected {BANDS[source]} bands for {source}, found {emb.count}"
                 )
             for split in SPLITS:
@@ -161,9 +191,10 @@ def build_region(
                 for t in chosen:
                     patch = labels[t.row : t.row + t.size, t.col : t.col + t.size]
                     hist += np.bincount(patch[patch != IGNORE], minlength=N_L3)[:N_L3]
-                samples = tile_samples(source, region, emb, labels, chosen)
                 pattern = str(staging / f"{split}-%04d.tar")
-                shards = write_shards(samples, pattern, max_samples, max_bytes)
+                with closing(tile_samples(source, region, emb, labels, chosen)) as samples:
+                    shards = write_shards(_counted(samples, progress), pattern, max_samples,
+                                          max_bytes)  # fmt: skip
                 n = sum(s["samples"] for s in shards)
                 index["splits"][split] = {
                     "shards": shards,
@@ -172,12 +203,20 @@ def build_region(
                     "class_hist": hist.tolist(),
                     "bytes_per_sample": sum(s["bytes"] for s in shards) / n if n else 0,
                 }
-        _publish(staging, out_dir, index)
+        _publish(staging, out_dir, index, index_path)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+    progress.done()
     return index
 
 
+def _counted(samples: Iterator[T], progress: Progress) -> Iterator[T]:
+    for sample in samples:
+        yield sample
+        progress.advance()
+
+
+@cli.stage
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--source", required=True, choices=sorted(BANDS))
@@ -203,29 +242,26 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-bytes", type=int, default=1 << 30)
     args = parser.parse_args(argv)
     fixed = args.split if args.split in SPLITS else None
-    try:
-        index = build_region(
-            args.source,
-            args.region,
-            args.emb,
-            args.labels,
-            args.index.parent,
-            TileSpec(args.tile_size, args.stride, args.min_valid),
-            SplitSpec(
-                args.block_m,
-                dict(zip(SPLITS, args.fractions, strict=True)),
-                args.seed,
-                args.buffer_m,
-            ),
-            fixed,
-            args.max_samples,
-            args.max_bytes,
-        )
-    except (TilingError, ValueError) as err:
-        raise SystemExit(f"error: {err}") from err
-    write_json(args.index, index)
+    index = build_region(
+        args.source,
+        args.region,
+        args.emb,
+        args.labels,
+        args.index.parent,
+        TileSpec(args.tile_size, args.stride, args.min_valid),
+        SplitSpec(
+            args.block_m,
+            dict(zip(SPLITS, args.fractions, strict=True)),
+            args.seed,
+            args.buffer_m,
+        ),
+        fixed,
+        args.max_samples,
+        args.max_bytes,
+        args.index,
+    )
     counts = {s: v["samples"] for s, v in index["splits"].items()}
-    print(f"{args.source}/{args.region}: samples {counts}, dropped {index['dropped']}")
+    log.info("%s/%s: samples %s, dropped %s", args.source, args.region, counts, index["dropped"])
 
 
 if __name__ == "__main__":

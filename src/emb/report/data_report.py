@@ -4,14 +4,18 @@ figure and as HTML tables for the report."""
 from __future__ import annotations
 
 import argparse
+import logging
 from pathlib import Path
 
 import pandas as pd
 
+from emb import cli
 from emb.classes import load_class_map
 from emb.io import atomic_path
 from emb.prep.manifest import read_manifest
 from emb.report import plots
+
+log = logging.getLogger(__name__)
 
 
 def split_table(manifest: dict) -> pd.DataFrame:
@@ -43,6 +47,7 @@ def class_table(manifest: dict, l3_names: tuple[str, ...]) -> pd.DataFrame:
     return table.sort_values(list(manifest["splits"])[0], ascending=False)
 
 
+@cli.stage
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--manifest", type=Path, required=True)
@@ -62,6 +67,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     with atomic_path(args.html) as tmp:
         tmp.write_text(page)
+    log.info("wrote %s and %s", args.png, args.html)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """What a training run tells people: console lines, ``history.csv``, TensorBoard, wandb.
 
 Only rank 0 writes; the other ranks' calls do nothing. Console lines start with a time stamp;
-losses are printed with 4 significant digits (never a fixed 3 decimals that shows a diverging run as 0.000) and NaN as nan.
+losses are printed with 4 significant digits (never a fixed 3 decimals that shows a diverging
+run as 0.000) and NaN as nan.
 """
 
 from __future__ import annotations

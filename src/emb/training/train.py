@@ -6,7 +6,8 @@ exit codes. Rank 0 alone writes ``history.csv``, TensorBoard logs and checkpoint
 writes ``ranks/rank{r}.json`` (shards read, batches per epoch, a digest of its parameters) so
 tests can check DDP from the outside. The declared output ``train.json`` is written last.
 
-Exit codes: 0 done; 2 bad input or config; 3 diverged; 74 disk full (the previous checkpoint
+Exit codes (:mod:`emb.cli`): 0 done; 2 bad input or config; 3 diverged; 66 an input
+missing; 73 an output not writable; 74 disk full (the previous checkpoint
 is intact); 75 stopped early with a checkpoint (signal or deadline): running the job again
 resumes. Collectives time out after ``train.collective_timeout_s``, so a lost rank fails the
 job instead of hanging it.
@@ -15,6 +16,7 @@ job instead of hanging it.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 import time
@@ -24,6 +26,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from emb import cli
 from emb.cluster.slurm import SlurmError, job_end_time
 from emb.io import is_disk_full, write_json
 from emb.training.config import ConfigError, TrainConfig, load
@@ -32,6 +35,7 @@ from emb.training.stop import EXIT_STOPPED, StopRequest
 from emb.training.trainer import TrainingDiverged
 
 EXIT_CONFIG, EXIT_DIVERGED, EXIT_DISK_FULL = 2, 3, 74  # 74: EX_IOERR
+log = logging.getLogger(__name__)
 
 
 def job_deadline(cfg: TrainConfig, env: dict[str, str], started: float) -> float | None:
@@ -72,6 +76,7 @@ def train(config: Path, env: dict[str, str], started: float, stop: StopRequest) 
         write_json(config.parent / "train.json", summary)
 
 
+@cli.stage
 def main(argv: list[str] | None = None) -> None:
     started = time.time()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -86,19 +91,18 @@ def main(argv: list[str] | None = None) -> None:
     except Stopped:
         code = EXIT_STOPPED
     except TrainingDiverged as err:
-        print(f"error: {args.config}: {err}", file=sys.stderr)
+        log.error("%s: %s", args.config, err)
         code = EXIT_DIVERGED
-    except (ConfigError, ValueError, FileNotFoundError) as err:
-        print(f"error: {err}", file=sys.stderr)
+    except (ConfigError, ValueError) as err:  # any ValueError: the stage's contract since v1
+        log.error("%s", " ".join(str(err).split()))
         code = EXIT_CONFIG
     except OSError as err:
         if not is_disk_full(err):
-            raise
-        print(
-            f"error: disk full: cannot write {err.filename} ({err.strerror}); the previous "
-            "checkpoint is intact: free space and run the job again to resume",
-            file=sys.stderr,
-        )
+            raise  # emb.cli: a missing input 66, a read-only output 73, else a traceback
+        log.error(
+            "disk full: cannot write %s (%s); the previous checkpoint is intact: free space "
+            "and run the job again to resume", err.filename, err.strerror,
+        )  # fmt: skip
         code = EXIT_DISK_FULL
     finally:
         if dist.is_initialized():

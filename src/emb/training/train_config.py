@@ -13,12 +13,30 @@ from __future__ import annotations
 
 import argparse
 import copy
+import logging
 from pathlib import Path
 
 import yaml
 
+from emb import cli
 from emb.io import atomic_path
 from emb.training.config import ConfigError, TrainConfig
+
+log = logging.getLogger(__name__)
+
+
+def read_yaml(path: Path) -> object:
+    """A config file's YAML, refused naming the file, line and column when it does not parse
+    (a tab in the indentation, an unclosed bracket, a file that is not text)."""
+    try:
+        return yaml.safe_load(Path(path).read_text())
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not a UTF-8 text file ({err})") from err
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" line {mark.line + 1} column {mark.column + 1}" if mark else ""
+        problem = getattr(err, "problem", None) or str(err)
+        raise ConfigError(f"{path}:{where}: not valid YAML: {problem}") from err
 
 
 def deep_merge(base: dict, update: dict) -> dict:
@@ -42,7 +60,10 @@ def apply_override(config: dict, override: str) -> dict:
     *parents, leaf = path.split(".")
     for part in parents:
         node = node.setdefault(part, {})
-    node[leaf] = yaml.safe_load(raw)
+    try:
+        node[leaf] = yaml.safe_load(raw)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"override {override!r}: the value is not valid YAML ({err})") from err
     return deep_merge(config, update)
 
 
@@ -85,7 +106,7 @@ def resolve(files: list[Path], overrides: list[str], schema: Path) -> dict:
     per_file = _without_required(rules)
     config: dict = {}
     for path in files:
-        loaded = yaml.safe_load(path.read_text()) or {}
+        loaded = read_yaml(path) or {}
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: expected a mapping at the top level")
         if problem := schema_error(loaded, per_file):
@@ -101,6 +122,7 @@ def resolve(files: list[Path], overrides: list[str], schema: Path) -> dict:
     return config
 
 
+@cli.stage
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Resolve a run's training configuration.")
     parser.add_argument("files", type=Path, nargs="+", help="YAML files, later ones win")
@@ -110,13 +132,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--schema", type=Path, default=Path("workflow/schemas/train.schema.yaml"))
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    try:
-        config = resolve(args.files, args.overrides, args.schema)
-    except ConfigError as err:
-        raise SystemExit(f"error: {err}") from None
+    config = resolve(args.files, args.overrides, args.schema)
     with atomic_path(args.out) as tmp:
         tmp.write_text(yaml.safe_dump(config, sort_keys=False))
-    print(f"wrote {args.out}")
+    log.info("wrote %s", args.out)
 
 
 if __name__ == "__main__":
