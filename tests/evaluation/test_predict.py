@@ -22,7 +22,7 @@ from emb.evaluation.windows import PredictSpec, blend_weights, tile_origins, win
 from emb.models import build_model
 from emb.prep.demo_region import DEMO_REGIONS, write_region
 from emb.rasters import shard_arrays, valid_pixels
-from emb.report.colours import CDL_COLOURS, hex_to_rgb
+from emb.report.colours import official_palette
 
 TILE = 32  # the tiny demo's training tile
 REGIONS = [r.name for r in DEMO_REGIONS]  # demo_a is stored bottom-up, demo_b north-up
@@ -101,9 +101,10 @@ def test_map_carries_official_cdl_colours_and_class_names(maps) -> None:
         colours = out.colormap(1)
         tags = out.tags()
         band_tags = out.tags(1)
-    assert colours[0][:3] == hex_to_rgb(CDL_COLOURS[1])  # corn: the CDL's corn yellow
-    assert colours[1][:3] == hex_to_rgb(CDL_COLOURS[5])  # soybeans
-    assert colours[58][:3] == hex_to_rgb(CDL_COLOURS[111])  # open water: open water's blue
+    official = official_palette()
+    assert colours[0][:3] == official[1] == (255, 211, 0)  # corn: the CDL's corn yellow
+    assert colours[1][:3] == official[5]  # soybeans
+    assert colours[58][:3] == official[111]  # open water: open water's blue
     assert colours[255][3] == 0  # nodata transparent
     assert json.loads(tags["CLASS_NAMES"]) == list(names)
     assert band_tags["class_0"] == "corn" and tags["REGION"] == "demo_a"

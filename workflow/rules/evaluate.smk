@@ -71,10 +71,12 @@ rule predict:
     input:
         trained="results/runs/{run}/train.json",
         raster=get_region_raster,
+        cdl=get_cdl,  # its colour table, when it holds one, colours the map
         classes=config["classes"],
     output:
         **predict_extra_outputs(),
         map="results/maps/{run}/{region}.tif",
+        qml="results/maps/{run}/{region}.qml",  # QGIS loads it with the map: named classes
         png=report(
             "results/maps/{run}/{region}.png",
             caption="../report/map.rst",
@@ -98,5 +100,6 @@ rule predict:
     shell:
         "OMP_NUM_THREADS={threads} python -m emb.evaluation.predict"
         " --run-dir={params.run_dir:q} --raster={input.raster:q} --region={wildcards.region:q}"
-        " --classes={input.classes:q} --out={output.map:q} --png={output.png:q}"
+        " --classes={input.classes:q} --cdl={input.cdl:q} --out={output.map:q}"
+        " --qml={output.qml:q} --png={output.png:q}"
         " --threads={threads} {params.options} > {log:q} 2>&1"

@@ -1,9 +1,11 @@
 """The files a prediction writes: the L3 map and probability COGs, and the PNG quicklook.
 
 The map is a Cloud-Optimized GeoTIFF with the input's CRS, transform and shape, uint8 L3 ids,
-255 = nodata (wherever the input embedding is nodata), a colour table of the official CDL
-colours, class names in the metadata; the optional probabilities are a second COG, one uint8
-band per class (round(p * 254), 255 = nodata); the quicklook is a north-up PNG with a legend.
+255 = nodata (wherever the input embedding is nodata, transparent), a colour table of the CDL's
+colours, class names in the metadata, in GDAL's category names (``.tif.aux.xml``) and in a QGIS
+style beside it (``.qml``, loaded by QGIS with the map, so its legend names the classes). The
+optional probabilities are a second COG, one uint8 band per class (round(p * 254), 255 =
+nodata); the quicklook is a north-up PNG with a legend.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import json
 import math
 import os
 from pathlib import Path
+from xml.sax.saxutils import escape, quoteattr
 
 import numpy as np
 import rasterio
@@ -21,7 +24,6 @@ from rasterio.shutil import copy as copy_raster
 from emb.classes import IGNORE, ClassMap
 from emb.io import atomic_path
 from emb.report import plots
-from emb.report.colours import l3_colours
 
 NODATA = IGNORE  # 255 in the map
 PROB_SCALE = 254  # probabilities stored as round(p * 254) in uint8; 255 = nodata
@@ -67,9 +69,11 @@ def map_tags(names: list[str], tags: dict[str, str] | None = None) -> dict[str, 
     return {"CLASS_NAMES": json.dumps(names), **(tags or {})}
 
 
-def describe_map(dst: rasterio.DatasetWriter, cmap: ClassMap, tags: dict[str, str]) -> None:
+def describe_map(
+    dst: rasterio.DatasetWriter, cmap: ClassMap, tags: dict[str, str], colours: np.ndarray
+) -> None:
     """The map's colour table, band description, dataset tags and per-class band tags."""
-    dst.write_colormap(1, colour_table(l3_colours(cmap)))
+    dst.write_colormap(1, colour_table(colours))
     dst.set_band_description(1, "L3 class id (names: CLASS_NAMES)")
     dst.update_tags(**tags)
     dst.update_tags(1, **{f"class_{i}": name for i, name in enumerate(cmap.l3_names)})
@@ -105,6 +109,56 @@ def read_north_up(path: Path, max_side: int = QUICKLOOK_MAX) -> np.ndarray:
     return ids
 
 
-def write_quicklook(map_path: Path, png: Path, cmap: ClassMap, title: str) -> None:
+def write_quicklook(
+    map_path: Path, png: Path, cmap: ClassMap, title: str, colours: np.ndarray
+) -> None:
     ids = read_north_up(map_path)
-    plots.save(plots.map_figure(ids, l3_colours(cmap), cmap.l3_names, title), png)
+    plots.save(plots.map_figure(ids, colours, cmap.l3_names, title), png)
+
+
+def legend_qml(names: list[str], colours: np.ndarray) -> str:
+    """A QGIS style: paletted renderer, one entry per class with its name and colour. QGIS loads
+    ``<map>.qml`` beside ``<map>.tif`` by itself, so the legend shows names, not ids."""
+    entries = "\n".join(
+        f'        <paletteEntry value="{i}" color="#{r:02x}{g:02x}{b:02x}" alpha="255" '
+        f"label={quoteattr(name)}/>"
+        for i, (name, (r, g, b)) in enumerate(zip(names, colours.tolist(), strict=True))
+    )
+    return f"""<!DOCTYPE qgis PUBLIC 'http://mrcc.com/qgis.dtd' 'SYSTEM'>
+<qgis version="3.28.0" styleCategories="Symbology">
+  <pipe>
+    <rasterrenderer type="paletted" band="1" opacity="1" alphaBand="-1" nodataColor="">
+      <rasterTransparency/>
+      <colorPalette>
+{entries}
+      </colorPalette>
+    </rasterrenderer>
+  </pipe>
+</qgis>
+"""
+
+
+def category_names_xml(names: list[str]) -> str:
+    """GDAL's PAM side-car (``<map>.tif.aux.xml``) with the class names as band 1's category
+    names: what ``gdalinfo`` lists under Categories and GDAL-based tools label classes with."""
+    categories = "\n".join(f"      <Category>{escape(n)}</Category>" for n in names)
+    return f"""<PAMDataset>
+  <PAMRasterBand band="1">
+    <CategoryNames>
+{categories}
+    </CategoryNames>
+  </PAMRasterBand>
+</PAMDataset>
+"""
+
+
+def write_legend(map_path: Path, qml: Path, names: list[str], colours: np.ndarray) -> None:
+    """The QGIS style ``qml`` and GDAL's category names next to ``map_path``, atomically."""
+    for path, text in ((qml, legend_qml(names, colours)),
+                       (aux_path(map_path), category_names_xml(names))):  # fmt: skip
+        with atomic_path(path) as tmp:
+            tmp.write_text(text, encoding="utf-8")
+
+
+def aux_path(map_path: Path) -> Path:
+    return map_path.with_name(map_path.name + ".aux.xml")

@@ -5,13 +5,15 @@ windows of the training tile size, overlapping logits blended so tile edges leav
 memory bounded by the block, not the raster) and into the files of
 :mod:`emb.evaluation.map_files`: a Cloud-Optimized GeoTIFF with the input's CRS, transform and
 shape, uint8 L3 ids, 255 = nodata (wherever the input embedding is nodata), a colour table of
-the official CDL colours, class names in the metadata; optionally a second COG of per-class
+the CDL's colours (the input CDL's own table when it has one), class names in the metadata, in
+GDAL's category names and in a QGIS style beside it; optionally a second COG of per-class
 probabilities; a PNG quicklook with a legend.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -19,6 +21,7 @@ import numpy as np
 import rasterio
 import torch
 
+from emb import cli
 from emb.classes import ClassMap, load_class_map
 from emb.evaluation.inference import Inference, inference
 from emb.evaluation.map_files import (
@@ -29,20 +32,26 @@ from emb.evaluation.map_files import (
     map_tags,
     tmp_sibling,
     to_cog,
+    write_legend,
     write_quicklook,
 )
 from emb.evaluation.runs import RunError, TrainedRun, open_run
 from emb.evaluation.windows import PredictSpec, blocks, classify, predict_block
 from emb.prep.manifest import read_manifest
+from emb.progress import Progress
 from emb.provenance import provenance
+from emb.report.colours import cdl_palette, l3_colours
+
+log = logging.getLogger(__name__)
 
 
 def predict_raster(
     run: TrainedRun, weights: str, raster: Path, cmap: ClassMap, spec: PredictSpec,
     out: Path, probabilities: Path | None = None, run_on: Inference | None = None,
-    tags: dict[str, str] | None = None,
+    tags: dict[str, str] | None = None, colours: np.ndarray | None = None,
 ) -> None:  # fmt: skip
-    """Write the L3 map of ``raster`` (and optionally probabilities) as COGs.
+    """Write the L3 map of ``raster`` (and optionally probabilities) as COGs, coloured with
+    ``colours`` ((61, 3) uint8; the official CDL colours by default).
 
     Blocks go into tiled temporary GeoTIFFs, which GDAL then copies into COGs (the COG driver
     only copies); the final files appear atomically, complete or not at all.
@@ -67,7 +76,9 @@ def predict_raster(
             if tmp_prob is not None:
                 profile = map_profile(src, len(names))
                 prob = stack.enter_context(rasterio.open(tmp_prob, "w", **profile))
-            for block in blocks(src.height, src.width, spec.block):
+            todo = list(blocks(src.height, src.width, spec.block))
+            progress = Progress(len(todo), "blocks", f"{raster.name} map", log)
+            for block in todo:
                 acc, wsum, valid = predict_block(
                     model, dequantize, src, run.cfg.data.source, block, spec, run_on
                 )
@@ -77,7 +88,10 @@ def predict_raster(
                     if probs is None:  # a block without a single valid pixel
                         probs = np.full((len(names), block.height, block.width), NODATA, np.uint8)
                     prob.write(probs, window=block)
-            describe_map(dst, cmap, tags)
+                progress.advance()
+            progress.done()
+            colours = l3_colours(cmap) if colours is None else colours
+            describe_map(dst, cmap, tags, colours)
             if prob is not None:
                 describe_probabilities(prob, names, tags)
         to_cog(tmp_map, out, "MODE")
@@ -109,6 +123,7 @@ def provenance_tags(run: TrainedRun, device: object) -> dict[str, str]:
     }
 
 
+@cli.stage
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run-dir", type=Path, required=True, help="results/runs/{run}")
@@ -116,8 +131,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--raster", type=Path, required=True, help="the region's embedding raster")
     parser.add_argument("--region", required=True)
     parser.add_argument("--classes", type=Path, required=True, help="classes.csv")
+    parser.add_argument(
+        "--cdl", type=Path, help="the region's CDL: its colour table colours the map"
+    )
     parser.add_argument("--out", type=Path, required=True, help="results/maps/{run}/{region}.tif")
     parser.add_argument("--png", type=Path, required=True, help="quicklook with legend")
+    parser.add_argument(
+        "--qml", type=Path, help="QGIS style with class names (default: beside --out)"
+    )
     parser.add_argument("--probabilities", type=Path, help="also write per-class probabilities")
     parser.add_argument("--tile", type=int, help="window side (default: the training tile)")
     parser.add_argument("--overlap", type=float, default=0.5, help="fraction of the window")
@@ -125,27 +146,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--threads", type=int, default=1, help="CPU threads (no GPU)")
     args = parser.parse_args(argv)
-    try:
-        cmap = load_class_map(args.classes)
-        run = open_run(args.run_dir, cmap, args.classes, args.checkpoint)
-        loop = run.cfg.train
-        run_on = inference(loop.precision, loop.channels_last, args.threads)
-        spec = PredictSpec(
-            args.tile or default_tile(run), args.overlap, args.block, args.batch_size
-        )
-        spec.check(2 ** (len(run.cfg.model.widths) + 1))
-        if not args.raster.is_file():
-            raise RunError(f"region {args.region!r}: embedding raster {args.raster} not found")
-        tags = {"RUN": args.run_dir.name, "REGION": args.region, "WEIGHTS": run.selected,
-                "CHECKPOINT": str(run.path), **provenance_tags(run, run_on.device)}  # fmt: skip
-        predict_raster(
-            run, run.selected, args.raster, cmap, spec, args.out, args.probabilities, run_on, tags
-        )
-    except (ValueError, FileNotFoundError) as err:  # RunError, CheckpointError, ConfigError
-        raise SystemExit(f"error: {err}") from err
+    cmap = load_class_map(args.classes)
+    run = open_run(args.run_dir, cmap, args.classes, args.checkpoint)
+    loop = run.cfg.train
+    run_on = inference(loop.precision, loop.channels_last, args.threads)
+    spec = PredictSpec(args.tile or default_tile(run), args.overlap, args.block, args.batch_size)
+    spec.check(2 ** (len(run.cfg.model.widths) + 1))
+    if not args.raster.is_file():
+        raise RunError(f"region {args.region!r}: embedding raster {args.raster} not found")
+    tags = {"RUN": args.run_dir.name, "REGION": args.region, "WEIGHTS": run.selected,
+            "CHECKPOINT": str(run.path), **provenance_tags(run, run_on.device)}  # fmt: skip
+    colours = l3_colours(cmap, cdl_palette(args.cdl) if args.cdl else None)
+    predict_raster(run, run.selected, args.raster, cmap, spec, args.out, args.probabilities,
+                   run_on, tags, colours)  # fmt: skip
+    write_legend(args.out, args.qml or args.out.with_suffix(".qml"), list(cmap.l3_names), colours)
     title = f"{args.run_dir.name} on {args.region} ({run.selected} weights)"
-    write_quicklook(args.out, args.png, cmap, title)
-    print(f"wrote {args.out} and {args.png}")
+    write_quicklook(args.out, args.png, cmap, title, colours)
+    log.info("wrote %s, its legend and %s", args.out, args.png)
 
 
 if __name__ == "__main__":

@@ -1,47 +1,50 @@
-"""Official USDA NASS CDL colours, and the colour of each L3 class (its dominant code's).
+"""CDL colours, and the colour of each L3 class (its dominant code's).
 
 Maps are coloured like the CDL itself, so a predicted map and the CDL it was trained on can be
-compared at a glance in QGIS. An L3 class that groups several codes takes the colour of its
-dominant code: the one with the largest US area (``DOMINANT_CODE``), else its lowest code.
-Several official colours are shared (e.g. the three forests), so some L3 classes share one.
+compared at a glance in QGIS. The colours are the input CDL's own colour table when its file
+holds one (:func:`cdl_palette`), else NASS's published table (``cdl_palette.tsv`` beside this
+module, with its source; read, never typed here). An L3 class that groups several codes takes
+the colour of its dominant code: the one with the largest US area (``DOMINANT_CODE``), else its
+lowest code. Several official colours are shared (e.g. the three forests), so some L3 classes
+share one.
 """
 
 from __future__ import annotations
 
+import csv
+from functools import cache
+from importlib import resources
+from pathlib import Path
+
 import numpy as np
+import rasterio
+from rasterio.errors import RasterioIOError
 
 from emb.classes import N_L3, ClassMap
 
-# CDL code -> official colour (the CDL's own colour table, as published by USDA NASS).
-CDL_COLOURS: dict[int, str] = {
-    1: "#ffd400", 2: "#ff2626", 3: "#00a9e6", 4: "#ff9e0f", 5: "#267300", 6: "#ffff00",
-    10: "#70a800", 11: "#00af4d", 12: "#e0a60f", 13: "#e0a60f", 14: "#80d4ff",
-    21: "#e2007f", 22: "#8a6453", 23: "#d9b56c", 24: "#a87000", 25: "#d69dbc",
-    26: "#737300", 27: "#ae017e", 28: "#a15889", 29: "#73004c", 30: "#d69dbc",
-    31: "#d1ff00", 32: "#8099ff", 33: "#d6d600", 34: "#d1ff00", 35: "#00af4d",
-    36: "#ffa8e3", 37: "#a5f58d", 38: "#00af4d", 39: "#d69dbc", 41: "#a900e6",
-    42: "#a80000", 43: "#732600", 44: "#00af4d", 45: "#b380ff", 46: "#732600",
-    47: "#ff6666", 48: "#ff6666", 49: "#ffcc66", 50: "#ff6666", 51: "#00af4d",
-    52: "#00deb0", 53: "#55ff00", 54: "#f5a27a", 55: "#ff6666", 56: "#00af4d",
-    57: "#80d4ff", 58: "#e8beff", 59: "#b2ffde", 60: "#00af4d", 61: "#bfbf7a",
-    63: "#95ce93", 64: "#c7d79e", 65: "#ccbfa3", 66: "#ff00ff", 67: "#ff91ab",
-    68: "#b90050", 69: "#704489", 70: "#007878", 71: "#b39c70", 72: "#ffff80",
-    74: "#b6705c", 75: "#00a884", 76: "#ebd6b0", 77: "#b39c70", 81: "#f7f7f7",
-    82: "#9c9c9c", 83: "#4d70a3", 87: "#80b3b3", 88: "#e9ffbe", 92: "#00ffff",
-    111: "#4d70a3", 112: "#d4e3fc", 121: "#9c9c9c", 122: "#9c9c9c", 123: "#9c9c9c",
-    124: "#9c9c9c", 131: "#ccbfa3", 141: "#95ce93", 142: "#95ce93", 143: "#95ce93",
-    152: "#c7d79e", 176: "#e9ffbe", 190: "#80b3b3", 195: "#80b3b3", 204: "#00ff8c",
-    205: "#d69dbc", 206: "#ff6666", 207: "#ff6666", 208: "#ff6666", 209: "#ff6666",
-    210: "#ff91ab", 211: "#344a34", 212: "#e67525", 213: "#ff6666", 214: "#ff6666",
-    215: "#66994d", 216: "#ff6666", 217: "#b39c70", 218: "#ff91ab", 219: "#ff6666",
-    220: "#ff91ab", 221: "#ff6666", 222: "#ff6666", 223: "#ff91ab", 224: "#00af4d",
-    225: "#ffd400", 226: "#ffd400", 227: "#ff6666", 228: "#ffd400", 229: "#ff6666",
-    230: "#8a6453", 231: "#ff6666", 232: "#ff2626", 233: "#e2007f", 234: "#ff9e0f",
-    235: "#ff9e0f", 236: "#a87000", 237: "#ffd400", 238: "#a87000", 239: "#267300",
-    240: "#267300", 241: "#ffd400", 242: "#000099", 243: "#ff6666", 244: "#ff6666",
-    245: "#ff6666", 246: "#ff6666", 247: "#ff6666", 248: "#ff6666", 249: "#ff6666",
-    250: "#ff6666", 254: "#267300",
-}  # fmt: skip
+RGB = tuple[int, int, int]
+
+
+@cache
+def official_palette() -> dict[int, RGB]:
+    """CDL code -> (r, g, b) of NASS's published colour table (``cdl_palette.tsv``)."""
+    text = resources.files("emb.report").joinpath("cdl_palette.tsv").read_text(encoding="utf-8")
+    rows = csv.DictReader((line for line in text.splitlines() if not line.startswith("#")),
+                          delimiter="\t")  # fmt: skip
+    return {int(r["code"]): (int(r["red"]), int(r["green"]), int(r["blue"])) for r in rows}
+
+
+def cdl_palette(path: Path | str) -> dict[int, RGB] | None:
+    """The colour table a CDL GeoTIFF holds (NASS ships one), or None when it holds none or only
+    black; an unreadable file is the pre-job checks' business, so it counts as none here."""
+    try:
+        with rasterio.open(path) as src:
+            table = src.colormap(1)
+    except (ValueError, RasterioIOError):  # rasterio raises ValueError for "no colormap"
+        return None
+    palette = {code: (r, g, b) for code, (r, g, b, *_) in table.items()}
+    return palette if any(rgb != (0, 0, 0) for rgb in palette.values()) else None
+
 
 # L3 class name -> its dominant CDL code, where that is not the class's lowest code.
 DOMINANT_CODE: dict[str, int] = {
@@ -57,7 +60,7 @@ DOMINANT_CODE: dict[str, int] = {
     "developed": 121,
 }
 
-FALLBACK = "#808080"  # a code without an official colour (none in classes.csv)
+FALLBACK: RGB = (128, 128, 128)  # a code without a colour in the table used
 
 
 def dominant_codes(cmap: ClassMap) -> list[int]:
@@ -70,12 +73,12 @@ def dominant_codes(cmap: ClassMap) -> list[int]:
     return codes
 
 
-def hex_to_rgb(colour: str) -> tuple[int, int, int]:
-    value = colour.lstrip("#")
-    return int(value[0:2], 16), int(value[2:4], 16), int(value[4:6], 16)
-
-
-def l3_colours(cmap: ClassMap) -> np.ndarray:
-    """(61, 3) uint8 RGB, the official colour of each L3 class's dominant code."""
-    rgb = [hex_to_rgb(CDL_COLOURS.get(code, FALLBACK)) for code in dominant_codes(cmap)]
+def l3_colours(cmap: ClassMap, palette: dict[int, RGB] | None = None) -> np.ndarray:
+    """(61, 3) uint8 RGB: each L3 class's dominant code's colour in ``palette`` (a CDL's own
+    table), else in the official one."""
+    official = official_palette()
+    rgb = []
+    for code in dominant_codes(cmap):
+        own = (palette or {}).get(code)
+        rgb.append(own if own is not None and own != (0, 0, 0) else official.get(code, FALLBACK))
     return np.asarray(rgb, np.uint8).reshape(N_L3, 3)
