@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 from datetime import timedelta
 from pathlib import Path
@@ -28,18 +29,21 @@ import pandas as pd
 import torch
 import torch.distributed as dist
 
+from emb import cli
 from emb.classes import ClassMap, load_class_map
 from emb.evaluation.inference import Inference, inference
 from emb.evaluation.runs import LEVELS, RunError, TrainedRun, open_run
 from emb.io import atomic_path, write_json
-from emb.loading.batches import LoaderSpec, eval_batches, shard_sample_counts
+from emb.loading.batches import LoaderSpec, eval_batches, shard_sample_counts, shards_for_rank
 from emb.metrics import empty_confusions, scores_from_confusion, sum_over_ranks, update
 from emb.prep.manifest import read_manifest
+from emb.progress import Progress
 from emb.provenance import digest_file, provenance
 from emb.report import plots
 from emb.training.loss import HierarchyTargets
 
 FIGURES = ("oa", "miou", "f1")
+log = logging.getLogger(__name__)
 
 
 @torch.no_grad()
@@ -62,13 +66,17 @@ def confusion_matrices(
     models = {name: run_on.prepare(run.model(name)) for name in run.weights}
     cms = {name: empty_confusions(device) for name in models}
     spec = LoaderSpec(run.cfg.data.source, run.cfg.model.in_dim, batch_size)
+    mine = shards_for_rank(shards, rank, world)
+    progress = Progress(sum(shard_samples[s] for s in mine), "tiles", f"{run.name} test", log)
     for batch in eval_batches(shards, spec, rank, world, shard_samples):
+        progress.advance(len(batch["emb"]))
         x, y = dequantize({k: v.to(device) for k, v in batch.items()})
         x, targets = run_on.inputs(x), targets_of(y)
         for name, model in models.items():
             with run_on.autocast():
                 logits = model(x)
             update(cms[name], logits, targets)
+    progress.done()
     return {name: sum_over_ranks(per_level) for name, per_level in cms.items()}
 
 
@@ -196,6 +204,7 @@ def evaluate_ranks(
     )  # fmt: skip
 
 
+@cli.stage
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run-dir", type=Path, required=True, help="results/runs/{run}")
@@ -210,8 +219,6 @@ def main(argv: list[str] | None = None) -> None:
     local = int(os.environ["LOCAL_RANK"]) if "LOCAL_RANK" in os.environ else None
     try:
         record, table, cms = evaluate_ranks(args, rank, world, local)
-    except (ValueError, FileNotFoundError) as err:  # RunError, CheckpointError, ConfigError
-        raise SystemExit(f"error: {err}") from err
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -221,7 +228,8 @@ def main(argv: list[str] | None = None) -> None:
     with atomic_path(args.out_dir / "per_class.csv") as tmp:
         table.to_csv(tmp, index=False)
     write_json(args.out_dir / "metrics.json", record)
-    print(json.dumps({k: round(v, 4) for k, v in record.items() if isinstance(v, float)}))
+    figures = {k: round(v, 4) for k, v in record.items() if isinstance(v, float)}
+    log.info("wrote %s: %s", args.out_dir / "metrics.json", json.dumps(figures))
 
 
 if __name__ == "__main__":

@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 from pathlib import Path
 
 import pandas as pd
 
+from emb import cli
 from emb.io import atomic_path
 from emb.report import plots
 
+log = logging.getLogger(__name__)
 LEVELS = ("l1", "l2", "l3")
 FIGURES = ("miou", "f1", "oa")
 PROVENANCE_TITLE = "What made each run's model: code, libraries, config and data (digests)"
@@ -49,6 +52,7 @@ def summarize(runs: list[str], metrics_paths: list[Path]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+@cli.stage
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", nargs="+", required=True)
@@ -72,7 +76,9 @@ def main(argv: list[str] | None = None) -> None:
             tmp.write_text(page)
     if args.png:
         plots.save(plots.summary_figure(table), args.png)
-    print(table.to_string(index=False))
+    log.info(
+        "wrote %s:\n%s", args.out, table[["run", *sorted(METRIC_COLUMNS)]].to_string(index=False)
+    )
 
 
 if __name__ == "__main__":
