@@ -6,6 +6,8 @@ can never disagree.
 
 from __future__ import annotations
 
+import csv
+import io
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,15 +89,30 @@ def _check(table: pd.DataFrame, path: Path) -> None:
             )
 
 
+def _read_table(path: Path) -> pd.DataFrame:
+    """The CSV, after checking that every line has as many fields as the header: pandas
+    would name neither the file nor, for a short row, the line."""
+    lines = path.read_text(encoding="utf-8-sig").splitlines()
+    if not any(line.strip() for line in lines):
+        raise ClassTableError(f"{path}: empty, expected a header line starting with cdl_code")
+    width = len(next(csv.reader(lines[:1])))
+    for number, fields in enumerate(csv.reader(lines[1:]), start=2):
+        if fields and len(fields) != width:
+            raise ClassTableError(
+                f"{path}: line {number}: expected {width} comma-separated fields as in the "
+                f"header, found {len(fields)}"
+            )
+    return pd.read_csv(io.StringIO("\n".join(lines)))
+
+
 def load_class_map(path: str | Path) -> ClassMap:
     """Read and check ``classes.csv``; raises :class:`ClassTableError` naming the file."""
     path = Path(path)
-    table = pd.read_csv(path)
+    table = _read_table(path)
     for col in ("cdl_code", "l3_id", "l2_id", "l1_id"):
         if col in table and not pd.api.types.is_integer_dtype(table[col]):
-            raise ClassTableError(
-                f"{path}: column {col} must hold integers, found {table[col].dtype}"
-            )
+            found = next(v for v in table[col] if not str(v).strip().lstrip("-").isdigit())
+            raise ClassTableError(f"{path}: column {col} must hold integers, found {str(found)!r}")
     _check(table, path)
     cdl_to_l3 = np.full(256, IGNORE, np.uint8)
     cdl_to_l3[table["cdl_code"].to_numpy()] = table["l3_id"].to_numpy()

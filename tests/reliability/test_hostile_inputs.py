@@ -339,7 +339,7 @@ def _(env):
 def _(env):
     return check_table(regions_table(env, [good_row(env, region="Demo A")])), [
         "Demo A",
-        "^[a-z0-9_-]+$",
+        "^[a-z0-9_][a-z0-9_-]*$",
     ]
 
 
@@ -591,6 +591,8 @@ def good_tree(tiny_demo: TinyDemo, tmp_path_factory) -> Path:
 def outcome(action: Callable[[], object], capsys) -> str | None:
     """The message an entry point ends with, or None when it accepted the input."""
     capsys.readouterr()
+    previous = signal.signal(signal.SIGALRM, _no_answer)
+    signal.alarm(CASE_SECONDS)  # a FIFO or a huge read must not hang the suite
     try:
         action()
     except SystemExit as err:
@@ -599,7 +601,21 @@ def outcome(action: Callable[[], object], capsys) -> str | None:
         return f"{err.code}\n{capsys.readouterr().err}"
     except Exception as err:  # noqa: BLE001 - any clear error is fine; its text is checked
         return f"{type(err).__name__}: {err}"
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
     return None
+
+
+CASE_SECONDS = 60
+
+
+class CaseTimeout(BaseException):
+    """Raised by the alarm: a BaseException, so no ``except Exception`` in the code swallows it."""
+
+
+def _no_answer(signum, frame):
+    raise CaseTimeout(f"no answer within {CASE_SECONDS} s")
 
 
 @pytest.mark.check("hostile_inputs")

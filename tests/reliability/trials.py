@@ -49,8 +49,9 @@ CHECKS = {
         "rank, none empty, epoch completes; eval sees every sample once",
     ),
     "hostile_inputs": Check(
-        None, None, "hostile rasters, tables, configs, shards, checkpoints: a message naming the "
-        "file/key and what was expected; earlier good outputs byte-identical",
+        None, None, "hostile rasters, tables, configs, stats, shards, checkpoints (one trial per "
+        "kind, 60 s limit each): a message naming the file/key and what was expected; earlier "
+        "good outputs byte-identical; odd-but-valid inputs accepted",
     ),
 }  # fmt: skip
 

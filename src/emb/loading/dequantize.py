@@ -7,6 +7,7 @@ on the device keeps host-to-device copies in the compact dtypes.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,29 @@ import torch
 from torch import nn
 
 from emb.rasters import AEF_NODATA
+
+
+class StatsError(ValueError):
+    """Channel statistics that cannot normalize inputs."""
+
+
+def load_channel_stat(path: Path, positive: bool = False) -> np.ndarray:
+    """One float per channel, refused when pickled (code on load), non-finite or, for a std,
+    not positive: a zero std divides by zero and shows up much later as a diverged step."""
+    try:
+        values = np.load(path, allow_pickle=False)
+    except ValueError as err:  # object arrays need pickle: never load them
+        raise StatsError(f"{path}: expected a plain numeric .npy, found {err}") from err
+    if values.ndim != 1 or values.dtype.kind not in "fiu":
+        raise StatsError(
+            f"{path}: expected a 1-D numeric array, found {values.dtype} {values.shape}"
+        )
+    for channel, value in enumerate(values.astype(np.float64)):
+        if not math.isfinite(value) or (positive and value <= 0):
+            want = "a positive finite std" if positive else "a finite mean"
+            raise StatsError(f"{path}: channel {channel}: expected {want}, found {value}")
+    return values
+
 
 AUG_CODES = 8  # code = k + 4 * flip: rot90 by k quarter turns after an optional W flip
 
@@ -61,9 +85,14 @@ class Dequantize(nn.Module):
     def from_stats(cls, source: str, stats_dir: Path | None) -> Dequantize:
         if stats_dir is None:
             return cls(source)
-        return cls(
-            source, np.load(stats_dir / "channel_mean.npy"), np.load(stats_dir / "channel_std.npy")
-        )
+        mean = load_channel_stat(stats_dir / "channel_mean.npy")
+        std = load_channel_stat(stats_dir / "channel_std.npy", positive=True)
+        if mean.shape != std.shape:
+            raise StatsError(
+                f"{stats_dir}: channel_mean.npy has {mean.shape[0]} channels, "
+                f"channel_std.npy {std.shape[0]}: expected the same count"
+            )
+        return cls(source, mean, std)
 
     def forward(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
         if "aug" in batch:

@@ -70,8 +70,13 @@ def scan_shard(url: str) -> list[SampleAt]:
                 raise ShardError(f"{url}: truncated shard (member {info.name} is cut short)")
             offset = data + info.size + (-info.size % tarfile.BLOCKSIZE)
             key, _, suffix = info.name.rpartition("/")[2].partition(".")
-            if not info.isreg() or not suffix.endswith(".npy"):
+            if not suffix.endswith(".npy"):
                 continue  # .json metadata and anything else: not read by the loader
+            if not info.isreg():  # a link's target is outside the shard; never followed
+                raise ShardError(
+                    f"{url}: member {info.name}: expected a regular file, found tar type "
+                    f"{info.type!r}" + (f" (link to {info.linkname})" if info.linkname else "")
+                )
             if not samples or samples[-1].key != key:
                 samples.append(SampleAt(url, key, {}))
             samples[-1].arrays[suffix[:-4]] = _npy_array(fh, data, info, url)

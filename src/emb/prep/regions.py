@@ -33,7 +33,16 @@ def read_regions(path: str | Path) -> pd.DataFrame:
     # Comments are whole lines only: a '#' inside a cell is part of a path, not a comment.
     lines = Path(path).read_text(encoding="utf-8-sig").splitlines(keepends=True)
     text = "".join(line for line in lines if not line.lstrip().startswith("#"))
+    if not text.strip():
+        raise RegionsError(f"{path}: empty, expected a tab-separated header starting with region")
     table = pd.read_csv(io.StringIO(text), sep="\t", dtype=str, keep_default_na=False)
+    if "region" not in table.columns:
+        raise RegionsError(
+            f"{path}: expected a tab-separated header with a 'region' column, found "
+            f"{text.splitlines()[0][:120]!r}"
+        )
+    if table.empty:
+        raise RegionsError(f"{path}: no region: expected at least one row under the header")
     return table.set_index("region", drop=False)
 
 
@@ -85,7 +94,7 @@ def check_regions(table: pd.DataFrame, path: Path, generated: Iterable[str] = ()
             where = _where(path, row, region, column)
             opened[column] = _open_checked(file, column, where)
             if column in SOURCES:
-                _check_not_seen(opened[column], where, seen)
+                _check_not_seen(opened[column], column, where, seen)
         if "cdl" in opened:
             for source in SOURCES:
                 if source in opened:
@@ -96,6 +105,11 @@ def check_regions(table: pd.DataFrame, path: Path, generated: Iterable[str] = ()
 def _check_unique_ids(table: pd.DataFrame, path: Path) -> None:
     rows = [str(r) for r in table.index]
     for row, region in enumerate(rows, start=1):
+        if not region or region.startswith("-"):  # '-h' would reach a command line as an option
+            raise RegionsError(
+                f"{_where(path, row, region, 'region')}: expected an id starting with a letter, "
+                f"digit or '_', found {region!r}"
+            )
         if rows.index(region) + 1 != row:
             raise RegionsError(
                 f"{_where(path, row, region, 'region')}: duplicate region id, "
@@ -144,10 +158,11 @@ def _check_grid(raster: Raster, where: str) -> None:
         )
 
 
-def _check_not_seen(raster: Raster, where: str, seen: dict[tuple, str]) -> None:
-    """The same embedding pixels under two regions would leak between splits."""
-    keys = [("file", os.path.realpath(raster.file)),
-            ("grid", raster.crs.to_string(), tuple(raster.transform), raster.shape)]  # fmt: skip
+def _check_not_seen(raster: Raster, source: str, where: str, seen: dict[tuple, str]) -> None:
+    """The same embedding pixels under two regions would leak between one source's splits.
+    An AEF and a TESSERA raster on one grid are fine: each source has its own shards."""
+    grid = (raster.crs.to_string(), tuple(raster.transform), raster.shape)
+    keys = [("file", source, os.path.realpath(raster.file)), ("grid", source, *grid)]
     for key in keys:
         if key in seen:
             what = "the same file" if key[0] == "file" else "a raster on the same grid"

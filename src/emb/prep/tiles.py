@@ -43,6 +43,18 @@ class SplitSpec:
     seed: int = 0
     buffer_m: float = 0.0  # drop tiles within this distance of a block of another split
 
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.block_m) or self.block_m <= 0:
+            raise TilingError(
+                f"splits.block_m: expected a positive size in metres, found {self.block_m}"
+            )
+        bad = {k: v for k, v in self.fractions.items() if not (math.isfinite(v) and v >= 0)}
+        if bad or sum(self.fractions.values()) <= 0:
+            raise TilingError(
+                "splits.fractions: expected non-negative numbers with a positive sum, "
+                f"found {dict(self.fractions)}"
+            )
+
 
 @dataclass(frozen=True)
 class Tile:
@@ -117,6 +129,15 @@ def assign_blocks(region: str, blocks: list[tuple[int, int]], spec: SplitSpec) -
     return dict(zip(blocks, names, strict=True))
 
 
+def _check_block_m(block_m: float, transform: Affine) -> None:
+    """A block smaller than a pixel would list one block per sub-pixel step: MemoryError."""
+    pixel = max(abs(transform.a), abs(transform.e))
+    if block_m < pixel:
+        raise TilingError(
+            f"splits.block_m: expected >= the pixel size ({pixel:g} m), found {block_m:g}"
+        )
+
+
 def window_split(window: Window, transform: Affine, splits: dict, spec: SplitSpec) -> str | None:
     """The split of the blocks under ``window``, or None when they disagree."""
     found = {splits[b] for b in blocks_of(window, transform, spec.block_m)}
@@ -149,6 +170,7 @@ def plan_tiles(
     kept: list[Tile] = []
     dropped: dict[str, Counter[str]] = {name: Counter() for name in (*SPLITS, "unassigned")}
     stride = tile_spec.stride or tile_spec.size
+    _check_block_m(split_spec.block_m, transform)
     offset = (0, 0) if fixed_split else block_aligned_offset(transform, stride, split_spec.block_m)
     windows = tile_windows(*labels.shape, tile_spec, offset)
     blocks = [b for win in windows for b in blocks_of(win, transform, split_spec.block_m)]

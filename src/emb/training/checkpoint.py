@@ -14,6 +14,7 @@ checksum (``sha256sum -c`` reads the sidecar; after a kill it may list one line 
 from __future__ import annotations
 
 import hashlib
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -147,9 +148,17 @@ def verify(path: Path) -> None:
         )
 
 
+def _kind(path: Path) -> str:
+    mode = Path(path).stat().st_mode
+    kinds = {stat.S_ISDIR: "a directory", stat.S_ISFIFO: "a FIFO", stat.S_ISSOCK: "a socket"}
+    return next((name for test, name in kinds.items() if test(mode)), "a device file")
+
+
 def load(path: Path) -> dict[str, Any]:
     """Read a checkpoint written by :func:`save`; refuses anything but tensors and plain data,
     and a file that does not match its recorded checksum."""
+    if Path(path).exists() and not Path(path).is_file():  # a FIFO would block the open forever
+        raise CheckpointError(f"{path}: expected a regular checkpoint file, found {_kind(path)}")
     if Path(path).exists():
         verify(path)
     try:

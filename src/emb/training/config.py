@@ -189,7 +189,13 @@ SECTIONS: dict[str, type] = {
 
 def load(path: Path) -> TrainConfig:
     """A resolved config file as dataclasses (``.resolved`` keeps the plain dict)."""
-    data = yaml.safe_load(Path(path).read_text())
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except yaml.YAMLError as err:  # a tab in the indentation, an unclosed quote, ...
+        mark = getattr(err, "problem_mark", None)
+        line = f" line {mark.line + 1}, column {mark.column + 1}:" if mark else ""
+        problem = getattr(err, "problem", None) or err
+        raise ConfigError(f"{path}:{line} not valid YAML ({problem})") from err
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of config sections")
     return TrainConfig.from_dict(data, str(path))
