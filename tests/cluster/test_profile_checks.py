@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from emb.cluster.profile import ProfileError, container_image, is_dry_run, require_env
+from emb.cluster.profile import (
+    ProfileError,
+    container_image,
+    group_size,
+    is_dry_run,
+    require_env,
+)
 
 
 @pytest.mark.parametrize(
@@ -32,3 +38,11 @@ def test_a_dry_run_warns_and_uses_placeholders(tmp_path, capsys) -> None:
     assert "warning: environment variable EMB_X is not set: set it (dry run" in err
     assert f"warning: container image {image} (from EMB_C) does not exist" in err
     assert require_env("EMB_X", "set it", env={"EMB_X": "v"}, argv=["-n"]) == "v"
+
+
+@pytest.mark.parametrize("members", [0, -3, "50", 2.5, True, None])
+def test_a_group_size_that_is_not_a_whole_number_of_jobs_is_refused(members) -> None:
+    with pytest.raises(ProfileError, match=r"profile lumi: group-components prep: expected a "
+                       r"whole number .* at least 1, found"):  # fmt: skip
+        group_size(members, "prep", "lumi")
+    assert group_size(50, "prep", "lumi") == 50

@@ -75,8 +75,8 @@ def real_run(workdir: Path, profile: Path, env: dict[str, str]) -> subprocess.Co
 def jobs_of(stdout: str) -> list[dict[str, str]]:
     """Each listed job: its rule, resources line and shell command."""
     jobs = []
-    for block in re.split(r"\n(?=(?:local)?rule \w+:)", stdout):
-        rule = re.match(r"(?:local)?rule (\w+):", block)
+    for block in re.split(r"\n(?=[ \t]*(?:local)?rule \w+:)", stdout):  # grouped: indented
+        rule = re.match(r"\s*(?:local)?rule (\w+):", block)
         if rule:
             resources = re.search(r"^\s+resources: (.*)$", block, re.M)
             shell = re.search(r"^Shell command: (.*)$", block, re.M)

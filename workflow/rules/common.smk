@@ -50,6 +50,33 @@ def profile_resource(rule, name):
     return None
 
 
+def wants_gpus(rule):
+    """The profile gives ``rule`` GPUs (gpus_per_node, a gpu gres or --gpus in slurm_extra)."""
+    gpus = profile_resource(rule, "gpus_per_node")
+    gres = str(profile_resource(rule, "gres") or "")
+    extra = str(profile_resource(rule, "slurm_extra") or "")
+    return bool(
+        isinstance(gpus, int) and gpus > 0 or "gpu" in gres or "--gpus" in extra
+    )
+
+
+def check_gpu_partitions():
+    """A rule asking for GPUs on the profile's default partition (its CPU partition) would wait
+    in a queue that has no GPU, or be refused by sbatch after the earlier jobs ran."""
+    default = (workflow.resource_settings.default_resources or {}).get(
+        "slurm_partition"
+    )
+    cpu = getattr(default, "raw", default)
+    for rule, given in workflow.resource_settings.overwrite_resources.items():
+        partition = profile_resource(rule, "slurm_partition")
+        if cpu and partition == cpu and wants_gpus(rule):
+            raise WorkflowError(
+                f"profile: rule {rule} asks for GPUs on partition {partition!r}, the profile's "
+                f"CPU partition (default-resources); expected a GPU partition in its "
+                f"set-resources"
+            )
+
+
 def run_source(run):
     """The run's ``data.source``, from its own file (what decides the demo overlay)."""
     files = [Path("config/train/defaults.yaml"), Path(f"config/train/{run}.yaml")]
@@ -96,6 +123,7 @@ def regions_of(source):
     return [r for r in REGIONS.index if REGIONS.loc[r, source]]
 
 
+check_gpu_partitions()
 RUN_SOURCE = {run: run_source(run) for run in RUNS}
 RUN_CONFIG = {run: resolved_train_config(run) for run in RUNS}
 for run, cfg in RUN_CONFIG.items():

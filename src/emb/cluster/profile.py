@@ -72,3 +72,15 @@ def container_image(path: str, variable: str, argv: Sequence[str] | None = None)
     if not Path(path).is_file():
         return _missing(f"container image {path} (from {variable}) does not exist", path, argv)
     return path
+
+
+def group_size(members: object, group: str, cluster: str) -> int:
+    """``members`` jobs per SLURM job of ``group`` (``group-components``): a whole number >= 1,
+    else an error naming the profile, the group and the value (Snakemake's own message names
+    neither)."""
+    if isinstance(members, bool) or not isinstance(members, int) or members < 1:
+        raise ProfileError(
+            f"profile {cluster}: group-components {group}: expected a whole number of jobs per "
+            f"SLURM job, at least 1, found {members!r}"
+        )
+    return members
