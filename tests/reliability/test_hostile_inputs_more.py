@@ -143,6 +143,27 @@ def _(env):
     ]
 
 
+@case("raster: a VRT whose source file is missing")
+def _(env):
+    bands = "".join(
+        f'<VRTRasterBand dataType="Int8" band="{b}"><SimpleSource><SourceFilename '
+        f'relativeToVRT="1">gone.tif</SourceFilename><SourceBand>{b}</SourceBand></SimpleSource>'
+        "</VRTRasterBand>"
+        for b in range(1, 65)
+    )
+    vrt = env.tmp / "mosaic.vrt"
+    vrt.write_text(
+        '<VRTDataset rasterXSize="8" rasterYSize="8"><SRS>EPSG:32615</SRS>'
+        f"<GeoTransform>500000,10,0,4000000,0,-10</GeoTransform>{bands}</VRTDataset>"
+    )
+    return check_table(regions_table(env, [good_row(env, aef=str(vrt))])), [
+        "column 'aef'",
+        "mosaic.vrt",
+        "gone.tif",
+        "do not exist",
+    ]
+
+
 @case("raster: a PNG renamed .tif")
 def _(env):
     fake = env.tmp / "photo.tif"

@@ -11,6 +11,7 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from xml.etree import ElementTree
 
 import pandas as pd
 import rasterio
@@ -121,10 +122,12 @@ def _open_checked(file: str, column: str, where: str) -> Raster:
     """The raster's facts, after the checks that need only its header."""
     if not Path(file).exists():
         raise RegionsError(f"{where}: file not found: {file}")
+    _check_vrt_sources(file, where)
     try:
         with rasterio.open(file) as src:
             count, dtype, crs, transform = src.count, src.dtypes[0], src.crs, src.transform
             raster = Raster(file, crs, src.bounds, transform, (src.height, src.width))
+            src.read(1, window=Window(0, 0, 1, 1))  # the header alone may hide unreadable data
     except RasterioIOError as err:
         raise RegionsError(f"{where}: cannot read {file} as a raster ({err})") from err
     expected = BANDS.get(column, 1)
@@ -137,6 +140,28 @@ def _open_checked(file: str, column: str, where: str) -> Raster:
     if column in SOURCES:
         _check_grid(raster, where)
     return raster
+
+
+def _check_vrt_sources(file: str, where: str) -> None:
+    """A VRT opens without its sources and fails only at the first read ("Read failed"):
+    name the sources that are missing instead."""
+    if not file.lower().endswith(".vrt"):
+        return
+    try:
+        root = ElementTree.parse(file).getroot()
+    except ElementTree.ParseError as err:
+        raise RegionsError(f"{where}: {file} is not a readable VRT (XML: {err})") from None
+    missing = []
+    for source in root.iter("SourceFilename"):
+        name = (source.text or "").strip()
+        path = Path(file).parent / name if source.get("relativeToVRT") == "1" else Path(name)
+        if name and not name.startswith("/vsi") and not path.exists():
+            missing.append(str(path))
+    if missing:
+        raise RegionsError(
+            f"{where}: {file} is a VRT whose source files do not exist: "
+            f"{', '.join(sorted(set(missing))[:3])}{' ...' if len(set(missing)) > 3 else ''}"
+        )
 
 
 def _check_grid(raster: Raster, where: str) -> None:
