@@ -90,16 +90,28 @@ def workdir(slurm, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def test_every_rule_of_the_demo_runs_as_a_slurm_job(workdir: Path) -> None:
+LOCAL_RULES = {"all", "train_config", "manifest", "summary", "curves", "data_report"}
+
+
+def test_every_rule_of_the_demo_runs_as_a_slurm_job_or_group_but_bookkeeping(
+    workdir: Path,
+) -> None:
     log = next(workdir.glob("snakemake-*.log")).read_text()
-    rules = set(re.findall(r"^rule (\w+):", log, re.M))
-    assert {"demo_region", "shards", "manifest", "gpu_check", "train", "evaluate"} <= rules
-    assert set(re.findall(r"^localrule (\w+):", log, re.M)) <= {"all"}  # the target list only
+    rules = set(re.findall(r"^\s*rule (\w+):", log, re.M))  # grouped jobs are indented
+    assert {"demo_region", "shards", "gpu_check", "train", "evaluate", "predict"} <= rules
+    assert set(re.findall(r"^\s*localrule (\w+):", log, re.M)) <= LOCAL_RULES
+    groups = re.findall(r"Group job (\w+)", log)
+    assert groups == ["prep"]  # align_labels and shards of all 4 (source, region) pairs
+    assert list((workdir / ".snakemake/slurm_logs").glob("group_prep*/**/*.log"))
+    alone = rules - LOCAL_RULES - {"align_labels", "shards"}
     assert all(
         slurm_job_logs(workdir, rule)
         or list((workdir / ".snakemake/slurm_logs" / f"rule_{rule}").rglob("*.log"))
-        for rule in rules
+        for rule in alone
     )
+    # sbatch calls: 2 demo regions, 1 prep group, stats, gpu_check, train, evaluate, 2 maps
+    submitted = re.findall(r"has been submitted with SLURM jobid", log)
+    assert len(submitted) == 9, log[-3000:]
 
 
 def test_training_is_a_two_rank_ddp_job_in_the_launchers_srun_step(workdir: Path) -> None:
@@ -162,3 +174,25 @@ def test_training_over_its_time_limit_checkpoints_on_the_signal_is_retried_and_r
     assert epochs == list(range(1, LIMIT_EPOCHS + 1))
     assert steps == [per_epoch * e for e in epochs], "step counter not continuous across jobs"
     assert json.loads((run_dir / "train.json").read_text())["steps"] == per_epoch * LIMIT_EPOCHS
+
+
+def test_a_training_with_a_bad_config_costs_one_allocation_and_its_retries_end_at_once(
+    workdir: Path,
+) -> None:
+    run = yaml.safe_load((workdir / "config/train/aef_segformer.yaml").read_text())
+    run.setdefault("train", {})["resume_from"] = "no_such_checkpoint.pt"  # fails in training
+    (workdir / "config/train/aef_bad.yaml").write_text(yaml.safe_dump(run))
+
+    result = snakemake(workdir, PROFILE, "results/runs/aef_bad/train.json",
+                       "--config", "runs=[aef_bad]")  # fmt: skip
+
+    assert result.returncode != 0
+    out = result.stdout + result.stderr
+    submitted = re.findall(r"Job \d+ has been submitted with SLURM jobid", out)
+    assert len(submitted) == 3, out[-3000:]  # the first attempt and the profile's 2 retries
+    # Snakemake drops a failed attempt's log before the retry: the retry repeats the reason
+    # (torchrun reports a worker's exit 2 as 1)
+    log = (workdir / "logs/train/aef_bad.log").read_text()
+    assert re.search(r"attempt 3: attempt 1 of this job failed with exit code [12] at", log)
+    assert "train.resume_from: expected an existing checkpoint" in log, log
+    assert len(re.findall(r"^launch: ", log, re.M)) <= 1, log  # one attempt started anything

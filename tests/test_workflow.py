@@ -73,6 +73,20 @@ def test_summary_holds_every_run_with_finite_metrics(finished_run: Path) -> None
     assert all(math.isfinite(v) and 0.0 <= v <= 1.0 for v in values)
 
 
+def test_summary_shows_validation_and_test_side_by_side(finished_run: Path) -> None:
+    table = pd.read_csv(finished_run / "results" / "summary.csv").set_index("run")
+    for run in RUNS:
+        history = pd.read_csv(finished_run / f"results/runs/{run}/history.csv")
+        weights = table.loc[run, "weights"]
+        best = history.loc[history[f"val_{weights}_miou_l3"].idxmax()]
+        for level in ("l1", "l2", "l3"):
+            assert table.loc[run, f"val_miou_{level}"] == pytest.approx(
+                best[f"val_{weights}_miou_{level}"], abs=1e-12
+            )
+    page = (finished_run / "results" / "summary.html").read_text()
+    assert "one definition" in page and page.count("test_miou") >= 1
+
+
 def test_every_rule_leaves_a_log_and_a_benchmark(finished_run: Path) -> None:
     for rule in RULES:
         assert list((finished_run / "logs").glob(f"{rule}*")), f"no log of {rule}"

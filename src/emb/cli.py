@@ -101,6 +101,25 @@ def setup_logging(level: int = logging.INFO) -> None:
     log.setLevel(level)
     logging.getLogger("__main__").setLevel(level)  # a stage's own logger under ``python -m``
     logging.captureWarnings(True)
+    _copy_errors_to(os.environ.get(ERROR_FILE_ENV))
+
+
+ERROR_FILE_ENV = "EMB_ERROR_FILE"  # set by emb.cluster.launch: a retry repeats why it failed
+
+
+def _copy_errors_to(path: str | None) -> None:
+    """ERROR lines also appended to ``path``: Snakemake drops a failed attempt's log before a
+    retry, and the retry (emb.cluster.retries) must still say why the first attempt failed."""
+    root = logging.getLogger()
+    if not path or any(getattr(h, "baseFilename", None) == path for h in root.handlers):
+        return
+    try:
+        handler = logging.FileHandler(path, encoding="utf-8", delay=True)
+    except OSError:
+        return
+    handler.setLevel(logging.ERROR)
+    handler.setFormatter(logging.Formatter(LOG_FORMAT, DATE_FORMAT))
+    root.addHandler(handler)
 
 
 def exit_code(err: BaseException) -> int:

@@ -225,6 +225,25 @@ def test_a_retry_of_a_failure_no_retry_can_fix_ends_at_once_with_its_exit_code(t
     assert again.returncode == 2 and "launch:" in again.stdout
 
 
+def test_a_retry_repeats_why_the_first_attempt_failed(tmp_path: Path) -> None:
+    """Snakemake drops a failed attempt's log before its retry: the retry says why itself."""
+    record = tmp_path / "run" / "launch.failed.json"
+    history = tmp_path / "no_history.csv"
+
+    def attempt(n: int) -> subprocess.CompletedProcess:
+        cmd = [sys.executable, "-m", "emb.cluster.launch", f"--attempt={n}",
+               f"--failure-record={record}", "--", "emb.report.curves", f"--history={history}",
+               "--run=r", f"--out={tmp_path / 'c.png'}"]  # fmt: skip
+        return subprocess.run(cmd, env=venv_env(), capture_output=True, text=True, timeout=120)
+
+    first = attempt(1)
+    assert first.returncode != 0 and str(history) in first.stderr
+    retry = attempt(2)
+    assert retry.returncode == first.returncode
+    assert "launch:" not in retry.stdout
+    assert "attempt 1 of this job failed" in retry.stderr and str(history) in retry.stderr
+
+
 def test_a_stop_with_a_checkpoint_or_a_success_leaves_no_failure_record(tmp_path: Path) -> None:
     record = tmp_path / "launch.failed.json"
     for code in (0, EX_TEMPFAIL):

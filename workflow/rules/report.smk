@@ -38,10 +38,11 @@ rule summary:
         runtime=5,
     params:
         runs=RUNS,
+        histories=expand("results/runs/{run}/history.csv", run=RUNS),  # beside train.json
     shell:
         "python -m emb.report.summary --runs {params.runs:q} --metrics {input.metrics:q}"
         " --out={output.csv:q} --html={output.html:q} --png={output.png:q}"
-        " --provenance={output.provenance:q} > {log:q} 2>&1"
+        " --provenance={output.provenance:q} --histories {params.histories:q} > {log:q} 2>&1"
 
 
 rule curves:

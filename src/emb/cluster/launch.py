@@ -35,7 +35,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from emb.cluster.retries import earlier_failure, record_failure
+from emb.cli import ERROR_FILE_ENV
+from emb.cluster.retries import earlier_failure, errors_file, record_failure
 from emb.cluster.slurm import SlurmError, first_node, job_end_time
 from emb.cluster.supervise import EX_TEMPFAIL, LaunchError, resumable_exit, supervise
 
@@ -233,6 +234,9 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(earlier[0])
     try:
         cmd, env = prepare(args, os.environ)
+        if record:
+            record.parent.mkdir(parents=True, exist_ok=True)
+            env[ERROR_FILE_ENV] = str(errors_file(record))  # why it failed, for a retry
         print("launch:", shlex.join(cmd), flush=True)
         if args.dry_run:
             return

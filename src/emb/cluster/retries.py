@@ -22,17 +22,20 @@ def earlier_failure(record: Path, attempt: int) -> tuple[int, str] | None:
     """(exit code, message) of an earlier attempt's failure no retry can fix, or None to run."""
     if attempt <= 1:
         record.unlink(missing_ok=True)
+        errors_file(record).unlink(missing_ok=True)
         return None
     try:
         info = json.loads(record.read_text())
         code, first, when = int(info["code"]), int(info["attempt"]), str(info["when"])
+        errors = [str(line) for line in info.get("errors", [])]
     except FileNotFoundError:
         return None
     except (ValueError, KeyError, TypeError) as err:
         return 1, f"{record}: unreadable failure record ({err}); delete it to run again"
     return code or 1, (
         f"attempt {attempt}: attempt {first} of this job failed with exit code {code} at "
-        f"{when} (its error is above in this log); only a stop with a checkpoint (exit "
+        f"{when} ({'; '.join(errors) if errors else 'its error is in its SLURM log'}); "
+        f"only a stop with a checkpoint (exit "
         f"{EX_TEMPFAIL}) is worth a retry, so nothing is started. Fix the cause and run "
         f"Snakemake again (that removes {record})"
     )
@@ -44,4 +47,19 @@ def record_failure(record: Path, attempt: int, code: int) -> None:
         return
     record.parent.mkdir(parents=True, exist_ok=True)
     when = time.strftime("%Y-%m-%dT%H:%M:%S")
-    record.write_text(json.dumps({"attempt": attempt, "code": code, "when": when}) + "\n")
+    errors = _last_lines(errors_file(record), 3)
+    info = {"attempt": attempt, "code": code, "when": when, "errors": errors}
+    record.write_text(json.dumps(info) + "\n")
+
+
+def errors_file(record: Path) -> Path:
+    """Where the command's ERROR lines are copied (``EMB_ERROR_FILE``, emb.cli)."""
+    return record.with_name(record.name + ".errors")
+
+
+def _last_lines(path: Path, n: int) -> list[str]:
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return []
+    return [line.strip() for line in lines if line.strip()][-n:]
