@@ -101,7 +101,7 @@ def test_every_rule_of_the_demo_runs_as_a_slurm_job_or_group_but_bookkeeping(
     assert {"demo_region", "shards", "gpu_check", "train", "evaluate", "predict"} <= rules
     assert set(re.findall(r"^\s*localrule (\w+):", log, re.M)) <= LOCAL_RULES
     groups = re.findall(r"Group job (\w+)", log)
-    assert groups == ["prep"]  # align_labels and shards of all 4 (source, region) pairs
+    assert groups == ["prep"]  # align_labels and shards of both demo regions, one job
     assert list((workdir / ".snakemake/slurm_logs").glob("group_prep*/**/*.log"))
     alone = rules - LOCAL_RULES - {"align_labels", "shards"}
     assert all(
