@@ -206,11 +206,8 @@ def get_run_inputs(wildcards):
 # launcher outside it, and the launcher starts the image inside its srun step (srun is not in
 # the image).
 if DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method:
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        filter(
-            None, [str(Path(workflow.basedir) / "src"), os.environ.get("PYTHONPATH")]
-        )
-    )
+    SRC = [str(Path(workflow.basedir) / "src"), os.environ.get("PYTHONPATH")]
+    os.environ.update(PYTHONPATH=os.pathsep.join(filter(None, SRC)))  # jobs inherit it
 APPTAINER = DeploymentMethod.APPTAINER in workflow.deployment_settings.deployment_method
 CONTAINER = os.environ.get("EMB_CONTAINER", "") if APPTAINER else ""
 if APPTAINER and not CONTAINER:
