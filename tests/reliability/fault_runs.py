@@ -8,8 +8,11 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
 from conftest import venv_env
 
 LAUNCHER = Path(__file__).with_name("fault_launcher.py")
@@ -91,3 +94,16 @@ def mount_tmpfs(path: Path, size: str) -> str | None:
 
 def unmount(path: Path) -> None:
     subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+@contextmanager
+def small_tmpfs(path: Path, size: str) -> Iterator[Path]:
+    """A real file system of ``size`` at ``path`` to fill up; the test is skipped where this
+    machine refuses the mount (it needs root, as in CI)."""
+    why = mount_tmpfs(path, size)
+    if why:
+        pytest.skip(f"cannot mount a tmpfs here ({why}): needs root, as in CI")
+    try:
+        yield path
+    finally:
+        unmount(path)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from conftest import TinyDemo
-from fault_runs import mount_tmpfs, run, tree_hashes, unmount, worker_exit_codes
+from fault_runs import run, small_tmpfs, tree_hashes, worker_exit_codes
 from training_runs import resolve_config
 from trials import pytest_generate_tests  # noqa: F401 - parametrizes `trial`
 
@@ -22,12 +22,8 @@ QUIET = ("train.checkpoint_every_updates=1", "train.val_every_updates=1000", "lo
 
 @pytest.fixture
 def small_disk(tmp_path: Path):
-    disk = tmp_path / "disk"
-    why = mount_tmpfs(disk, "64m")
-    if why:
-        pytest.skip(f"cannot mount a tmpfs here ({why}): needs root, as in CI")
-    yield disk
-    unmount(disk)
+    with small_tmpfs(tmp_path / "disk", "64m") as disk:
+        yield disk
 
 
 def fill(folder: Path, leave: int) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest import TinyDemo, venv_env
-from fault_runs import mount_tmpfs, tree_hashes, unmount
+from fault_runs import small_tmpfs, tree_hashes
 
 pytestmark = pytest.mark.reliability
 
@@ -45,12 +45,8 @@ def error_lines(stderr: str) -> list[str]:
 
 @pytest.fixture
 def small_disk(tmp_path: Path):
-    disk = tmp_path / "disk"
-    why = mount_tmpfs(disk, "16m")
-    if why:
-        pytest.skip(f"cannot mount a tmpfs here ({why}): needs root, as in CI")
-    yield disk
-    unmount(disk)
+    with small_tmpfs(tmp_path / "disk", "16m") as disk:
+        yield disk
 
 
 @pytest.mark.check("disk_full")

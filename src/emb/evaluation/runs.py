@@ -152,11 +152,13 @@ def check_identity(state: dict, path: Path) -> None:
         current = yaml.safe_load(config_path.read_text())
     except (yaml.YAMLError, UnicodeDecodeError) as err:
         raise RunError(f"{config_path}: not readable YAML ({err})") from None
-    saved, current = _flat(state["config"]), _flat(current if isinstance(current, dict) else {})
-    for key in IDENTITY_KEYS:
-        if key in current and _plain(saved.get(key)) != _plain(current[key]):
+    if not isinstance(current, dict):
+        return
+    saved, now = checkpoint.flatten_config(state["config"]), checkpoint.flatten_config(current)
+    for key in checkpoint.differing_keys(state["config"], current, IDENTITY_KEYS):
+        if key in now:
             raise RunError(
-                f"{path}: {key}: expected {current[key]!r} (the run's {config_path}), found "
+                f"{path}: {key}: expected {now[key]!r} (the run's {config_path}), found "
                 f"{saved.get(key)!r} in the checkpoint: a checkpoint of another run"
             )
 
@@ -176,20 +178,6 @@ def check_same_data(run: TrainedRun) -> None:
             f"digest {now[:12]}: the data changed since training; retrain the run "
             f"(snakemake --forcerun train) before evaluating or predicting with it"
         )
-
-
-def _flat(tree: dict, prefix: str = "") -> dict:
-    out = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            out.update(_flat(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
-def _plain(value: object) -> object:
-    return list(value) if isinstance(value, tuple) else value
 
 
 def open_run(run_dir: Path | str, cmap: ClassMap, classes_path: Path | str,

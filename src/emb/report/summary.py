@@ -65,9 +65,11 @@ def side_by_side(table: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for _, row in table.iterrows():
         for lv in LEVELS:
-            rows.append({"run": row["run"], "level": lv, **{
-                f"{split}_{f}": row.get(f"{'val_' if split == 'val' else ''}{f}_{lv}")
-                for f in FIGURES for split in ("val", "test")}})  # fmt: skip
+            figures = {}
+            for f in FIGURES:
+                figures[f"val_{f}"] = row.get(f"val_{f}_{lv}")  # the validation that chose best.pt
+                figures[f"test_{f}"] = row.get(f"{f}_{lv}")
+            rows.append({"run": row["run"], "level": lv, **figures})
     return pd.DataFrame(rows)
 
 

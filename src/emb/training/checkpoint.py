@@ -185,12 +185,13 @@ def clean_leftovers(folder: Path) -> list[Path]:
     return removed
 
 
-def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+def flatten_config(data: Any, prefix: str = "") -> dict[str, Any]:
+    """``{"model.in_dim": 64, ...}``: a nested config as dotted keys."""
     if not isinstance(data, dict):
         return {prefix: data}
     out: dict[str, Any] = {}
     for key, value in data.items():
-        out.update(_flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+        out.update(flatten_config(value, f"{prefix}.{key}" if prefix else str(key)))
     return out
 
 
@@ -206,7 +207,7 @@ RESUME_KEYS = (
 
 def differing_keys(saved: dict, current: dict, prefixes: tuple[str, ...]) -> list[str]:
     """Flat keys starting with one of ``prefixes`` whose values differ between two configs."""
-    old, new = _flatten(saved), _flatten(current)
+    old, new = flatten_config(saved), flatten_config(current)
     return sorted(
         k
         for k in set(old) | set(new)
@@ -215,7 +216,7 @@ def differing_keys(saved: dict, current: dict, prefixes: tuple[str, ...]) -> lis
 
 
 def _differences(saved: dict, current: dict, keys: list[str]) -> str:
-    old, new = _flatten(saved), _flatten(current)
+    old, new = flatten_config(saved), flatten_config(current)
     return "; ".join(f"{k}: checkpoint {old.get(k)!r}, config {new.get(k)!r}" for k in keys)
 
 
