@@ -12,6 +12,12 @@ from emb.training.config import ConfigError
 from emb.training.train_config import resolve
 from emb.prep.demo_region import DEMO_REGIONS
 from emb.cluster.launch import rule_options
+from emb.cluster.profile import (
+    ProfileError,
+    check_runtime,
+    positive_number,
+    predict_minutes,
+)
 from emb.prep.regions import RegionsError, check_regions, read_regions
 
 validate(config, "../schemas/config.schema.yaml")
@@ -28,7 +34,10 @@ DEMO_FILES = [
     for kind in ("aef", "tessera", "cdl")
 ]
 try:
-    check_regions(REGIONS, Path(config["regions"]), generated=DEMO_FILES)
+    # pixels of every raster checked (the demo's own, not made yet, count as 0)
+    RASTER_PIXELS = check_regions(
+        REGIONS, Path(config["regions"]), generated=DEMO_FILES
+    )
 except RegionsError as err:
     raise WorkflowError(str(err)) from None
 
@@ -217,6 +226,13 @@ if APPTAINER and not CONTAINER:
 container: CONTAINER or None
 
 
+def threads_per_process(wildcards, threads, resources):
+    """CPU threads of each launched process: the profile's cpus_per_task, else the rule's
+    threads shared by the processes of a node."""
+    given = resources.get("cpus_per_task")
+    return given if given else max(1, threads // resources.tasks_per_node)
+
+
 def launch_options(wildcards, resources):
     """The launcher's options from the rule's resources (set by the profiles)."""
     return rule_options(
@@ -224,28 +240,69 @@ def launch_options(wildcards, resources):
     )
 
 
-def get_region_raster(wildcards):
-    """The embedding raster of ``region`` for the source ``run`` was trained on."""
-    source = RUN_SOURCE[wildcards.run]
-    path = REGIONS.loc[wildcards.region, source]
-    if not path:
-        raise WorkflowError(
-            f"run {wildcards.run!r} predicts from {source} embeddings, but region "
-            f"{wildcards.region!r} has no {source} raster (column {source!r} of "
-            f"{config['regions']} is empty)"
+CPU_MPX_PER_MINUTE = 3  # one CPU thread (bench/predict.py: 0.06 megapixels/s)
+
+
+def predict_runtime_of(run):
+    """Minutes the run's prediction job asks for, from its regions' megapixels and the
+    profile's ``mpx_per_minute`` per process (a CPU thread's rate without one); refused when
+    more than the profile's ``max_runtime`` (the partition's limit)."""
+    rate = profile_resource("predict", "mpx_per_minute")
+    limit = profile_resource("predict", "max_runtime")
+    processes = profile_resource("predict", "nodes") or 1
+    processes *= profile_resource("predict", "tasks_per_node") or 1
+    source = RUN_SOURCE[run]
+    regions = regions_of(source)
+    megapixels = (
+        sum(RASTER_PIXELS.get(REGIONS.loc[r, source], 0) for r in regions) / 1e6
+    )
+    try:
+        rate = (
+            CPU_MPX_PER_MINUTE
+            if rate is None
+            else positive_number(rate, "mpx_per_minute", "predict")
         )
-    return path
+        limit = (
+            None if limit is None else positive_number(limit, "max_runtime", "predict")
+        )
+        minutes = predict_minutes(megapixels, rate, processes)
+        check_runtime(
+            minutes,
+            limit,
+            f"rule predict of run {run}",
+            f"{len(regions)} regions, {megapixels:.0f} megapixels at {rate:g} megapixels/min "
+            f"on each of {processes} processes",
+            "give predict more nodes (set-resources: predict: nodes) or split the regions table",
+        )
+    except ProfileError as err:
+        raise WorkflowError(str(err)) from None
+    return minutes
 
 
-def predict_extra_outputs():
-    """The probability COG, declared only when config predict.probabilities is true."""
-    if config["predict"]["probabilities"]:
-        return {"probabilities": "results/maps/{run}/{region}_probabilities.tif"}
-    return {}
+PREDICT_MINUTES = {run: predict_runtime_of(run) for run in RUNS}
 
 
-def predict_options(wildcards, output):
-    """predict's options, shell-quoted (the probabilities path is the user's)."""
+def predict_runtime(wildcards):
+    return PREDICT_MINUTES[wildcards.run]
+
+
+def get_run_rasters(wildcards):
+    """The embedding rasters of every region with the source the run was trained on."""
+    source = RUN_SOURCE[wildcards.run]
+    return [REGIONS.loc[region, source] for region in regions_of(source)]
+
+
+def get_run_cdls(wildcards):
+    source = RUN_SOURCE[wildcards.run]
+    return [
+        REGIONS.loc[region, "cdl"]
+        for region in regions_of(source)
+        if REGIONS.loc[region, "cdl"]
+    ]
+
+
+def predict_options(wildcards):
+    """predict's options from config predict:, shell-quoted."""
     cfg = config["predict"]
     options = [
         f"--overlap={cfg['overlap']}",
@@ -254,22 +311,14 @@ def predict_options(wildcards, output):
     ]
     if cfg.get("tile"):
         options.append(f"--tile={cfg['tile']}")
-    if "probabilities" in output.keys():
-        options.append(f"--probabilities={output.probabilities}")
+    if cfg["probabilities"]:
+        options.append("--with-probabilities")
     return shlex.join(options)
 
 
 def map_targets():
-    """Every run's map (and quicklook) of every region that has the run's source."""
-    suffixes = [".tif", ".png"]
-    if config["predict"]["probabilities"]:
-        suffixes.append("_probabilities.tif")
-    return [
-        f"results/maps/{run}/{region}{suffix}"
-        for run in RUNS
-        for region in regions_of(RUN_SOURCE[run])
-        for suffix in suffixes
-    ]
+    """Every run's folder of maps (one per region that has the run's source)."""
+    return expand("results/maps/{run}", run=RUNS)
 
 
 def report_targets():

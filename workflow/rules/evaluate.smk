@@ -58,9 +58,7 @@ rule evaluate:
         run_dir=lambda wildcards, input: Path(input.trained).parent,
         out_dir=lambda wildcards, output: Path(output.metrics).parent,
         launch=launch_options,
-        threads=lambda wildcards, threads, resources: max(
-            1, threads // resources.tasks_per_node
-        ),
+        threads=threads_per_process,
     shell:
         "python -m emb.cluster.launch {params.launch} -- emb.evaluation.evaluate"
         " --run-dir={params.run_dir:q} --classes={input.classes:q} --out-dir={params.out_dir:q}"
@@ -70,36 +68,42 @@ rule evaluate:
 rule predict:
     input:
         trained="results/runs/{run}/train.json",
-        raster=get_region_raster,
-        cdl=get_cdl,  # its colour table, when it holds one, colours the map
+        regions=config["regions"],
+        rasters=get_run_rasters,
+        cdls=get_run_cdls,  # their colour tables, when they hold one, colour the maps
         classes=config["classes"],
     output:
-        **predict_extra_outputs(),
-        map="results/maps/{run}/{region}.tif",
-        qml="results/maps/{run}/{region}.qml",  # QGIS loads it with the map: named classes
-        png=report(
-            "results/maps/{run}/{region}.png",
+        # {region}.tif, .tif.aux.xml, .qml, .png (+ _probabilities.tif) of every region
+        maps=report(
+            directory("results/maps/{run}"),
+            patterns=["{region}.png"],
             caption="../report/map.rst",
             category="Maps",
             subcategory="{run}",
             labels={"run": "{run}", "region": "{region}"},
         ),
     log:
-        "logs/predict/{run}/{region}.log",
+        "logs/predict/{run}.log",
     benchmark:
-        "benchmarks/predict/{run}/{region}.tsv"
+        "benchmarks/predict/{run}.tsv"
     conda:
         "../../envs/emb.yaml"
-    threads: 2
+    container:
+        None  # as for evaluate: the launcher runs the container inside its srun step
+    threads: 8  # at most the cores Snakemake has: a laptop's maps use all of them
     resources:
         mem_mb=8000,
-        runtime=120,
+        runtime=predict_runtime,
+        nodes=1,
+        tasks_per_node=1,
+        gpus_per_node=0,
     params:
         run_dir=lambda wildcards, input: Path(input.trained).parent,
+        launch=launch_options,
+        threads=threads_per_process,
         options=predict_options,
     shell:
-        "OMP_NUM_THREADS={threads} python -m emb.evaluation.predict"
-        " --run-dir={params.run_dir:q} --raster={input.raster:q} --region={wildcards.region:q}"
-        " --classes={input.classes:q} --cdl={input.cdl:q} --out={output.map:q}"
-        " --qml={output.qml:q} --png={output.png:q}"
-        " --threads={threads} {params.options} > {log:q} 2>&1"
+        "python -m emb.cluster.launch {params.launch} -- emb.evaluation.predict"
+        " --run-dir={params.run_dir:q} --regions={input.regions:q}"
+        " --classes={input.classes:q} --out-dir={output.maps:q}"
+        " --threads={params.threads:q} {params.options} > {log:q} 2>&1"

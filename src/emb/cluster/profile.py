@@ -12,6 +12,7 @@ resources. A real run keeps refusing with the error.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -84,3 +85,26 @@ def group_size(members: object, group: str, cluster: str) -> int:
             f"SLURM job, at least 1, found {members!r}"
         )
     return members
+
+
+def positive_number(value: object, key: str, rule: str) -> float:
+    """A profile resource that must be a number > 0 (a rate, a time limit), named if not."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ProfileError(f"profile: rule {rule}: {key}: expected a number > 0, found {value!r}")
+    return float(value)
+
+
+def predict_minutes(megapixels: float, mpx_per_minute: float, processes: int) -> int:
+    """Minutes one prediction job asks for: twice the time its ``processes`` need at
+    ``mpx_per_minute`` each (reading, writing and a slow node), plus 10 to start."""
+    return math.ceil(2 * megapixels / (mpx_per_minute * processes)) + 10
+
+
+def check_runtime(minutes: int, limit: float | None, job: str, work: str, fix: str) -> None:
+    """A job that would outrun its partition's time limit (``max_runtime``, minutes) is refused
+    before anything is submitted: SLURM would only kill it after hours in the queue."""
+    if limit is not None and minutes > limit:
+        raise ProfileError(
+            f"profile: {job}: {work} needs about {minutes} min, more than the partition's limit "
+            f"max_runtime={limit:g} min; {fix}"
+        )

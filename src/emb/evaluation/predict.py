@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -35,11 +36,18 @@ from emb.evaluation.map_files import (
     write_legend,
     write_quicklook,
 )
+from emb.evaluation.region_maps import (
+    MapFiles,
+    RegionInput,
+    Staging,
+    regions_with,
+    share_of_rank,
+)
 from emb.evaluation.runs import RunError, TrainedRun, open_run
 from emb.evaluation.windows import PredictSpec, blocks, classify, predict_block
 from emb.prep.manifest import read_manifest
 from emb.progress import Progress
-from emb.provenance import provenance
+from emb.provenance import digest_file, provenance
 from emb.report.colours import cdl_palette, l3_colours
 
 log = logging.getLogger(__name__)
@@ -123,46 +131,114 @@ def provenance_tags(run: TrainedRun, device: object) -> dict[str, str]:
     }
 
 
-@cli.stage
-def main(argv: list[str] | None = None) -> None:
+def map_region(
+    run: TrainedRun, cmap: ClassMap, spec: PredictSpec, run_on: Inference, item: RegionInput,
+    files: MapFiles,
+) -> None:  # fmt: skip
+    """Map one region into ``files``: the COG(s), its QGIS/GDAL legend and the quicklook."""
+    if not item.raster.is_file():
+        raise RunError(f"region {item.region!r}: embedding raster {item.raster} not found")
+    tags = {"RUN": run.name, "REGION": item.region, "WEIGHTS": run.selected,
+            "CHECKPOINT": str(run.path), **provenance_tags(run, run_on.device)}  # fmt: skip
+    colours = l3_colours(cmap, cdl_palette(item.cdl) if item.cdl else None)
+    predict_raster(run, run.selected, item.raster, cmap, spec, files.map, files.probabilities,
+                   run_on, tags, colours)  # fmt: skip
+    write_legend(files.map, files.qml, list(cmap.l3_names), colours)
+    title = f"{run.name} on {item.region} ({run.selected} weights)"
+    write_quicklook(files.map, files.png, cmap, title, colours)
+    log.info("region %s: wrote %s, its legend and %s", item.region, files.map, files.png)
+
+
+def map_regions(
+    run: TrainedRun, cmap: ClassMap, spec: PredictSpec, run_on: Inference,
+    regions: list[RegionInput], staging: Staging, rank: int = 0, world: int = 1,
+    launch_id: str = "single",
+) -> None:  # fmt: skip
+    """This rank's share of ``regions`` into ``staging``, kept where an earlier attempt made it;
+    the last rank to finish publishes every map (see :mod:`emb.evaluation.region_maps`)."""
+    mine = share_of_rank(regions, rank, world)
+    log.info("rank %d of %d: %d of %d regions to map", rank, world, len(mine), len(regions))
+    progress = Progress(len(mine), "regions", f"{run.name} maps", log)
+    for item in mine:
+        if staging.is_done(item):
+            log.info("region %s: kept the map an earlier attempt made", item.region)
+        else:
+            try:
+                map_region(run, cmap, spec, run_on, item, staging.files(item.region))
+            except BaseException:
+                log.error("region %r (%s): its map failed; the maps done so far stay in %s",
+                          item.region, item.raster, staging.folder)  # fmt: skip
+                raise
+            staging.mark_done(item)
+        progress.advance()
+    progress.done()
+    if staging.finish(rank, world, launch_id, regions):
+        log.info("published %d maps into %s", len(regions), staging.out_dir)
+
+
+def map_identity(run: TrainedRun, spec: PredictSpec, run_on: Inference, classes: Path) -> dict:
+    """What a staged map must have been made by to be kept: weights, options, numerics."""
+    return {"checkpoint": digest_file(run.path), "weights": run.selected,
+            "spec": [spec.tile, spec.overlap, spec.block, spec.batch_size],
+            "classes": digest_file(classes), "device": run_on.device.type,
+            "precision": run_on.precision, "channels_last": run_on.channels_last}  # fmt: skip
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run-dir", type=Path, required=True, help="results/runs/{run}")
     parser.add_argument("--checkpoint", default="best.pt", help="file name inside --run-dir")
-    parser.add_argument("--raster", type=Path, required=True, help="the region's embedding raster")
-    parser.add_argument("--region", required=True)
     parser.add_argument("--classes", type=Path, required=True, help="classes.csv")
-    parser.add_argument(
-        "--cdl", type=Path, help="the region's CDL: its colour table colours the map"
-    )
-    parser.add_argument("--out", type=Path, required=True, help="results/maps/{run}/{region}.tif")
-    parser.add_argument("--png", type=Path, required=True, help="quicklook with legend")
-    parser.add_argument(
-        "--qml", type=Path, help="QGIS style with class names (default: beside --out)"
-    )
-    parser.add_argument("--probabilities", type=Path, help="also write per-class probabilities")
+    many = parser.add_argument_group("every region of a table (the rule; ranks share them)")
+    many.add_argument("--regions", type=Path, help="regions.tsv: maps its rows with the source")
+    many.add_argument("--out-dir", type=Path, help="results/maps/{run}")
+    many.add_argument("--staging", type=Path, help="default: .partial/{run} beside --out-dir")
+    many.add_argument("--with-probabilities", action="store_true",
+                      help="also write {region}_probabilities.tif")  # fmt: skip
+    one = parser.add_argument_group("one region")
+    one.add_argument("--raster", type=Path, help="the region's embedding raster")
+    one.add_argument("--region")
+    one.add_argument("--cdl", type=Path, help="the region's CDL: its colour table colours the map")
+    one.add_argument("--out", type=Path, help="results/maps/{run}/{region}.tif")
+    one.add_argument("--png", type=Path, help="quicklook with legend")
+    one.add_argument("--qml", type=Path, help="QGIS style with class names (default: beside --out)")
+    one.add_argument("--probabilities", type=Path, help="also write per-class probabilities")
     parser.add_argument("--tile", type=int, help="window side (default: the training tile)")
     parser.add_argument("--overlap", type=float, default=0.5, help="fraction of the window")
     parser.add_argument("--block", type=int, default=1024, help="pixels per block side")
     parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--threads", type=int, default=1, help="CPU threads (no GPU)")
+    parser.add_argument("--threads", type=int, default=1, help="CPU threads per process (no GPU)")
     args = parser.parse_args(argv)
+    wanted = ("regions", "out_dir") if args.regions or args.out_dir else ("raster", "region",
+                                                                          "out", "png")  # fmt: skip
+    missing = [f"--{name.replace('_', '-')}" for name in wanted if getattr(args, name) is None]
+    if missing:
+        parser.error(f"missing {', '.join(missing)}")
+    return args
+
+
+@cli.stage
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    local = int(os.environ["LOCAL_RANK"]) if "LOCAL_RANK" in os.environ else None
     cmap = load_class_map(args.classes)
     run = open_run(args.run_dir, cmap, args.classes, args.checkpoint)
     loop = run.cfg.train
-    run_on = inference(loop.precision, loop.channels_last, args.threads)
+    run_on = inference(loop.precision, loop.channels_last, args.threads, local)
     spec = PredictSpec(args.tile or default_tile(run), args.overlap, args.block, args.batch_size)
     spec.check(2 ** (len(run.cfg.model.widths) + 1))
-    if not args.raster.is_file():
-        raise RunError(f"region {args.region!r}: embedding raster {args.raster} not found")
-    tags = {"RUN": args.run_dir.name, "REGION": args.region, "WEIGHTS": run.selected,
-            "CHECKPOINT": str(run.path), **provenance_tags(run, run_on.device)}  # fmt: skip
-    colours = l3_colours(cmap, cdl_palette(args.cdl) if args.cdl else None)
-    predict_raster(run, run.selected, args.raster, cmap, spec, args.out, args.probabilities,
-                   run_on, tags, colours)  # fmt: skip
-    write_legend(args.out, args.qml or args.out.with_suffix(".qml"), list(cmap.l3_names), colours)
-    title = f"{args.run_dir.name} on {args.region} ({run.selected} weights)"
-    write_quicklook(args.out, args.png, cmap, title, colours)
-    log.info("wrote %s, its legend and %s", args.out, args.png)
+    if args.regions is None:
+        files = MapFiles(args.out, args.png, args.qml or args.out.with_suffix(".qml"),
+                         args.probabilities)  # fmt: skip
+        map_region(run, cmap, spec, run_on, RegionInput(args.region, args.raster, args.cdl), files)
+        return
+    regions = regions_with(args.regions, run.cfg.data.source)
+    staging_dir = args.staging or args.out_dir.parent / ".partial" / args.out_dir.name
+    identity = map_identity(run, spec, run_on, args.classes)
+    staging = Staging(staging_dir, args.out_dir, identity, args.with_probabilities)
+    launch_id = os.environ.get("TORCHELASTIC_RUN_ID", "single")
+    map_regions(run, cmap, spec, run_on, regions, staging, rank, world, launch_id)
 
 
 if __name__ == "__main__":

@@ -71,8 +71,11 @@ class Raster:
     shape: tuple[int, int]
 
 
-def check_regions(table: pd.DataFrame, path: Path, generated: Iterable[str] = ()) -> None:
+def check_regions(
+    table: pd.DataFrame, path: Path, generated: Iterable[str] = ()
+) -> dict[str, int]:
     """Raise :class:`RegionsError` for the first unusable cell; ``generated`` paths are skipped.
+    Returns the pixel count of every raster checked (what sizes the jobs that read them).
 
     Checked once, before any job: ids unique; each raster readable with the bands, dtype and a
     projected, north-up georeferencing its column needs; no embedding raster (same file or same
@@ -82,6 +85,7 @@ def check_regions(table: pd.DataFrame, path: Path, generated: Iterable[str] = ()
     generated = set(generated)
     _check_unique_ids(table, path)
     seen: dict[tuple, str] = {}  # an embedding raster's file or grid -> where it was listed
+    sizes: dict[str, int] = {}
     for row, (region, rec) in enumerate(table.iterrows(), start=1):
         if not any(rec.get(s, "") for s in SOURCES):
             raise RegionsError(
@@ -94,6 +98,7 @@ def check_regions(table: pd.DataFrame, path: Path, generated: Iterable[str] = ()
                 continue
             where = _where(path, row, region, column)
             opened[column] = _open_checked(file, column, where)
+            sizes[file] = opened[column].shape[0] * opened[column].shape[1]
             if column in SOURCES:
                 _check_not_seen(opened[column], column, where, seen)
         if "cdl" in opened:
@@ -101,6 +106,7 @@ def check_regions(table: pd.DataFrame, path: Path, generated: Iterable[str] = ()
                 if source in opened:
                     where = _where(path, row, region, "cdl")
                     _check_labels_over(opened["cdl"], opened[source], where)
+    return sizes
 
 
 def _check_unique_ids(table: pd.DataFrame, path: Path) -> None:
