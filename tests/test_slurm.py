@@ -109,9 +109,19 @@ def test_every_rule_of_the_demo_runs_as_a_slurm_job_or_group_but_bookkeeping(
         or list((workdir / ".snakemake/slurm_logs" / f"rule_{rule}").rglob("*.log"))
         for rule in alone
     )
-    # sbatch calls: 2 demo regions, 1 prep group, stats, gpu_check, train, evaluate, 2 maps
+    # sbatch calls: 2 demo regions, 1 prep group, stats, gpu_check, train, evaluate, 1 map job
     submitted = re.findall(r"has been submitted with SLURM jobid", log)
-    assert len(submitted) == 9, log[-3000:]
+    assert len(submitted) == 8, log[-3000:]
+
+
+def test_maps_are_one_job_of_two_processes_in_the_launchers_srun_step(workdir: Path) -> None:
+    log = (workdir / "logs/predict/aef_segformer.log").read_text()
+    assert "launch: srun --nodes=1 --ntasks=1 --ntasks-per-node=1 --cpus-per-task=2" in log
+    assert "torchrun --standalone --nnodes=1 --nproc_per_node=2" in log
+    assert "rank 0 of 2: 1 of 2 regions" in log and "rank 1 of 2: 1 of 2 regions" in log
+    maps = workdir / "results/maps/aef_segformer"
+    assert sorted(p.name for p in maps.glob("*.tif")) == ["demo_a.tif", "demo_b.tif"]
+    assert not (workdir / "results/maps/.partial").exists()
 
 
 def test_training_is_a_two_rank_ddp_job_in_the_launchers_srun_step(workdir: Path) -> None:

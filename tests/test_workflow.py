@@ -58,9 +58,18 @@ def test_full_run_creates_every_declared_output(finished_run: Path) -> None:
     rows = [line.split("\t") for line in result.stdout.splitlines()[1:] if line.strip()]
     outputs = [row[0] for row in rows]
     assert len(outputs) >= 30
-    absent = [p for p in outputs if not (finished_run / p).is_file()]
+    folders = [p for p in outputs if (finished_run / p).is_dir()]  # predict's maps per run
+    assert sorted(folders) == sorted(f"results/maps/{run}" for run in RUNS)
+    absent = [p for p in outputs if p not in folders and not (finished_run / p).is_file()]
     assert not absent, f"declared outputs missing: {absent}"
-    empty = [p for p in outputs if (finished_run / p).stat().st_size == 0]
+    files = [p for p in outputs if p not in folders]
+    maps = [f for d in folders for f in (finished_run / d).glob("[!.]*")]  # no dot files
+    files += [str(f.relative_to(finished_run)) for f in maps]
+    for folder in folders:  # a map, its GDAL and QGIS legends and its quicklook per region
+        assert {f.name for f in (finished_run / folder).glob("[!.]*")} == {
+            f"{region}{ext}" for region in ("demo_a", "demo_b")
+            for ext in (".tif", ".tif.aux.xml", ".qml", ".png")}  # fmt: skip
+    empty = [p for p in files if (finished_run / p).stat().st_size == 0]
     assert not empty, f"declared outputs empty: {empty}"
 
 

@@ -6,9 +6,12 @@ import pytest
 
 from emb.cluster.profile import (
     ProfileError,
+    check_runtime,
     container_image,
     group_size,
     is_dry_run,
+    positive_number,
+    predict_minutes,
     require_env,
 )
 
@@ -46,3 +49,25 @@ def test_a_group_size_that_is_not_a_whole_number_of_jobs_is_refused(members) -> 
                        r"whole number .* at least 1, found"):  # fmt: skip
         group_size(members, "prep", "lumi")
     assert group_size(50, "prep", "lumi") == 50
+
+
+@pytest.mark.parametrize("value", [0, -3, "0", "fast", "nan", "inf", None, True, [200]])
+def test_a_rate_or_time_limit_that_is_not_a_positive_number_is_refused_by_name(value) -> None:
+    with pytest.raises(ProfileError, match=r"rule predict: mpx_per_minute: expected a number > 0"):
+        positive_number(value, "mpx_per_minute", "predict")
+
+
+def test_rates_snakemake_hands_over_as_strings_are_numbers() -> None:
+    assert positive_number("1e-06", "mpx_per_minute", "predict") == 1e-6
+    assert positive_number(200, "mpx_per_minute", "predict") == 200.0
+
+
+def test_the_prediction_runtime_grows_with_megapixels_and_shrinks_with_processes() -> None:
+    assert predict_minutes(0, 200, 8) == 10  # starting up
+    assert predict_minutes(16_000, 200, 8) == 2 * 10 + 10  # 16,000 Mpx: 10 min on 8 GCDs
+    assert predict_minutes(16_000, 200, 1) == 2 * 80 + 10
+    check_runtime(2880, 2880, "job", "work", "fix")  # at the limit: fine
+    check_runtime(10**6, None, "job", "work", "fix")  # no limit known: fine
+    with pytest.raises(ProfileError, match="job: work needs about 2881 min, more than the "
+                       "partition's limit max_runtime=2880 min; fix"):  # fmt: skip
+        check_runtime(2881, 2880, "job", "work", "fix")

@@ -1,10 +1,12 @@
-"""A cluster dry run over many regions: few SLURM jobs (per-region CPU stages grouped, the
-bookkeeping rules local), and the profile's checks of what it submits."""
+"""A cluster dry run over 1,000 regions: few SLURM jobs (per-region CPU stages grouped, one
+prediction job per run, the bookkeeping rules local), and the profile's checks of what it
+submits."""
 
 from __future__ import annotations
 
 import math
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -12,11 +14,12 @@ import pytest
 import rasterio
 from conftest import REPO
 from rasterio.transform import from_origin
-from test_profiles import cluster_env, dry_run
+from test_profiles import cluster_env, dry_run, jobs_of
 
 LOCAL_RULES = {"train_config", "manifest", "summary", "curves", "data_report", "all"}
 GROUPED = {"align_labels", "shards"}
 PREP_PER_JOB = 50  # group-components prep in profiles/{lumi,betzy}
+REGIONS = 1000
 
 
 def many_regions(root: Path, n: int) -> Path:
@@ -49,21 +52,51 @@ def submitted(stdout: str) -> dict[str, int]:
     return jobs
 
 
+@pytest.fixture(scope="module")
+def thousand_regions(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return many_regions(tmp_path_factory.mktemp("inputs"), REGIONS)
+
+
 @pytest.mark.parametrize("cluster", ["lumi", "betzy"])
-def test_per_region_cpu_stages_run_as_grouped_jobs_and_bookkeeping_locally(
-    tmp_path: Path, cluster: str
+def test_a_thousand_regions_and_four_runs_make_at_most_a_hundred_slurm_jobs(
+    tmp_path: Path, cluster: str, thousand_regions: Path
 ) -> None:
-    regions = 60
-    table = many_regions(tmp_path / "inputs", regions)
     env = cluster_env(tmp_path)
 
-    result = dry_run(tmp_path, REPO / "profiles" / cluster, env, "--config", f"regions={table}")
+    result = dry_run(tmp_path, REPO / "profiles" / cluster, env, "--config",
+                     f"regions={thousand_regions}")  # fmt: skip
 
     assert result.returncode == 0, result.stderr[-3000:]
     jobs = submitted(result.stdout)
-    assert jobs.pop("group prep") == math.ceil(2 * regions / PREP_PER_JOB)  # 2 sources a region
-    assert jobs == {"gpu_check": 1, "channel_stats": 2, "train": 4, "evaluate": 4,
-                    "predict": 4 * regions}  # fmt: skip
+    assert sum(jobs.values()) <= 100
+    assert jobs.pop("group prep") == math.ceil(2 * REGIONS / PREP_PER_JOB)  # 2 sources a region
+    # one predict job per run maps all 1,000 regions, on every GPU of a node
+    assert jobs == {"gpu_check": 1, "channel_stats": 2, "train": 4, "evaluate": 4, "predict": 4}
+    predict = [job for job in jobs_of(result.stdout) if job["rule"] == "predict"]
+    assert all("--regions=" in job["shell"] and "--nproc-per-node" in job["shell"]
+               for job in predict)  # fmt: skip
+    assert all("gpus_per_node=" in job["resources"] for job in predict)
+
+
+def test_a_region_table_that_would_outrun_the_prediction_jobs_time_limit_is_refused(
+    tmp_path: Path, thousand_regions: Path
+) -> None:
+    """At 0.001 megapixels/min per GCD, 1,000 regions of 16 px take far over 2 days."""
+    profile = tmp_path / "slow-lumi"
+    shutil.copytree(REPO / "profiles" / "lumi", profile)
+    config = profile / "config.v8+.yaml"
+    text = config.read_text()
+    assert "mpx_per_minute: 200" in text
+    config.write_text(text.replace("mpx_per_minute: 200", "mpx_per_minute: 0.000001"))
+    env = cluster_env(tmp_path)
+
+    result = dry_run(tmp_path, profile, env, "--config", f"regions={thousand_regions}")
+
+    assert result.returncode != 0
+    out = result.stdout + result.stderr
+    assert "rule predict of run aef_segformer: 1000 regions" in out
+    assert "more than the partition's limit max_runtime=2880 min" in out
+    assert "Group job" not in result.stdout and "rule train" not in result.stdout
 
 
 def test_gpus_asked_on_the_profiles_cpu_partition_are_refused_before_any_job(

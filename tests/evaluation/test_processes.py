@@ -1,6 +1,7 @@
 """Maps and evaluation do not depend on how many processes make them: evaluation ranks sum
-exact confusion matrices (torchrun, gloo on CPU), and concurrent prediction processes (a group
-job's jobs) write the same maps as one process alone; each GPU process claims its own device."""
+exact confusion matrices (torchrun, gloo on CPU), and a prediction job's ranks, each mapping its
+share of the regions, write the maps of one process alone, byte for byte; a GPU process started
+without torchrun claims a device of its own."""
 
 from __future__ import annotations
 
@@ -48,11 +49,21 @@ def test_evaluation_with_two_ranks_writes_the_metrics_of_one(trained: Path, tmp_
     assert metrics[2] == metrics[1]
 
 
-def predict_command(run_dir: Path, raster: Path, out: Path) -> list[str]:
-    return [sys.executable, "-m", "emb.evaluation.predict", "--run-dir", str(run_dir),
-            "--raster", str(raster), "--region", out.stem, "--classes", str(CLASSES_CSV),
-            "--out", str(out), "--png", str(out.with_suffix(".png")), "--threads", "1",
-            "--probabilities", str(out.with_name(f"{out.stem}_prob.tif"))]  # fmt: skip
+def regions_table(tiny_demo: TinyDemo, path: Path) -> Path:
+    rows = ["region\tyear\taef\ttessera\tcdl\tsplit"]
+    for region in REGIONS:
+        files = tiny_demo.rasters[region]
+        rows.append(f"{region}\t2024\t{files['aef']}\t\t{files['cdl']}\tauto")
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+def predict_job(run_dir: Path, table: Path, out: Path, nproc: int) -> list[str]:
+    """The predict rule's command: the launcher, ``nproc`` processes of 1 thread each."""
+    return [sys.executable, "-m", "emb.cluster.launch", f"--nproc-per-node={nproc}",
+            "--threads=1", "--", "emb.evaluation.predict", f"--run-dir={run_dir}",
+            f"--regions={table}", f"--classes={CLASSES_CSV}", f"--out-dir={out}",
+            "--threads=1", "--with-probabilities"]  # fmt: skip
 
 
 def read_all(path: Path) -> tuple[np.ndarray, dict]:
@@ -60,30 +71,30 @@ def read_all(path: Path) -> tuple[np.ndarray, dict]:
         return src.read(), {"crs": src.crs, "transform": src.transform, "tags": src.tags()}
 
 
-def test_concurrent_prediction_processes_write_the_maps_of_one_process(
+def test_one_and_two_prediction_processes_write_the_same_maps_bit_for_bit(
     trained: Path, tiny_demo: TinyDemo, tmp_path: Path
 ) -> None:
-    rasters = {region: tiny_demo.rasters[region]["aef"] for region in REGIONS}
-    alone, together = tmp_path / "alone", tmp_path / "together"
-    for region, raster in rasters.items():  # one process after the other
-        cmd = predict_command(trained, raster, alone / f"{region}.tif")
-        done = subprocess.run(cmd, env=venv_env(), capture_output=True, text=True, timeout=600)
+    table = regions_table(tiny_demo, tmp_path / "regions.tsv")
+    outs = {n: tmp_path / f"maps{n}" / "aef_deeplab" for n in (1, 2)}
+    logs = {}
+    for nproc, out in outs.items():
+        done = subprocess.run(predict_job(trained, table, out, nproc), env=venv_env(),
+                              capture_output=True, text=True, timeout=600)  # fmt: skip
         assert done.returncode == 0, done.stderr[-3000:]
-    running = [  # both at once, as the jobs of one group job
-        subprocess.Popen(predict_command(trained, raster, together / f"{region}.tif"),
-                         env=venv_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        for region, raster in rasters.items()
-    ]  # fmt: skip
-    for proc in running:
-        _, err = proc.communicate(timeout=600)
-        assert proc.returncode == 0, err.decode()[-3000:]
-    for region in REGIONS:
-        for name in (f"{region}.tif", f"{region}_prob.tif"):
-            a, meta_a = read_all(alone / name)
-            b, meta_b = read_all(together / name)
-            assert meta_a == meta_b, name
-            assert np.array_equal(a, b), name
-        assert (alone / f"{region}.tif").read_bytes() == (together / f"{region}.tif").read_bytes()
+        logs[nproc] = done.stdout + done.stderr
+    assert "torchrun" in logs[2] and "rank 1 of 2: 1 of 2 regions" in logs[2]
+    names = {p.name for p in outs[1].iterdir()}
+    assert names == {f"{r}{ext}" for r in REGIONS for ext in
+                     (".tif", ".tif.aux.xml", ".qml", ".png", "_probabilities.tif")}  # fmt: skip
+    assert {p.name for p in outs[2].iterdir()} == names
+    for name in sorted(names):
+        assert (outs[1] / name).read_bytes() == (outs[2] / name).read_bytes(), name
+    for region in REGIONS:  # and they are real maps on the input's grid
+        data, meta = read_all(outs[2] / f"{region}.tif")
+        with rasterio.open(tiny_demo.rasters[region]["aef"]) as src:
+            assert (meta["crs"], meta["transform"]) == (src.crs, src.transform)
+        assert meta["tags"]["REGION"] == region and (data != 255).any()
+    assert not (tmp_path / "maps2" / ".partial").exists()  # staging removed once published
 
 
 def test_each_process_claims_a_gpu_of_its_own_until_none_is_left(tmp_path: Path) -> None:

@@ -31,6 +31,7 @@ import shutil
 import socket
 import sys
 import time
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +42,7 @@ from emb.cluster.slurm import SlurmError, first_node, job_end_time
 from emb.cluster.supervise import EX_TEMPFAIL, LaunchError, resumable_exit, supervise
 
 RENDEZVOUS = ("auto", "standalone", "c10d")
+LAUNCH_ID_ENV = "EMB_LAUNCH_ID"  # unique per launch: a retry's ranks never meet an earlier one's
 C10D_BASE_PORT = 29400
 
 
@@ -219,7 +221,9 @@ def prepare(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[list[
         host = first_node(job_id) if job_id else socket.gethostname()
         endpoint = f"{host}:{c10d_port(job_id)}"
     cmd = command(launch, args.command[0], args.command[1:], endpoint, job_id or "local")
-    return cmd, environment(launch, env)
+    env = environment(launch, env)
+    env[LAUNCH_ID_ENV] = uuid.uuid4().hex
+    return cmd, env
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -16,6 +16,7 @@ import math
 import os
 import sys
 from collections.abc import Mapping, Sequence
+from contextlib import suppress
 from pathlib import Path
 
 DRY_RUN_FLAGS = ("--dry-run", "--dryrun")
@@ -88,10 +89,15 @@ def group_size(members: object, group: str, cluster: str) -> int:
 
 
 def positive_number(value: object, key: str, rule: str) -> float:
-    """A profile resource that must be a number > 0 (a rate, a time limit), named if not."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+    """A profile resource that must be a number > 0 (a rate, a time limit), named if not.
+    Snakemake hands over resources that are not whole numbers as strings ('1e-06')."""
+    number = None
+    if isinstance(value, int | float | str) and not isinstance(value, bool):
+        with suppress(ValueError):
+            number = float(value)
+    if number is None or not math.isfinite(number) or number <= 0:
         raise ProfileError(f"profile: rule {rule}: {key}: expected a number > 0, found {value!r}")
-    return float(value)
+    return number
 
 
 def predict_minutes(megapixels: float, mpx_per_minute: float, processes: int) -> int:

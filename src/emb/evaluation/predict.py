@@ -24,6 +24,7 @@ import torch
 
 from emb import cli
 from emb.classes import ClassMap, load_class_map
+from emb.cluster.launch import LAUNCH_ID_ENV
 from emb.evaluation.inference import Inference, inference
 from emb.evaluation.map_files import (
     NODATA,
@@ -237,7 +238,8 @@ def main(argv: list[str] | None = None) -> None:
     staging_dir = args.staging or args.out_dir.parent / ".partial" / args.out_dir.name
     identity = map_identity(run, spec, run_on, args.classes)
     staging = Staging(staging_dir, args.out_dir, identity, args.with_probabilities)
-    launch_id = os.environ.get("TORCHELASTIC_RUN_ID", "single")
+    # one id per attempt (the launcher's), so no rank counts another attempt's as done
+    launch_id = os.environ.get(LAUNCH_ID_ENV) or os.environ.get("TORCHELASTIC_RUN_ID", "single")
     map_regions(run, cmap, spec, run_on, regions, staging, rank, world, launch_id)
 
 

@@ -21,11 +21,12 @@ import json
 import os
 import shutil
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import rasterio
+from rasterio.errors import RasterioIOError
 
 from emb.prep.regions import read_regions
 
@@ -77,8 +78,13 @@ def regions_with(table: Path, source: str) -> list[RegionInput]:
 
 
 def pixels(raster: Path) -> int:
-    with rasterio.open(raster) as src:
-        return src.width * src.height
+    """The raster's pixel count; 0 when it cannot be opened, so that its region comes last and
+    fails, named, after the others are staged."""
+    try:
+        with rasterio.open(raster) as src:
+            return src.width * src.height
+    except (RasterioIOError, OSError):
+        return 0
 
 
 def share_of_rank(regions: list[RegionInput], rank: int, world: int) -> list[RegionInput]:
@@ -95,6 +101,10 @@ def share_of_rank(regions: list[RegionInput], rank: int, world: int) -> list[Reg
         if target == rank:
             mine.append(region)
     return mine
+
+
+def aux_xml(tif: Path) -> Path:
+    return tif.with_name(tif.name + ".aux.xml")
 
 
 def _stat(path: Path | None) -> list[int | str] | None:
@@ -128,8 +138,9 @@ class Staging:
             stamp = json.loads(marker.read_text())
         except (OSError, ValueError):
             return False
-        files = [f for f in asdict(self.files(item.region)).values() if f is not None]
-        return stamp == self._stamp(item) and all(Path(f).is_file() for f in files)
+        files = [Path(f) for f in asdict(self.files(item.region)).values() if f is not None]
+        files.append(aux_xml(self.files(item.region).map))  # the class names GDAL reads
+        return stamp == self._stamp(item) and all(f.is_file() for f in files)
 
     def mark_done(self, item: RegionInput) -> None:
         marker = self._marker(item.region)
@@ -140,7 +151,7 @@ class Staging:
     def published_files(self, region: str) -> list[Path]:
         """The region's staged files, GDAL's side files (``.aux.xml``) included."""
         files = [Path(f) for f in asdict(self.files(region)).values() if f is not None]
-        side = [f.with_name(f.name + ".aux.xml") for f in files if f.suffix == ".tif"]
+        side = [aux_xml(f) for f in files if f.suffix == ".tif"]
         return files + [f for f in side if f.is_file()]
 
     def finish(self, rank: int, world: int, launch_id: str, regions: list[RegionInput]) -> bool:
@@ -160,10 +171,8 @@ class Staging:
                     os.replace(path, self.out_dir / path.name)
             shutil.rmtree(self.folder)
             lock.unlink(missing_ok=True)  # a rank still waiting on it finds the folder gone
-        try:
+        with suppress(OSError):
             self.folder.parent.rmdir()  # the .partial folder, when no other run uses it
-        except OSError:
-            pass
         return True
 
 

@@ -71,9 +71,7 @@ class Raster:
     shape: tuple[int, int]
 
 
-def check_regions(
-    table: pd.DataFrame, path: Path, generated: Iterable[str] = ()
-) -> dict[str, int]:
+def check_regions(table: pd.DataFrame, path: Path, generated: Iterable[str] = ()) -> dict[str, int]:
     """Raise :class:`RegionsError` for the first unusable cell; ``generated`` paths are skipped.
     Returns the pixel count of every raster checked (what sizes the jobs that read them).
 
