@@ -10,11 +10,15 @@ Contenders alternate and each keeps its best time, so both see the same machine.
   are computed for each.
 - overlap_cost: time at overlap 0.5 / time at overlap 0 (both block 1024); about the ratio of
   window counts (~4) when inference dominates.
-- predict_mpx_per_s_1proc / _2proc: megapixels per second of one ``python -m
-  emb.evaluation.predict`` process (1 thread) on its own, and per process when two run at once
-  on two rasters (as the jobs of a group job do); processes_2_over_1: the total throughput of
-  two processes over one (2.0 = perfect scaling; CPU processes share cores and memory
-  bandwidth here, GPU processes each hold a GPU of their own).
+- predict_mpx_per_s_1proc: megapixels per second of the predict stage's real job form, ``python
+  -m emb.cluster.launch --nproc-per-node 1 --threads 1 -- emb.evaluation.predict --regions
+  TABLE`` on a table of two SxS rasters: their megapixels over the wall time of the whole job
+  (process start, model load, both maps, publishing).
+- predict_mpx_per_s_per_proc_2proc: the same table by one job with ``--nproc-per-node 2``
+  (torchrun, 1 thread each; one region per rank): megapixels / seconds / 2.
+- processes_2_over_1: time of the 1-process job / time of the 2-process job (2.0 = perfect
+  scaling; CPU processes share cores and memory bandwidth here, GPU processes each hold a GPU
+  of their own). Both jobs must write byte-identical ``{region}.tif`` maps, or the bench fails.
 
 Usage: ``python bench/predict.py [--quick] [--json PATH] [--size S] [--tile T]``.
 """
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -80,21 +85,42 @@ def save_run(run: TrainedRun) -> Path:
     return run.path.parent
 
 
-def process_throughput(run_dir: Path, rasters: list[Path], tile: int) -> float:
-    """Seconds for one predict process per raster, all started at once (1 thread each)."""
-    commands = [
-        [sys.executable, "-m", "emb.evaluation.predict", "--run-dir", str(run_dir),
-         "--raster", str(raster), "--region", raster.stem, "--classes",
-         str(REPO / "config/classes.csv"), "--out", str(raster.with_suffix(".map.tif")),
-         "--png", str(raster.with_suffix(".png")), "--tile", str(tile), "--threads", "1"]
-        for raster in rasters
-    ]  # fmt: skip
-    env = {"OMP_NUM_THREADS": "1", "PATH": str(Path(sys.executable).parent)}
+def region_table(path: Path, rasters: list[Path]) -> Path:
+    """A regions.tsv naming ``rasters`` as the AEF rasters of regions ``r0``, ``r1``, ..."""
+    rows = ["region\tyear\taef\ttessera\tcdl\tsplit"]
+    rows += [f"r{i}\t2024\t{raster}\t\t\ttest" for i, raster in enumerate(rasters)]
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+def predict_job(run_dir: Path, table: Path, out_dir: Path, nproc: int, tile: int) -> float:
+    """Seconds for one predict job mapping every region of ``table`` into ``out_dir`` (fresh)
+    on ``nproc`` processes of 1 thread, started through the launcher as the rule starts it."""
+    if out_dir.exists():
+        raise SystemExit(f"{out_dir} exists; each predict job needs a fresh folder")
+    cmd = [sys.executable, "-m", "emb.cluster.launch", "--nproc-per-node", str(nproc),
+           "--threads", "1", "--", "emb.evaluation.predict", "--run-dir", str(run_dir),
+           "--regions", str(table), "--classes", str(REPO / "config/classes.csv"),
+           "--out-dir", str(out_dir), "--tile", str(tile), "--threads", "1"]  # fmt: skip
+    torchrun_vars = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    env = {k: v for k, v in os.environ.items() if k not in torchrun_vars}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env["OMP_NUM_THREADS"] = "1"
     tick = time.perf_counter()
-    running = [subprocess.Popen(c, env=env, stdout=subprocess.DEVNULL) for c in commands]
-    if any(proc.wait() != 0 for proc in running):
-        raise SystemExit("a predict process failed")
-    return time.perf_counter() - tick
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    seconds = time.perf_counter() - tick
+    if done.returncode != 0:
+        tail = (done.stdout + done.stderr)[-4000:]
+        raise SystemExit(f"predict job ({nproc} processes) failed ({done.returncode}):\n{tail}")
+    return seconds
+
+
+def map_bytes(out_dir: Path, regions: list[str]) -> dict[str, bytes]:
+    """Each region's ``{region}.tif``, as bytes."""
+    missing = [r for r in regions if not (out_dir / f"{r}.tif").is_file()]
+    if missing:
+        raise SystemExit(f"{out_dir}: no map for {', '.join(missing)}")
+    return {r: (out_dir / f"{r}.tif").read_bytes() for r in regions}
 
 
 def best_of(fns: dict[str, Callable[[], None]], repeats: int) -> dict[str, float]:
@@ -160,14 +186,27 @@ def main(argv: list[str] | None = None) -> None:
         results["predict_mpx_per_s_block1024"] = round(size * size / times["block1024"] / 1e6, 3)
         run_dir = save_run(run)
         second = write_raster(tmp / "aef2.tif", size, seed=1)
-        one = two = float("inf")
-        for _ in range(repeats):  # alternating, best of each
-            one = min(one, process_throughput(run_dir, [raster], args.tile))
-            two = min(two, process_throughput(run_dir, [raster, second], args.tile))
-        mpx = size * size / 1e6
-        results["predict_mpx_per_s_1proc"] = round(mpx / one, 3)
-        results["predict_mpx_per_s_2proc"] = round(mpx / two, 3)
-        results["processes_2_over_1"] = round(2 * one / two, 3)
+        table = region_table(tmp / "regions.tsv", [raster, second])
+        regions = ["r0", "r1"]
+        seconds = {1: float("inf"), 2: float("inf")}
+        first: dict[str, bytes] = {}  # the maps of the first job, which every job must write
+        for i in range(repeats):  # alternating, best of each, a fresh folder per job
+            for nproc in seconds:
+                out_dir = tmp / f"job{nproc}-{i}" / "maps"
+                took = predict_job(run_dir, table, out_dir, nproc, args.tile)
+                seconds[nproc] = min(seconds[nproc], took)
+                made = map_bytes(out_dir, regions)
+                first = first or made
+                differ = [f"{r}.tif" for r in regions if made[r] != first[r]]
+                if differ:
+                    raise SystemExit(
+                        f"{out_dir}: the {nproc}-process job wrote other bytes than the first "
+                        f"(1-process) job for {', '.join(differ)}"
+                    )
+        mpx = 2 * size * size / 1e6
+        results["predict_mpx_per_s_1proc"] = round(mpx / seconds[1], 3)
+        results["predict_mpx_per_s_per_proc_2proc"] = round(mpx / seconds[2] / 2, 3)
+        results["processes_2_over_1"] = round(seconds[1] / seconds[2], 3)
     print(json.dumps(results, indent=2))
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")

@@ -1,8 +1,9 @@
 """Where and how a trained model runs for maps and evaluation: device, threads, precision.
 
-On a GPU node a process claims one GPU of its own (an exclusive lock per device), so several
-prediction jobs of one group job, or the ranks of one evaluation, spread over every GPU;
-forward passes run under the run's autocast precision and memory format. On a CPU a process
+On a GPU node a torchrun rank (evaluation, the maps of a run) uses the GPU of its local rank,
+and a process started without torchrun claims one GPU of its own (an exclusive lock per
+device), so processes sharing a node spread over every GPU; forward passes run under the run's
+autocast precision and memory format. On a CPU a process
 uses the threads its rule was given, in fp32 (CPU autocast is slower than fp32).
 """
 

@@ -1,6 +1,10 @@
-"""Stage: predict a whole region raster with a run's best checkpoint -> a georeferenced L3 map.
+"""Stage: map every region of a run (or one raster) with its best checkpoint -> L3 GeoTIFFs.
 
-The raster goes block by block through :func:`emb.evaluation.windows.predict_block` (sliding
+The rule runs it once per run (``--regions``), through the launcher: each rank maps its share
+of the regions into a staging folder and the last rank to finish publishes them
+(:mod:`emb.evaluation.region_maps`). ``--raster`` maps one region by hand.
+
+Each raster goes block by block through :func:`emb.evaluation.windows.predict_block` (sliding
 windows of the training tile size, overlapping logits blended so tile edges leave no seams,
 memory bounded by the block, not the raster) and into the files of
 :mod:`emb.evaluation.map_files`: a Cloud-Optimized GeoTIFF with the input's CRS, transform and
