@@ -288,3 +288,65 @@ def test_maps_are_published_once_every_rank_is_done_and_only_the_listed_regions(
     )
     assert (out / "a.png").read_text() == "a .png\n"
     assert not staging.folder.exists() and not staging.folder.parent.exists()
+
+
+def launched(run_dir: Path, table: Path, out: Path, attempt: int) -> list[str]:
+    """The predict rule's command line (its launcher options, one process)."""
+    staging = out.parent / ".partial" / out.name
+    return [sys.executable, "-m", "emb.cluster.launch", f"--checkpoint={staging}/.stopped",
+            f"--attempt={attempt}", f"--failure-record={staging}.failed.json", "--",
+            "emb.evaluation.predict", f"--run-dir={run_dir}", f"--regions={table}",
+            f"--classes={CLASSES_CSV}", f"--out-dir={out}", f"--staging={staging}",
+            "--threads=1"]  # fmt: skip
+
+
+def test_a_retry_after_bad_input_ends_at_once_with_the_first_attempts_error(
+    trained: Path, tiny_demo: TinyDemo, tmp_path: Path
+) -> None:
+    bad = write_raster(tmp_path / "bad" / "aef.tif", 16, 16, count=3)
+    rows = [*demo_rows(tiny_demo), {"region": "bad_region", "aef": str(bad)}]
+    table = write_table(tmp_path / "regions.tsv", rows)
+    out = tmp_path / "maps" / "aef_segformer"
+    first = subprocess.run(launched(trained, table, out, 1), env=venv_env(), capture_output=True,
+                           text=True, timeout=600)  # fmt: skip
+    assert first.returncode == 2, first.stderr[-3000:]
+    staged = stats(out.parent / ".partial" / out.name)
+
+    retry = subprocess.run(launched(trained, table, out, 2), env=venv_env(), capture_output=True,
+                           text=True, timeout=600)  # fmt: skip
+
+    assert retry.returncode == 2
+    assert "attempt 1 of this job failed with exit code 2" in retry.stderr
+    assert "region 'bad_region'" in retry.stderr  # why, although Snakemake dropped that log
+    assert "launch:" not in retry.stdout  # nothing started
+    assert stats(out.parent / ".partial" / out.name) == staged  # the good maps still kept
+
+
+def test_a_job_stopped_by_a_signal_exits_75_and_its_retry_maps_only_the_rest(
+    trained: Path, tiny_demo: TinyDemo, tmp_path: Path
+) -> None:
+    """SLURM's SIGTERM at the time limit: the launcher reports a resumable stop (75), so the
+    profiles' retry runs, and it keeps what the stopped attempt mapped."""
+    table = write_table(tmp_path / "regions.tsv", demo_rows(tiny_demo))
+    out = tmp_path / "maps" / "aef_segformer"
+    staging = out.parent / ".partial" / out.name
+    job = subprocess.Popen(launched(trained, table, out, 1), env=venv_env(), text=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+    lines = []
+    for line in job.stdout:  # stop it once its first map is staged
+        lines.append(line)
+        if re.search(r"region demo_\w: wrote", line):
+            job.send_signal(15)
+            break
+    lines += job.stdout.readlines()
+    assert job.wait(timeout=120) == 75, "".join(lines)[-3000:]
+    assert (staging / ".stopped").is_file() and not out.exists()
+    first = re.search(r"region (demo_\w): wrote", "".join(lines)).group(1)
+
+    retry = subprocess.run(launched(trained, table, out, 2), env=venv_env(), capture_output=True,
+                           text=True, timeout=600)  # fmt: skip
+
+    assert retry.returncode == 0, retry.stderr[-3000:]
+    assert f"region {first}: kept the map an earlier attempt made" in retry.stderr
+    assert sorted(p.name for p in out.glob("*.tif")) == [f"{r}.tif" for r in REGIONS]
+    assert not staging.exists()

@@ -54,13 +54,16 @@ rule evaluate:
         nodes=1,
         tasks_per_node=1,
         gpus_per_node=0,
+        attempt=lambda wildcards, attempt: attempt,
     params:
         run_dir=lambda wildcards, input: Path(input.trained).parent,
         out_dir=lambda wildcards, output: Path(output.metrics).parent,
         launch=launch_options,
         threads=threads_per_process,
+        failed="results/eval/{run}.failed.json",  # a failure a retry would only repeat
     shell:
-        "python -m emb.cluster.launch {params.launch} -- emb.evaluation.evaluate"
+        "python -m emb.cluster.launch {params.launch} --attempt={resources.attempt:q}"
+        " --failure-record={params.failed:q} -- emb.evaluation.evaluate"
         " --run-dir={params.run_dir:q} --classes={input.classes:q} --out-dir={params.out_dir:q}"
         " --threads={params.threads:q} > {log:q} 2>&1"
 
@@ -97,13 +100,20 @@ rule predict:
         nodes=1,
         tasks_per_node=1,
         gpus_per_node=0,
+        attempt=lambda wildcards, attempt: attempt,
     params:
         run_dir=lambda wildcards, input: Path(input.trained).parent,
         launch=launch_options,
         threads=threads_per_process,
         options=predict_options,
+        # finished maps wait here (kept by a retry); .stopped: a signal stopped the job (exit
+        # 75, worth a retry); failed.json: any other failure, which a retry repeats at once
+        staging="results/maps/.partial/{run}",
+        stopped="results/maps/.partial/{run}/.stopped",
+        failed="results/maps/.partial/{run}.failed.json",
     shell:
-        "python -m emb.cluster.launch {params.launch} -- emb.evaluation.predict"
-        " --run-dir={params.run_dir:q} --regions={input.regions:q}"
-        " --classes={input.classes:q} --out-dir={output.maps:q}"
+        "python -m emb.cluster.launch {params.launch} --checkpoint={params.stopped:q}"
+        " --attempt={resources.attempt:q} --failure-record={params.failed:q}"
+        " -- emb.evaluation.predict --run-dir={params.run_dir:q} --regions={input.regions:q}"
+        " --classes={input.classes:q} --out-dir={output.maps:q} --staging={params.staging:q}"
         " --threads={params.threads:q} {params.options} > {log:q} 2>&1"

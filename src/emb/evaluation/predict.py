@@ -27,6 +27,7 @@ import rasterio
 import torch
 
 from emb import cli
+from emb.cli import Interrupted
 from emb.classes import ClassMap, load_class_map
 from emb.cluster.launch import LAUNCH_ID_ENV
 from emb.evaluation.inference import Inference, inference
@@ -164,18 +165,23 @@ def map_regions(
     mine = share_of_rank(regions, rank, world)
     log.info("rank %d of %d: %d of %d regions to map", rank, world, len(mine), len(regions))
     progress = Progress(len(mine), "regions", f"{run.name} maps", log)
-    for item in mine:
-        if staging.is_done(item):
-            log.info("region %s: kept the map an earlier attempt made", item.region)
-        else:
-            try:
-                map_region(run, cmap, spec, run_on, item, staging.files(item.region))
-            except BaseException:
-                log.error("region %r (%s): its map failed; the maps done so far stay in %s",
-                          item.region, item.raster, staging.folder)  # fmt: skip
-                raise
-            staging.mark_done(item)
-        progress.advance()
+    try:
+        for item in mine:
+            if staging.is_done(item):
+                log.info("region %s: kept the map an earlier attempt made", item.region)
+            else:
+                try:
+                    map_region(run, cmap, spec, run_on, item, staging.files(item.region))
+                except Exception:
+                    log.error("region %r (%s): its map failed; the maps done so far stay in %s",
+                              item.region, item.raster, staging.folder)  # fmt: skip
+                    raise
+                staging.mark_done(item)
+            progress.advance()
+    except (Interrupted, KeyboardInterrupt):  # a time limit, a preemption: worth a retry
+        staging.mark_stopped()
+        log.warning("stopped by a signal; the maps done so far stay in %s", staging.folder)
+        raise
     progress.done()
     if staging.finish(rank, world, launch_id, regions):
         log.info("published %d maps into %s", len(regions), staging.out_dir)

@@ -148,6 +148,16 @@ class Staging:
         tmp.write_text(json.dumps(self._stamp(item)) + "\n")
         os.replace(tmp, marker)
 
+    @property
+    def stopped(self) -> Path:
+        """Written when a signal stopped the job (the launcher's ``--checkpoint``: exit 75, so
+        Snakemake's retry maps the rest)."""
+        return self.folder / ".stopped"
+
+    def mark_stopped(self) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.stopped.touch()
+
     def published_files(self, region: str) -> list[Path]:
         """The region's staged files, GDAL's side files (``.aux.xml``) included."""
         files = [Path(f) for f in asdict(self.files(region)).values() if f is not None]
