@@ -102,6 +102,15 @@ def test_every_rule_leaves_a_log_and_a_benchmark(finished_run: Path) -> None:
         assert list((finished_run / "benchmarks").glob(f"{rule}*")), f"no benchmark of {rule}"
 
 
+@pytest.mark.parametrize("run", RUNS)
+def test_maps_on_a_laptop_use_every_core_snakemake_was_given(finished_run: Path, run: str) -> None:
+    log = (finished_run / f"logs/predict/{run}.log").read_text()
+    launch = next(line for line in log.splitlines() if line.startswith("launch: "))
+    assert launch.startswith("launch: python -m emb.evaluation.predict ")  # one process
+    assert "--threads=2" in launch.split()  # --cores 2, not one thread
+    assert f"published 2 maps into results/maps/{run}" in log
+
+
 def test_rerun_has_nothing_to_do(finished_run: Path) -> None:
     result = snakemake(finished_run, "-n")
     assert result.returncode == 0, result.stderr[-3000:]

@@ -1,0 +1,70 @@
+"""Cluster dry-run benchmark: how many SLURM jobs a big region table becomes, and how the time
+to plan them grows with the table.
+
+For each size (default 100 and 1,000 regions of tiny distinct rasters, as
+``tests/cluster/test_scale_dry_run.py`` builds them) and each profile (lumi, betzy), runs
+``snakemake -n --profile profiles/<cluster> --config regions=...`` on a machine without SLURM,
+alternating the sizes so both see the same machine, and keeps each one's best time.
+
+- slurm_jobs_{cluster}_{n}: "Group job" entries plus jobs of rules neither grouped nor local
+  (goal for 1,000 regions x 4 runs: <= 100).
+- dry_run_s_{cluster}_{n}: seconds of the whole dry run (goal for 1,000: < 30 s).
+- growth_{cluster}: time for the large table / time for the small one; ~10 for 10x the
+  regions is linear, more means something quadratic in the DAG is back.
+
+Usage: ``python bench/dry_run.py [--sizes 100 1000] [--repeats 2] [--json PATH]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "cluster")]  # the tests' table builder
+
+from test_profiles import cluster_env, dry_run  # noqa: E402
+from test_scale_dry_run import many_regions, submitted  # noqa: E402
+
+CLUSTERS = ("lumi", "betzy")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs=2, default=[100, 1000])
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    results: dict[str, float | int] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        tables = {n: many_regions(root / f"inputs{n}", n) for n in args.sizes}
+        for cluster in CLUSTERS:
+            best = {n: float("inf") for n in args.sizes}
+            for repeat in range(args.repeats):
+                for n, table in tables.items():
+                    work = root / f"{cluster}-{n}-{repeat}"
+                    work.mkdir()
+                    started = time.perf_counter()
+                    done = dry_run(work, REPO / "profiles" / cluster, cluster_env(work),
+                                   "--config", f"regions={table}")  # fmt: skip
+                    best[n] = min(best[n], time.perf_counter() - started)
+                    if done.returncode != 0:
+                        raise SystemExit(f"{cluster}, {n} regions: {done.stderr[-3000:]}")
+                    results[f"slurm_jobs_{cluster}_{n}"] = sum(submitted(done.stdout).values())
+            for n in args.sizes:
+                results[f"dry_run_s_{cluster}_{n}"] = round(best[n], 2)
+            small, large = args.sizes
+            results[f"growth_{cluster}"] = round(best[large] / best[small], 2)
+    text = json.dumps(results, indent=2)
+    print(text)
+    if args.json:
+        args.json.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
