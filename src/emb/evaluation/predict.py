@@ -27,8 +27,8 @@ import rasterio
 import torch
 
 from emb import cli
-from emb.cli import Interrupted
 from emb.classes import ClassMap, load_class_map
+from emb.cli import Interrupted
 from emb.cluster.launch import LAUNCH_ID_ENV
 from emb.evaluation.inference import Inference, inference
 from emb.evaluation.map_files import (
