@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import rasterio
 
 from emb.classes import ClassMap, load_class_map
 from emb.prep.align_labels import align_labels
@@ -20,6 +21,26 @@ from emb.prep.tiles import SplitSpec, TileSpec
 REPO = Path(__file__).resolve().parents[1]
 CLASSES_CSV = REPO / "config" / "classes.csv"
 TINY = {"size": 128, "tile": 32, "block_m": 320.0, "max_samples": 6}
+
+
+def corrupt_copy(src: Path, dst: Path) -> Path:
+    """``src`` as a tiled DEFLATE GeoTIFF whose last block is garbage: the header and the first
+    pixel read (the regions check passes), the whole raster does not."""
+    with rasterio.open(src) as raster:
+        profile = {**raster.profile, "tiled": True, "blockxsize": 64, "blockysize": 64,
+                   "compress": "deflate"}  # fmt: skip
+        data = raster.read()
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    with rasterio.open(dst, "w", **profile) as out:
+        out.write(data)
+    with rasterio.open(dst) as raster:
+        col, row = raster.width // 64 - 1, raster.height // 64 - 1
+        offset = int(raster.get_tag_item(f"BLOCK_OFFSET_{col}_{row}", "TIFF", bidx=1))
+        size = int(raster.get_tag_item(f"BLOCK_SIZE_{col}_{row}", "TIFF", bidx=1))
+    with open(dst, "r+b") as fh:
+        fh.seek(offset)
+        fh.write(b"\xff" * size)
+    return dst
 
 
 def venv_env() -> dict[str, str]:

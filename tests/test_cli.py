@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import CLASSES_CSV, REPO, TinyDemo, venv_env
+from conftest import CLASSES_CSV, REPO, TinyDemo, corrupt_copy, venv_env
 
 from emb import cli
 
@@ -65,6 +65,24 @@ def test_shards_of_a_raster_with_the_wrong_band_count_is_exit_2_naming_it(
                    "--block-m=320")  # fmt: skip
     one_error_line(result, cli.EXIT_INPUT, tessera, "expected 64 bands for aef, found 128")
     assert not list(tmp_path.iterdir())  # no index, no shards, no staging folder
+
+
+def test_a_raster_that_fails_past_its_first_block_is_exit_66_naming_its_path(
+    tiny_demo: TinyDemo, tmp_path: Path
+) -> None:
+    """GDAL alone says "aef.tif, band 1: IReadBlock failed", and every region's file is aef.tif."""
+    demo = tiny_demo.rasters["demo_a"]
+    bad = corrupt_copy(demo["aef"], tmp_path / "regions" / "r7" / "aef.tif")
+    labels = stage("emb.prep.align_labels", f"--emb={bad}", f"--cdl={demo['cdl']}",
+                   f"--classes={CLASSES_CSV}", f"--out={tmp_path / 'l.tif'}",
+                   f"--report={tmp_path / 'r.json'}")  # fmt: skip
+    one_error_line(labels, cli.EXIT_NO_INPUT, f"{bad}: cannot read it", "IReadBlock failed")
+    out = tmp_path / "shards"
+    shards = stage("emb.prep.shards", "--source=aef", "--region=r7", f"--emb={bad}",
+                   f"--labels={tiny_demo.labels[('aef', 'demo_a')]}", f"--index={out / 'i.json'}",
+                   "--tile-size=32", "--block-m=320")  # fmt: skip
+    one_error_line(shards, cli.EXIT_NO_INPUT, f"{bad}: cannot read it")
+    assert not list(out.iterdir())  # no index, no shards, no staging folder
 
 
 def test_manifest_of_an_index_that_is_not_json_is_exit_2_naming_it(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, venv_env
+from conftest import REPO, corrupt_copy, venv_env
 
 pytestmark = pytest.mark.slurm
 
@@ -209,3 +209,23 @@ def test_a_training_with_a_bad_config_costs_one_allocation_and_its_retries_end_a
     assert re.search(r"attempt 3: attempt 1 of this job failed with exit code [12] at", log)
     assert "train.resume_from: expected an existing checkpoint" in log, log
     assert len(re.findall(r"^launch: ", log, re.M)) <= 1, log  # one attempt started anything
+
+
+def test_a_failed_region_in_a_grouped_job_is_named_in_its_logs(workdir: Path) -> None:
+    """A raster the regions check passes (its first pixel reads) that fails in the group."""
+    demo = workdir / "resources/demo/demo_a"
+    aef = corrupt_copy(demo / "aef.tif", workdir / "inputs/bad_region/aef.tif")
+    table = workdir / "inputs/regions.tsv"
+    table.write_text("region\tyear\taef\ttessera\tcdl\tsplit\n"
+                     f"bad_region\t2024\t{aef}\t\t{demo / 'cdl.tif'}\tauto\n")  # fmt: skip
+
+    result = snakemake(workdir, PROFILE, "results/shards/aef/bad_region/index.json",
+                       "--config", "runs=[aef_segformer]", f"regions={table}")  # fmt: skip
+
+    assert result.returncode != 0
+    assert "Error in group prep" in result.stdout + result.stderr
+    group_logs = sorted((workdir / ".snakemake/slurm_logs").glob("group_prep*/**/*.log"))
+    failed = [p.read_text() for p in group_logs if "Error in rule align_labels" in p.read_text()]
+    assert failed and "region=bad_region" in failed[-1], [str(p) for p in group_logs]
+    log = (workdir / "logs/align_labels/aef/bad_region.log").read_text()  # its own log: why
+    assert f"ERROR emb.prep.align_labels: {aef}: cannot read it" in log, log

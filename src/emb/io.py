@@ -1,4 +1,5 @@
-"""Atomic file writes: a partially written file never appears under its final name."""
+"""Atomic file writes (a partially written file never appears under its final name), and read
+errors that name their file."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from rasterio.errors import RasterioIOError
 
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)  # no space left; disk quota exceeded
 CANT_WRITE = (errno.EROFS, errno.EACCES, errno.EPERM)  # read-only file system; permission
@@ -62,3 +65,19 @@ def write_json(path: Path | str, data: Any) -> None:
     """Write ``data`` as indented JSON, atomically."""
     with atomic_path(path) as tmp:
         tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
+
+
+@contextmanager
+def reading(path: Path | str) -> Iterator[None]:
+    """Name ``path`` in a read error: rasterio says only "Read failed. See previous exception",
+    and GDAL's cause names the file's base name (every region's is ``aef.tif``)."""
+    try:
+        yield
+    except RasterioIOError as err:
+        causes = []
+        cause = err.__cause__ or err.__context__
+        while cause is not None and len(causes) < 3:
+            causes.append(" ".join(str(cause).split()))
+            cause = cause.__cause__ or cause.__context__
+        detail = causes[0] if causes else str(err)
+        raise RasterioIOError(f"{path}: cannot read it ({detail})") from err

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import rasterio
-from conftest import CLASSES_CSV, TinyDemo, venv_env
+from conftest import CLASSES_CSV, TinyDemo, corrupt_copy, venv_env
 from rasterio.transform import from_origin
 from tiny_runs import tiny_run
 
@@ -350,3 +350,14 @@ def test_a_job_stopped_by_a_signal_exits_75_and_its_retry_maps_only_the_rest(
     assert f"region {first}: kept the map an earlier attempt made" in retry.stderr
     assert sorted(p.name for p in out.glob("*.tif")) == [f"{r}.tif" for r in REGIONS]
     assert not staging.exists()
+
+
+def test_a_raster_that_fails_past_its_first_block_is_named_by_path_and_region(
+    trained: Path, tiny_demo: TinyDemo, tmp_path: Path
+) -> None:
+    bad = corrupt_copy(tiny_demo.rasters["demo_a"]["aef"], tmp_path / "r7" / "aef.tif")
+    table = write_table(tmp_path / "regions.tsv", [{"region": "r7", "aef": str(bad)}])
+    done = predict_regions(trained, table, tmp_path / "maps" / "aef_segformer")
+    assert done.returncode == 66, done.stderr[-3000:]  # an unreadable input
+    assert f"region 'r7' ({bad}): its map failed" in done.stderr
+    assert f"{bad}: cannot read it" in done.stderr

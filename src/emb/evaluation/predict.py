@@ -51,6 +51,7 @@ from emb.evaluation.region_maps import (
 )
 from emb.evaluation.runs import RunError, TrainedRun, open_run
 from emb.evaluation.windows import PredictSpec, blocks, classify, predict_block
+from emb.io import reading
 from emb.prep.manifest import read_manifest
 from emb.progress import Progress
 from emb.provenance import digest_file, provenance
@@ -93,9 +94,10 @@ def predict_raster(
             todo = list(blocks(src.height, src.width, spec.block))
             progress = Progress(len(todo), "blocks", f"{raster.name} map", log)
             for block in todo:
-                acc, wsum, valid = predict_block(
-                    model, dequantize, src, run.cfg.data.source, block, spec, run_on
-                )
+                with reading(raster):
+                    acc, wsum, valid = predict_block(
+                        model, dequantize, src, run.cfg.data.source, block, spec, run_on
+                    )
                 ids, probs = classify(acc, wsum, valid, prob is not None)
                 dst.write(ids, 1, window=block)
                 if prob is not None:

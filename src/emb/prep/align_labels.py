@@ -21,7 +21,7 @@ from rasterio.windows import Window
 
 from emb import cli
 from emb.classes import IGNORE, ClassMap, load_class_map
-from emb.io import atomic_path, write_json
+from emb.io import atomic_path, reading, write_json
 from emb.progress import Progress
 from emb.rasters import embedding_nodata, nodata_mask
 
@@ -73,16 +73,18 @@ def align_labels(
             for win in _windows(emb.height, emb.width, block):
                 # the CDL's own dtype: uint16 codes above 255 stay themselves (and unmapped)
                 codes_win = np.zeros((win.height, win.width), cdl.dtypes[0])
-                reproject(
-                    source=cdl_band,
-                    destination=codes_win,
-                    dst_transform=emb.window_transform(win),
-                    dst_crs=emb.crs,
-                    dst_nodata=0,
-                    resampling=Resampling.nearest,
-                )
+                with reading(cdl_path):
+                    reproject(
+                        source=cdl_band,
+                        destination=codes_win,
+                        dst_transform=emb.window_transform(win),
+                        dst_crs=emb.crs,
+                        dst_nodata=0,
+                        resampling=Resampling.nearest,
+                    )
                 l3 = cmap.l3_of(codes_win)
-                missing = nodata_mask(emb.read(window=win), nodata)
+                with reading(emb_path):
+                    missing = nodata_mask(emb.read(window=win), nodata)
                 unmapped = (l3 == IGNORE) & ~missing
                 counts["emb_nodata"] += int(missing.sum())
                 counts["cdl_background"] += int((unmapped & (codes_win == 0)).sum())

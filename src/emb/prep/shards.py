@@ -27,7 +27,7 @@ import rasterio
 
 from emb import cli
 from emb.classes import IGNORE, N_L3
-from emb.io import write_json
+from emb.io import reading, write_json
 from emb.loading.buffer_pool import BufferPool
 from emb.loading.sidecar import sidecar_path
 from emb.prep.moments import moments_array, stores_moments, tile_moments
@@ -156,7 +156,8 @@ def build_region(
     folder and leaves the shards and index of the previous build untouched.
     """
     with rasterio.Env(GDAL_CACHEMAX=GDAL_CACHE_MB), rasterio.open(label_path) as src:
-        labels = src.read(1)
+        with reading(label_path):
+            labels = src.read(1)
         transform = src.transform
     try:
         tiles, dropped = plan_tiles(labels, transform, region, tile_spec, split_spec, fixed_split)
@@ -192,7 +193,10 @@ def build_region(
                     patch = labels[t.row : t.row + t.size, t.col : t.col + t.size]
                     hist += np.bincount(patch[patch != IGNORE], minlength=N_L3)[:N_L3]
                 pattern = str(staging / f"{split}-%04d.tar")
-                with closing(tile_samples(source, region, emb, labels, chosen)) as samples:
+                with (
+                    reading(emb_path),
+                    closing(tile_samples(source, region, emb, labels, chosen)) as samples,
+                ):
                     shards = write_shards(_counted(samples, progress), pattern, max_samples,
                                           max_bytes)  # fmt: skip
                 n = sum(s["samples"] for s in shards)
