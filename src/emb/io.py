@@ -74,10 +74,5 @@ def reading(path: Path | str) -> Iterator[None]:
     try:
         yield
     except RasterioIOError as err:
-        causes = []
-        cause = err.__cause__ or err.__context__
-        while cause is not None and len(causes) < 3:
-            causes.append(" ".join(str(cause).split()))
-            cause = cause.__cause__ or cause.__context__
-        detail = causes[0] if causes else str(err)
+        detail = " ".join(str(err.__cause__ or err.__context__ or err).split())
         raise RasterioIOError(f"{path}: cannot read it ({detail})") from err

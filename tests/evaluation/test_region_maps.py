@@ -335,13 +335,13 @@ def test_a_job_stopped_by_a_signal_exits_75_and_its_retry_maps_only_the_rest(
     lines = []
     for line in job.stdout:  # stop it once its first map is staged
         lines.append(line)
-        if re.search(r"region demo_\w: wrote", line):
+        if re.search(r"region demo_\w: staged", line):
             job.send_signal(15)
             break
     lines += job.stdout.readlines()
     assert job.wait(timeout=120) == 75, "".join(lines)[-3000:]
     assert (staging / ".stopped").is_file() and not out.exists()
-    first = re.search(r"region (demo_\w): wrote", "".join(lines)).group(1)
+    first = re.search(r"region (demo_\w): staged", "".join(lines)).group(1)
 
     retry = subprocess.run(launched(trained, table, out, 2), env=venv_env(), capture_output=True,
                            text=True, timeout=600)  # fmt: skip

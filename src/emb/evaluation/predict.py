@@ -179,6 +179,7 @@ def map_regions(
                               item.region, item.raster, staging.folder)  # fmt: skip
                     raise
                 staging.mark_done(item)
+                log.info("region %s: staged (a later attempt keeps it)", item.region)
             progress.advance()
     except (Interrupted, KeyboardInterrupt):  # a time limit, a preemption: worth a retry
         staging.mark_stopped()

@@ -28,6 +28,7 @@ from pathlib import Path
 import rasterio
 from rasterio.errors import RasterioIOError
 
+from emb.io import write_json
 from emb.prep.regions import read_regions
 
 LOCK_SUFFIX = ".lock"
@@ -138,15 +139,11 @@ class Staging:
             stamp = json.loads(marker.read_text())
         except (OSError, ValueError):
             return False
-        files = [Path(f) for f in asdict(self.files(item.region)).values() if f is not None]
-        files.append(aux_xml(self.files(item.region).map))  # the class names GDAL reads
+        files = [*self._made(item.region), aux_xml(self.files(item.region).map)]  # + GDAL's names
         return stamp == self._stamp(item) and all(f.is_file() for f in files)
 
     def mark_done(self, item: RegionInput) -> None:
-        marker = self._marker(item.region)
-        tmp = marker.with_name(marker.name + f".{os.getpid()}")
-        tmp.write_text(json.dumps(self._stamp(item)) + "\n")
-        os.replace(tmp, marker)
+        write_json(self._marker(item.region), self._stamp(item))
 
     @property
     def stopped(self) -> Path:
@@ -158,9 +155,12 @@ class Staging:
         self.folder.mkdir(parents=True, exist_ok=True)
         self.stopped.touch()
 
+    def _made(self, region: str) -> list[Path]:
+        return [Path(f) for f in asdict(self.files(region)).values() if f is not None]
+
     def published_files(self, region: str) -> list[Path]:
         """The region's staged files, GDAL's side files (``.aux.xml``) included."""
-        files = [Path(f) for f in asdict(self.files(region)).values() if f is not None]
+        files = self._made(region)
         side = [aux_xml(f) for f in files if f.suffix == ".tif"]
         return files + [f for f in side if f.is_file()]
 
