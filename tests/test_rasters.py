@@ -43,3 +43,53 @@ def test_tessera_quantization_in_threaded_row_chunks_equals_the_whole_block_form
     assert np.array_equal(out["emb"], q_ref)
     assert np.array_equal(out["scale"], np.where(valid, amax / np.float32(127), 0))
     assert out["scale"][17, 290] == 0 and out["scale"][299, 0] == 0
+
+
+def test_an_earth_engine_aef_export_quantizes_back_within_one_int8_step() -> None:
+    """EE's float AEF is the de-quantized int8: quantizing it gives the int8 back exactly, and
+    any float in [-1, 1] round-trips within one quantization step."""
+    from emb.rasters import quantize_aef, shard_arrays
+
+    codes = np.arange(-127, 128).reshape(1, 15, 17)
+    # every code in every band, no pixel all 0 (that is nodata: the next test)
+    q = ((codes + 127 + np.arange(64)[:, None, None]) % 255 - 127).astype(np.int8)
+    for dtype in (np.float32, np.float64):
+        assert np.array_equal(quantize_aef(dequantize_aef(q).astype(dtype)), q)
+    v = np.random.default_rng(0).uniform(-1, 1, (64, 40, 40))
+    step = np.abs(np.diff(dequantize_aef(np.arange(-127, 128, dtype=np.int8)))).max()
+    assert np.abs(dequantize_aef(quantize_aef(v)) - v).max() <= step
+    block = dequantize_aef(q).astype(np.float32)
+    block[:, 0, :3] = 0.0  # masked by Earth Engine: every band 0
+    block[:, 1, 0] = np.nan
+    stored = shard_arrays("aef", block, None)["emb"]
+    assert (stored[:, 0, :3] == AEF_NODATA).all() and (stored[:, 1, 0] == AEF_NODATA).all()
+    assert np.array_equal(stored[:, 2:], q[:, 2:])
+
+
+def test_all_zero_vectors_are_nodata_for_both_sources() -> None:
+    from emb.rasters import nodata_mask, shard_arrays, valid_pixels
+
+    rng = np.random.default_rng(1)
+    for source, block in (("aef", rng.integers(-127, 128, (64, 4, 4)).astype(np.int8)),
+                          ("tessera", rng.normal(0, 3, (128, 4, 4)).astype(np.float32))):  # fmt: skip
+        block[:, 1, 2] = 0
+        block[3, 0, 0] = 0  # one band 0 is a value
+        assert nodata_mask(block, None).sum() == 1 and nodata_mask(block, None)[1, 2]
+        valid = valid_pixels(source, shard_arrays(source, block.copy(), None))
+        assert not valid[1, 2] and valid.sum() == 15, source
+
+
+def test_values_beyond_a_products_range_are_named_with_file_and_band() -> None:
+    import pytest
+
+    from emb.rasters import EmbeddingValueError, shard_arrays
+
+    aef = np.full((64, 4, 4), 0.5, np.float32)
+    aef[7, 2, 2] = 1.5
+    with pytest.raises(EmbeddingValueError, match=r"x\.tif: band 8 holds aef values up to"):
+        shard_arrays("aef", aef, None, name="x.tif")
+    tessera = np.full((128, 4, 4), 2.0, np.float32)
+    tessera[:, 3, 1] = -1.6e5  # the broken scale reported against the distribution
+    with pytest.raises(EmbeddingValueError, match=r"t\.tif: holds tessera values up to"):
+        shard_arrays("tessera", tessera, None, name="t.tif")
+    shard_arrays("tessera", np.full((128, 4, 4), 50.0, np.float32), None)  # within range

@@ -1,8 +1,12 @@
-"""Embedding-raster facts: band counts, nodata, (de-)quantization.
+"""Embedding-raster facts: band counts, nodata, (de-)quantization, the products' value ranges.
 
-AEF GeoTIFFs are int8 with nodata -128 and de-quantize as ``sign(q) * (q / 127.5) ** 2``.
-TESSERA GeoTIFF exports are float32 (non-finite = nodata); in shards they are stored as int8
-with a per-pixel float32 scale, TESSERA's own quantization, so shards stay 4x smaller.
+AEF GeoTIFFs (the public COGs) are int8 with nodata -128 and de-quantize as
+``sign(q) * (q / 127.5) ** 2``; Earth Engine exports of the same product are float32/float64,
+already de-quantized (in [-1, 1]), and are quantized back on ingest (:func:`quantize_aef`, the
+exact inverse). TESSERA GeoTIFF exports are float32 (non-finite = nodata); in shards they are
+stored as int8 with a per-pixel float32 scale, TESSERA's own quantization, so shards stay 4x
+smaller. For both sources an all-zero vector is nodata: Earth Engine masks to 0 and geotessera's
+GeoTIFFs carry no nodata tag, so 0 is the only mark a masked pixel has.
 """
 
 from __future__ import annotations
@@ -17,6 +21,37 @@ ChunkMap = Callable[[Callable[[slice], None], Iterable[slice]], Iterable[None]]
 SOURCES = ("aef", "tessera")
 BANDS = {"aef": 64, "tessera": 128}
 AEF_NODATA = -128
+# Beyond these a value is not the product's: AEF is unit-length (|x| <= 1, with float slack for
+# an export's rounding); TESSERA's dequantized values stay within tens, and a broken tile's scale
+# (a fault reported against the distribution) gives values near -1.6e5.
+VALUE_LIMIT = {"aef": 1.0 + 1e-3, "tessera": 1e3}
+
+
+class EmbeddingValueError(ValueError):
+    """Embedding values outside the product's range: a broken file, never a model input."""
+
+
+def check_value_range(source: str, block: np.ndarray, valid: np.ndarray, name: str) -> None:
+    """Raise naming ``name`` and the band when a valid pixel of a float ``block`` (D, H, W)
+    lies beyond the product's range (:data:`VALUE_LIMIT`); int8 AEF is in range by design."""
+    if not np.issubdtype(block.dtype, np.floating) or not valid.any():
+        return
+    limit = VALUE_LIMIT[source]
+    peak = np.where(valid, np.abs(block), 0).max(axis=(1, 2))
+    bad = np.flatnonzero(peak > limit)
+    if bad.size:
+        band = int(bad[0])
+        raise EmbeddingValueError(
+            f"{name}: band {band + 1} holds {source} values up to |x| = {float(peak[band]):.4g}, "
+            f"expected |x| <= {limit:g} ({_RANGE_HINT[source]})"
+        )
+
+
+_RANGE_HINT = {
+    "aef": "AEF is de-quantized to [-1, 1]; a float export must not be rescaled",
+    "tessera": "TESSERA values stay within tens; this looks like a tile with a broken scale: "
+    "download it again or leave it out",
+}
 
 
 def dequantize_aef(q: np.ndarray) -> np.ndarray:
@@ -78,15 +113,17 @@ def dequantize_tessera(q: np.ndarray, scale: np.ndarray) -> np.ndarray:
 
 def embedding_nodata(dtype: str | np.dtype, declared: float | None) -> float | None:
     """The nodata value of an embedding raster: the file's tag, else -128 for int8 (AEF's
-    convention, which exports do not always tag); float rasters (TESSERA) use NaN/Inf."""
+    convention, which exports do not always tag); float rasters use NaN/Inf (and, as every
+    embedding raster, all-zero vectors: :func:`nodata_mask`)."""
     if declared is not None:
         return declared
     return AEF_NODATA if np.dtype(dtype) == np.int8 else None
 
 
 def nodata_mask(block: np.ndarray, nodata: float | None) -> np.ndarray:
-    """(D, H, W) raster block -> (H, W) bool, True where any band is nodata or non-finite."""
-    mask = np.zeros(block.shape[1:], bool)
+    """(D, H, W) raster block -> (H, W) bool, True where any band is nodata or non-finite, or
+    where every band is 0 (the products' masked pixels: see the module docstring)."""
+    mask = ~block.any(axis=0)
     if nodata is not None and not np.isnan(nodata):
         mask |= (block == np.asarray(nodata, block.dtype)).any(axis=0)
     if np.issubdtype(block.dtype, np.floating):
@@ -96,24 +133,48 @@ def nodata_mask(block: np.ndarray, nodata: float | None) -> np.ndarray:
 
 def shard_arrays(
     source: str, block: np.ndarray, nodata: float | None,
-    q: np.ndarray | None = None, map_chunks: ChunkMap = map,
+    q: np.ndarray | None = None, map_chunks: ChunkMap = map, name: str = "embedding raster",
 ) -> dict[str, np.ndarray]:  # fmt: skip
     """The compact arrays a shard stores for one tile of ``source`` (see docs/design.md, "Shards").
 
     ``block`` is the tile as read; TESSERA's float block is used as scratch space, ``q`` (when
-    given) receives its int8 values and ``map_chunks`` runs its row chunks.
+    given) receives its int8 values and ``map_chunks`` runs its row chunks. Every nodata pixel
+    (:func:`nodata_mask`) leaves as the shard's own mark: AEF -128, TESSERA scale 0. Values
+    beyond the product's range raise :class:`EmbeddingValueError` (naming ``name``).
     """
     if source == "aef":
-        q = np.ascontiguousarray(block.astype(np.int8, copy=False))
-        if nodata is not None and not np.isnan(nodata) and nodata != AEF_NODATA:
-            q = q.copy() if q is block else q
-            q[:, (block == np.asarray(nodata, block.dtype)).any(axis=0)] = AEF_NODATA
-        return {"emb": q}
+        missing = nodata_mask(block, nodata)
+        if np.issubdtype(block.dtype, np.floating):  # an Earth Engine export: quantize back
+            check_value_range(source, block, ~missing, name)
+            q = quantize_aef(np.where(missing, 0, block))
+        elif missing.any() or block.dtype != np.int8:
+            q = np.array(block, np.int8)
+        else:
+            q = block
+        if missing.any():
+            q[:, missing] = AEF_NODATA
+        return {"emb": np.ascontiguousarray(q)}
+    # TESSERA: non-finite and all-zero pixels get scale 0 in the quantization itself (max|x| is
+    # NaN or 0 there), so only a declared nodata value needs a pass of its own.
     data = block.astype(np.float32, copy=False)
     if nodata is not None and not np.isnan(nodata):
         data[:, (block == np.asarray(nodata, block.dtype)).any(axis=0)] = np.nan
     q, scale = _quantize_tessera_inplace(data, q, map_chunks)
+    _check_tessera_scale(scale, name)
     return {"emb": q, "scale": scale}
+
+
+def _check_tessera_scale(scale: np.ndarray, name: str) -> None:
+    """TESSERA's range check from the per-pixel scale (``max|x| / 127``), which the
+    quantization computes anyway: no extra pass over the float block."""
+    peak = float(scale.max(initial=0.0)) * 127.0
+    if peak > VALUE_LIMIT["tessera"]:
+        row, col = np.unravel_index(int(np.argmax(scale)), scale.shape)
+        raise EmbeddingValueError(
+            f"{name}: holds tessera values up to |x| = {peak:.4g} (at tile pixel row {row}, "
+            f"column {col}), expected |x| <= {VALUE_LIMIT['tessera']:g} "
+            f"({_RANGE_HINT['tessera']})"
+        )
 
 
 def valid_pixels(source: str, arrays: dict[str, np.ndarray]) -> np.ndarray:

@@ -135,7 +135,8 @@ def predict_block(
     for i in range(0, len(origins), spec.batch_size):
         chunk, arrays, masks = [], [], []
         for r, c in origins[i : i + spec.batch_size]:
-            compact = shard_arrays(source, read_window(src, r, c, tile), nodata)
+            where = f"{src.name}: window at row {r}, column {c}"
+            compact = shard_arrays(source, read_window(src, r, c, tile), nodata, name=where)
             mask = valid_pixels(source, compact)
             if mask.any():  # an all-nodata window costs no model call
                 chunk.append((r, c))

@@ -1,8 +1,9 @@
 """Stage: CDL codes -> L3 ids on an embedding raster's grid (nearest resampling, windowed).
 
-Output ``results/labels/{source}/{region}.tif``: (H, W) uint8, 255 = ignore, georeferenced
-exactly like the embedding raster (profile copied, either orientation). A sidecar JSON counts
-the pixels sent to ignore, per reason and per unmapped CDL code.
+Output ``results/labels/{source}/{region}.tif``: (H, W) uint8, 255 = ignore, a GeoTIFF
+georeferenced exactly like the embedding raster (GeoTIFF or VRT mosaic, either orientation). A
+sidecar JSON counts the pixels sent to ignore (embedding nodata, all-zero vectors included), per
+reason and per unmapped CDL code.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from emb.progress import Progress
 from emb.rasters import embedding_nodata, nodata_mask
 
 log = logging.getLogger(__name__)
+GDAL_CACHE_MB = 64  # blocks are read once: GDAL's default cache (5% of RAM) only inflates memory
 
 
 def _windows(height: int, width: int, block: int):
@@ -53,18 +55,38 @@ def check_overlap(emb: rasterio.DatasetReader, cdl: rasterio.DatasetReader) -> N
         )
 
 
+def label_profile(emb: rasterio.DatasetReader) -> dict:
+    """A GeoTIFF on exactly the embedding's grid, whatever the embedding's driver: a VRT
+    mosaic's own profile names the VRT driver, which cannot be written with compression."""
+    profile = {
+        "driver": "GTiff",
+        "width": emb.width,
+        "height": emb.height,
+        "count": 1,
+        "dtype": "uint8",
+        "nodata": IGNORE,
+        "crs": emb.crs,
+        "transform": emb.transform,
+        "compress": "deflate",
+    }
+    if emb.height >= 16 and emb.width >= 16:
+        profile.update(tiled=True, blockxsize=256, blockysize=256)
+    return profile
+
+
 def align_labels(
     emb_path: Path, cdl_path: Path, cmap: ClassMap, out_path: Path, block: int = 512
 ) -> dict:
     """Write the L3 label raster; peak memory is bounded by ``block`` (pixels per side)."""
     counts: Counter[str] = Counter()
     codes: Counter[int] = Counter()
-    with rasterio.open(emb_path) as emb, rasterio.open(cdl_path) as cdl:
+    with (
+        rasterio.Env(GDAL_CACHEMAX=GDAL_CACHE_MB),
+        rasterio.open(emb_path) as emb,
+        rasterio.open(cdl_path) as cdl,
+    ):
         check_overlap(emb, cdl)
-        profile = emb.profile.copy()
-        profile.update(count=1, dtype="uint8", nodata=IGNORE, compress="deflate")
-        if emb.height >= 16 and emb.width >= 16:
-            profile.update(tiled=True, blockxsize=256, blockysize=256)
+        profile = label_profile(emb)
         cdl_band = rasterio.band(cdl, 1)
         nodata = embedding_nodata(emb.dtypes[0], emb.nodata)
         rows, cols = -(-emb.height // block), -(-emb.width // block)

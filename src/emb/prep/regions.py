@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import io
 import os
+import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from xml.etree import ElementTree
 
+import numpy as np
 import pandas as pd
 import rasterio
 from affine import Affine
@@ -22,7 +24,18 @@ from rasterio.errors import RasterioIOError
 from rasterio.warp import transform_bounds
 from rasterio.windows import Window, from_bounds
 
-from emb.rasters import BANDS, SOURCES
+from emb import cli
+from emb.prep import tessera_npy
+from emb.prep.footprints import (
+    Footprint,
+    FootprintError,
+    ground_groups,
+    ground_metre_problem,
+    group_extent,
+)
+from emb.rasters import BANDS, SOURCES, EmbeddingValueError, check_value_range, nodata_mask
+
+PREDICT = "predict"  # the split of a prediction-only row: mapped, never labelled or scored
 
 
 class RegionsError(ValueError):
@@ -55,9 +68,18 @@ def _overlaps(a: tuple, b: tuple) -> bool:
     return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
 
 
-# What each column's raster must hold: a float AEF would be cast to int8 in the shards.
-DTYPES = {"aef": ("int8",), "tessera": ("float32", "float64"), "cdl": ("uint8", "uint16")}
+# What each column's raster must hold. AEF comes as int8 (the public COGs) or as float
+# (Earth Engine exports, de-quantized: quantized back on ingest, emb.rasters.shard_arrays).
+DTYPES = {
+    "aef": ("int8", "float32", "float64"),
+    "tessera": ("float32", "float64"),
+    "cdl": ("uint8", "uint16"),
+}
 LABEL_SAMPLE = 1024  # CDL pixels per side read (decimated) to find labels over an embedding
+VALUE_SAMPLES = 4  # windows per side read from a float embedding raster for its range check
+# Tags that carry a product's year (geotessera writes TESSERA_YEAR), and NASS's CDL file names.
+YEAR_TAGS = ("TESSERA_YEAR", "AEF_YEAR", "YEAR")
+CDL_FILE_YEAR = re.compile(r"(?<![0-9])([0-9]{4})_(?:10|30)m_cdls", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -69,22 +91,48 @@ class Raster:
     bounds: BoundingBox
     transform: Affine
     shape: tuple[int, int]
+    tags: dict[str, str] = field(default_factory=dict, compare=False)
 
 
-def check_regions(table: pd.DataFrame, path: Path, generated: Iterable[str] = ()) -> dict[str, int]:
+@dataclass
+class RegionChecks:
+    """What the checks learn for the jobs: raster sizes, and per source the id each region's
+    split blocks are drawn with (shared by the years of one ground) and, for such groups, the
+    extent whose blocks the draw is made over."""
+
+    pixels: dict[str, int] = field(default_factory=dict)
+    split_keys: dict[str, dict[str, str]] = field(default_factory=dict)
+    split_extents: dict[str, dict[str, tuple]] = field(default_factory=dict)
+    product_tags: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    def split_key(self, source: str, region: str) -> str:
+        return self.split_keys.get(source, {}).get(region, region)
+
+    def split_extent(self, source: str, region: str) -> tuple | None:
+        return self.split_extents.get(source, {}).get(self.split_key(source, region))
+
+
+def is_predict_only(rec: pd.Series) -> bool:
+    return rec.get("split", "") == PREDICT
+
+
+def check_regions(table: pd.DataFrame, path: Path, generated: Iterable[str] = ()) -> RegionChecks:
     """Raise :class:`RegionsError` for the first unusable cell; ``generated`` paths are skipped.
-    Returns the pixel count of every raster checked (what sizes the jobs that read them).
 
-    Checked once, before any job: ids unique; each raster readable with the bands, dtype and a
-    projected, north-up georeferencing its column needs; no embedding raster (same file or same
-    grid) listed for two regions, which would put the same pixels into two splits; CDL labels
-    present over each embedding raster.
+    Checked once, before any job: ids unique; a CDL for every training row and none for a
+    prediction-only row; each raster readable with the bands, dtype and a north-up grid in
+    ground metres its column needs; year tags that agree with the row; float embeddings within
+    their product's range (sampled); one TESSERA dataset version; no embedding raster (same
+    file, or same grid in one year) listed twice; no two regions of one year sharing ground
+    (footprints compared in one CRS); CDL labels present over each embedding raster.
     """
     generated = set(generated)
     _check_unique_ids(table, path)
     seen: dict[tuple, str] = {}  # an embedding raster's file or grid -> where it was listed
-    sizes: dict[str, int] = {}
+    checks = RegionChecks()
+    footprints: dict[str, list[Footprint]] = {s: [] for s in SOURCES}
     for row, (region, rec) in enumerate(table.iterrows(), start=1):
+        _check_row_kind(rec, _where(path, row, region, "cdl"))
         if not any(rec.get(s, "") for s in SOURCES):
             raise RegionsError(
                 f"{_where(path, row, region, 'aef')}: neither aef nor tessera is given"
@@ -95,16 +143,127 @@ def check_regions(table: pd.DataFrame, path: Path, generated: Iterable[str] = ()
             if not file or file in generated:
                 continue
             where = _where(path, row, region, column)
-            opened[column] = _open_checked(file, column, where)
-            sizes[file] = opened[column].shape[0] * opened[column].shape[1]
+            raster = opened[column] = _open_checked(file, column, where)
+            checks.pixels[file] = raster.shape[0] * raster.shape[1]
+            _check_year(raster, column, str(rec.get("year", "")), where)
             if column in SOURCES:
-                _check_not_seen(opened[column], column, where, seen)
+                _check_not_seen(raster, column, str(rec.get("year", "")), where, seen)
+                _check_value_sample(raster, column, where)
+                checks.product_tags[file] = _product_tags(raster.tags)
+                if not is_predict_only(rec):
+                    footprints[column].append(
+                        Footprint(
+                            region,
+                            where,
+                            file,
+                            str(rec.get("year", "")),
+                            raster.crs,
+                            raster.transform,
+                            raster.shape,
+                        )  # fmt: skip
+                    )
         if "cdl" in opened:
             for source in SOURCES:
                 if source in opened:
                     where = _where(path, row, region, "cdl")
                     _check_labels_over(opened["cdl"], opened[source], where)
-    return sizes
+    _check_versions(checks.product_tags, footprints)
+    for source, prints in footprints.items():
+        try:
+            keys = ground_groups(prints)
+        except FootprintError as err:
+            raise RegionsError(str(err)) from None
+        checks.split_keys[source] = keys
+        checks.split_extents[source] = group_extent(prints, keys)
+    return checks
+
+
+def _check_row_kind(rec: pd.Series, where: str) -> None:
+    """A training row needs its labels; a prediction-only row must not name any (which one
+    did the user mean?)."""
+    cdl = rec.get("cdl", "")
+    if is_predict_only(rec) and cdl:
+        raise RegionsError(
+            f"{where}: a prediction-only row (split {PREDICT!r}) names a CDL ({_shown(cdl)}): "
+            f"expected an empty cdl cell to map without labels, or another split to train on it"
+        )
+    if not is_predict_only(rec) and not cdl:
+        raise RegionsError(
+            f"{where}: no CDL for a training row (split {rec.get('split', '') or 'auto'!r}): "
+            f"expected a CDL raster, or split {PREDICT!r} to map this region without labels"
+        )
+
+
+def _shown(file: str) -> str:
+    """A path as messages show it: quoted where whitespace or control characters would hide."""
+    return repr(file) if file != file.strip() or not file.isprintable() else file
+
+
+def _check_year(raster: Raster, column: str, year: str, where: str) -> None:
+    """A file whose own year contradicts the row's: embeddings of one year labelled with the
+    CDL of another."""
+    tags = {k.upper(): v for k, v in raster.tags.items()}
+    found = [(k, tags[k].strip()) for k in YEAR_TAGS if k in tags]
+    if column == "cdl" and (match := CDL_FILE_YEAR.search(Path(raster.file).name)):
+        found.append(("the NASS file name", match.group(1)))
+    for tag, value in found:
+        if year and value != year:
+            raise RegionsError(
+                f"{where}: {_shown(raster.file)} says year {value} ({tag}), but the row's year "
+                f"is {year}: expected the {year} product, or the year column set to {value}"
+            )
+
+
+def _product_tags(tags: dict[str, str]) -> dict[str, str]:
+    """The product's own version and year tags (provenance of what was trained on)."""
+    return {k: v for k, v in tags.items() if "VERSION" in k.upper() or k.upper() in YEAR_TAGS}
+
+
+def _check_versions(
+    tags: dict[str, dict[str, str]], footprints: dict[str, list[Footprint]]
+) -> None:
+    """One source's rasters must come from one dataset version: a model trained on a mix
+    learns the versions' differences."""
+    for source, prints in footprints.items():
+        versions: dict[tuple[str, str], Footprint] = {}
+        for fp in prints:
+            for key, value in tags.get(fp.file, {}).items():
+                if "VERSION" in key.upper():
+                    versions.setdefault((key, value.strip()), fp)
+        keys = sorted({k for k, _ in versions})
+        for key in keys:
+            found = [(v, fp) for (k, v), fp in versions.items() if k == key]
+            if len(found) > 1:
+                (v1, a), (v2, b) = found[:2]
+                raise RegionsError(
+                    f"{b.where}: {_shown(b.file)} is {source} {key}={v2}, but {_shown(a.file)} "
+                    f"({a.where}) is {key}={v1}: expected one dataset version per source; "
+                    "download every region from the same version"
+                )
+
+
+def _check_value_sample(raster: Raster, column: str, where: str) -> None:
+    """A float embedding raster far outside its product's range (a broken scale, a rescaled
+    export) is named now, from a few windows spread over it; the shard build checks every
+    pixel again."""
+    if raster.file.lower().endswith(".npy"):  # int8 with scales: checked when converted
+        return
+    with rasterio.open(raster.file) as src:
+        if not np.issubdtype(np.dtype(src.dtypes[0]), np.floating):
+            return
+        h, w = raster.shape
+        side = 16
+        for i in range(VALUE_SAMPLES):
+            for j in range(VALUE_SAMPLES):
+                row = min(h - 1, (2 * i + 1) * h // (2 * VALUE_SAMPLES))
+                col = min(w - 1, (2 * j + 1) * w // (2 * VALUE_SAMPLES))
+                win = Window(col, row, min(side, w - col), min(side, h - row))
+                block = src.read(window=win)
+                valid = ~nodata_mask(block, src.nodata)
+                try:
+                    check_value_range(column, block, valid, _shown(raster.file))
+                except EmbeddingValueError as err:
+                    raise RegionsError(f"{where}: {err}") from None
 
 
 def _check_unique_ids(table: pd.DataFrame, path: Path) -> None:
@@ -125,12 +284,15 @@ def _check_unique_ids(table: pd.DataFrame, path: Path) -> None:
 def _open_checked(file: str, column: str, where: str) -> Raster:
     """The raster's facts, after the checks that need only its header."""
     if not Path(file).exists():
-        raise RegionsError(f"{where}: file not found: {file}")
+        hint = " (the cell has spaces around the path)" if file != file.strip() else ""
+        raise RegionsError(f"{where}: file not found: {_shown(file)}{hint}")
+    if column == "tessera" and file.lower().endswith(".npy"):
+        return _open_tessera_npy(file, where)
     _check_vrt_sources(file, where)
     try:
         with rasterio.open(file) as src:
             count, dtype, crs, transform = src.count, src.dtypes[0], src.crs, src.transform
-            raster = Raster(file, crs, src.bounds, transform, (src.height, src.width))
+            raster = Raster(file, crs, src.bounds, transform, (src.height, src.width), src.tags())
             src.read(1, window=Window(0, 0, 1, 1))  # the header alone may hide unreadable data
     except RasterioIOError as err:
         raise RegionsError(f"{where}: cannot read {file} as a raster ({err})") from err
@@ -143,6 +305,20 @@ def _open_checked(file: str, column: str, where: str) -> Raster:
         raise RegionsError(f"{where}: {file} has no CRS")
     if column in SOURCES:
         _check_grid(raster, where)
+    return raster
+
+
+def _open_tessera_npy(file: str, where: str) -> Raster:
+    """geotessera's native tile (int8 .npy + scales + landmask), converted by the workflow's
+    tessera_npy rule: checked from its headers (emb.prep.tessera_npy)."""
+    try:
+        triple = tessera_npy.find_triple(file)
+        facts = tessera_npy.check_triple(triple)
+    except (tessera_npy.TesseraNpyError, OSError) as err:
+        raise RegionsError(f"{where}: {cli.message(err)}") from None
+    raster = Raster(file, facts.crs, facts.bounds, facts.transform, (facts.height, facts.width),
+                    triple.tags)  # fmt: skip
+    _check_grid(raster, where)
     return raster
 
 
@@ -178,20 +354,19 @@ def _check_grid(raster: Raster, where: str) -> None:
         )
     if t.is_identity:
         raise RegionsError(f"{where}: {file} has no geotransform (pixel coordinates only)")
-    if raster.crs.is_geographic:
-        unit = raster.crs.linear_units or "degree"
-        raise RegionsError(
-            f"{where}: {file} is in the geographic CRS {raster.crs.to_string()} (units: {unit}), "
-            "but tiles and splits.block_m are measured in metres: expected a projected CRS; "
-            "reproject it (e.g. to its UTM zone) first"
-        )
+    problem = ground_metre_problem(raster.crs, t, raster.shape)
+    if problem:
+        raise RegionsError(f"{where}: {_shown(file)} {problem}")
 
 
-def _check_not_seen(raster: Raster, source: str, where: str, seen: dict[tuple, str]) -> None:
+def _check_not_seen(
+    raster: Raster, source: str, year: str, where: str, seen: dict[tuple, str]
+) -> None:
     """The same embedding pixels under two regions would leak between one source's splits.
-    An AEF and a TESSERA raster on one grid are fine: each source has its own shards."""
+    An AEF and a TESSERA raster on one grid are fine: each source has its own shards; so are
+    two years on one grid (multi-year training: their blocks share one split draw)."""
     grid = (raster.crs.to_string(), tuple(raster.transform), raster.shape)
-    keys = [("file", source, os.path.realpath(raster.file)), ("grid", source, *grid)]
+    keys = [("file", source, os.path.realpath(raster.file)), ("grid", source, year, *grid)]
     for key in keys:
         if key in seen:
             what = "the same file" if key[0] == "file" else "a raster on the same grid"

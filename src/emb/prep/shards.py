@@ -86,7 +86,8 @@ def tile_samples(
         for tile, block in blocks:
             win = tile.window
             q = pool.take(block.shape, np.dtype(np.int8)) if quantized else None
-            arrays = shard_arrays(source, block, emb.nodata, q, quantizers.map)
+            where = f"{emb.name}: tile at row {tile.row}, column {tile.col}"
+            arrays = shard_arrays(source, block, emb.nodata, q, quantizers.map, where)
             end_row, end_col = tile.row + tile.size, tile.col + tile.size
             arrays["label"] = labels[tile.row : end_row, tile.col : end_col]
             if tile.split == "train" and stores_moments(source):  # what the statistics read
@@ -174,6 +175,7 @@ def build_region(
         "in_dim": BANDS[source],
         "tile_size": tile_spec.size,
         "dtype": "int8",
+        "split_group": split_spec.group or region,
         "dropped": {split: dict(reasons) for split, reasons in dropped.items()},
         "splits": {},
     }
@@ -220,6 +222,17 @@ def _counted(samples: Iterator[T], progress: Progress) -> Iterator[T]:
         progress.advance()
 
 
+def _extent(text: str) -> tuple[float, float, float, float] | None:
+    """``x0,y0,x1,y1`` (map units), or None for an empty value."""
+    if not text.strip():
+        return None
+    try:
+        x0, y0, x1, y1 = (float(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected x0,y0,x1,y1, found {text!r}") from None
+    return (x0, y0, x1, y1)
+
+
 @cli.stage
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -242,6 +255,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--buffer-m", type=float, default=0.0)
     parser.add_argument("--split", default="", help="whole region in one split (regions.tsv)")
+    parser.add_argument(
+        "--split-key", default="", help="id the blocks are drawn with (the years of one ground)"
+    )
+    parser.add_argument(
+        "--split-extent", type=_extent, default=None, help="x0,y0,x1,y1 of that ground's blocks"
+    )
     parser.add_argument("--max-samples", type=int, default=256)
     parser.add_argument("--max-bytes", type=int, default=1 << 30)
     args = parser.parse_args(argv)
@@ -258,6 +277,8 @@ def main(argv: list[str] | None = None) -> None:
             dict(zip(SPLITS, args.fractions, strict=True)),
             args.seed,
             args.buffer_m,
+            args.split_key,
+            args.split_extent,
         ),
         fixed,
         args.max_samples,

@@ -5,6 +5,10 @@ a raster's tiles are ordered by a seeded per-block draw (independent of the grid
 the configured fractions, so the fractions hold exactly and sources of one region on similar
 extents get (nearly) the same split map. A tile whose footprint touches blocks of different
 splits is dropped: no tile straddles splits.
+
+The same ground in several years (regions of one split group, found by
+:mod:`emb.prep.footprints`) draws its blocks with the group's id over the group's extent, so a
+block has one split in every year it appears in.
 """
 
 from __future__ import annotations
@@ -42,6 +46,8 @@ class SplitSpec:
     )
     seed: int = 0
     buffer_m: float = 0.0  # drop tiles within this distance of a block of another split
+    group: str = ""  # the id blocks are drawn with ("" = the region's own)
+    extent: tuple[float, float, float, float] | None = None  # (x0, y0, x1, y1) of the group
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.block_m) or self.block_m <= 0:
@@ -96,6 +102,14 @@ def block_draw(region: str, bx: int, by: int, spec: SplitSpec) -> float:
     """A seeded uniform number per block, independent of any raster grid."""
     key = [spec.seed, zlib.crc32(region.encode()), bx & 0xFFFFFFFF, by & 0xFFFFFFFF]
     return float(np.random.default_rng(key).random())
+
+
+def blocks_in(extent: tuple[float, float, float, float], block_m: float) -> list[tuple[int, int]]:
+    """Every block (bx, by) meeting the extent (x0, y0, x1, y1), edges exclusive."""
+    x0, y0, x1, y1 = extent
+    bxs = range(math.floor(x0 / block_m), math.ceil(x1 / block_m))
+    bys = range(math.floor(y0 / block_m), math.ceil(y1 / block_m))
+    return [(bx, by) for bx in bxs for by in bys]
 
 
 def blocks_of(window: Window, transform: Affine, block_m: float) -> list[tuple[int, int]]:
@@ -174,7 +188,9 @@ def plan_tiles(
     offset = (0, 0) if fixed_split else block_aligned_offset(transform, stride, split_spec.block_m)
     windows = tile_windows(*labels.shape, tile_spec, offset)
     blocks = [b for win in windows for b in blocks_of(win, transform, split_spec.block_m)]
-    splits = assign_blocks(region, blocks, split_spec)
+    if split_spec.extent is not None:  # one draw over the ground every year of it shares
+        blocks += blocks_in(split_spec.extent, split_spec.block_m)
+    splits = assign_blocks(split_spec.group or region, blocks, split_spec)
     for win in windows:
         split = fixed_split or window_split(win, transform, splits, split_spec)
         if split is None:
