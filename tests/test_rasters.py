@@ -70,8 +70,9 @@ def test_all_zero_vectors_are_nodata_for_both_sources() -> None:
     from emb.rasters import nodata_mask, shard_arrays, valid_pixels
 
     rng = np.random.default_rng(1)
-    for source, block in (("aef", rng.integers(-127, 128, (64, 4, 4)).astype(np.int8)),
-                          ("tessera", rng.normal(0, 3, (128, 4, 4)).astype(np.float32))):  # fmt: skip
+    blocks = {"aef": rng.integers(-127, 128, (64, 4, 4)).astype(np.int8),
+              "tessera": rng.normal(0, 3, (128, 4, 4)).astype(np.float32)}  # fmt: skip
+    for source, block in blocks.items():
         block[:, 1, 2] = 0
         block[3, 0, 0] = 0  # one band 0 is a value
         assert nodata_mask(block, None).sum() == 1 and nodata_mask(block, None)[1, 2]

@@ -27,6 +27,15 @@ AEF_NODATA = -128
 VALUE_LIMIT = {"aef": 1.0 + 1e-3, "tessera": 1e3}
 
 
+# Tags that carry a product's year (geotessera writes TESSERA_YEAR).
+YEAR_TAGS = ("TESSERA_YEAR", "AEF_YEAR", "YEAR")
+
+
+def product_tags(tags: dict[str, str]) -> dict[str, str]:
+    """A raster's own version and year tags: the provenance of what a model was trained on."""
+    return {k: v for k, v in tags.items() if "VERSION" in k.upper() or k.upper() in YEAR_TAGS}
+
+
 class EmbeddingValueError(ValueError):
     """Embedding values outside the product's range: a broken file, never a model input."""
 

@@ -163,9 +163,9 @@ def test_a_block_has_one_split_in_every_year_of_its_ground() -> None:
 
 def test_ground_groups_join_a_chain_of_years_under_the_first_region() -> None:
     crs = CRS.from_epsg(32615)
+    places = [("a", "2021", 0), ("b", "2022", 1000), ("c", "2023", 50), ("d", "2024", 1050),
+              ("e", "2025", 80)]  # fmt: skip
     prints = [Footprint(n, n, f"{n}.tif", y, crs, from_origin(x, 0, 10, 10), (10, 10))
-              for n, y, x in (("a", "2021", 0), ("b", "2022", 1000), ("c", "2023", 50))]  # fmt: skip
-    prints.append(Footprint("d", "d", "d.tif", "2024", crs, from_origin(1050, 0, 10, 10), (10, 10)))
-    prints.append(Footprint("e", "e", "e.tif", "2025", crs, from_origin(80, 0, 10, 10), (10, 10)))
+              for n, y, x in places]  # fmt: skip
     groups = ground_groups(prints)
     assert groups == {"a": "a", "c": "a", "e": "a", "b": "b", "d": "b"}

@@ -9,15 +9,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import rasterio
-from rasterio.windows import Window
-
 from conftest import CLASSES_CSV, TINY, TinyDemo
+from rasterio.windows import Window
+from tiny_runs import tiny_run
+
 from emb.classes import ClassMap
 from emb.evaluation.predict import main as predict_main
 from emb.prep.align_labels import align_labels
 from emb.prep.shards import build_region
 from emb.prep.tiles import SplitSpec, TileSpec
-from tiny_runs import tiny_run
 
 GDAL_TYPES = {"int8": "Int8", "uint8": "Byte", "float32": "Float32", "float64": "Float64"}
 
@@ -120,7 +120,10 @@ def test_a_vrt_mosaic_gives_the_map_of_one_geotiff(
 ) -> None:
     run = tiny_run(tiny_demo, tmp_path / "run", "aef", "segformer", steps=2)
     maps = {}
-    for name, raster in (("vrt", mosaics["demo_a/aef"]), ("tif", tiny_demo.rasters["demo_a"]["aef"])):
+    for name, raster in (
+        ("vrt", mosaics["demo_a/aef"]),
+        ("tif", tiny_demo.rasters["demo_a"]["aef"]),
+    ):
         out = tmp_path / name / "demo_a.tif"
         predict_main(["--run-dir", str(run), "--raster", str(raster), "--region", "demo_a",
                       "--classes", str(CLASSES_CSV), "--out", str(out),

@@ -45,6 +45,9 @@ class RegionInput:
     region: str
     raster: Path
     cdl: Path | None = None
+    year: str = ""
+    predict_only: bool = False  # split predict: no labels, never scored
+    training_years: str = ""  # the years of the table's labelled regions of the source
 
 
 @dataclass(frozen=True)
@@ -68,8 +71,17 @@ def regions_with(table: Path, source: str) -> list[RegionInput]:
     rows = read_regions(table)
     if source not in rows.columns:
         raise RegionMapsError(f"{table}: no column {source!r}; expected one naming its rasters")
+    labelled = [rec for _, rec in rows.iterrows() if rec[source] and rec.get("split") != "predict"]
+    years = ",".join(sorted({str(rec.get("year", "")) for rec in labelled} - {""}))
     regions = [
-        RegionInput(str(region), Path(rec[source]), Path(rec["cdl"]) if rec.get("cdl") else None)
+        RegionInput(
+            str(region),
+            Path(rec[source]),
+            Path(rec["cdl"]) if rec.get("cdl") else None,
+            str(rec.get("year", "")),
+            rec.get("split") == "predict",
+            years,
+        )  # fmt: skip
         for region, rec in rows.iterrows()
         if rec[source]
     ]

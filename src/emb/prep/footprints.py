@@ -10,6 +10,7 @@ Footprints are compared as polygons in one CRS (shapely), whatever CRSs the file
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -68,6 +69,12 @@ def _centre_lonlat(crs: CRS, transform: Affine, shape: tuple[int, int]) -> tuple
     return lon[0], lat[0]
 
 
+@functools.lru_cache(maxsize=64)
+def _proj(wkt: str) -> pyproj.Proj:
+    """One projection object per CRS: a table of 1,000 regions has a handful of CRSs."""
+    return pyproj.Proj(pyproj.CRS.from_wkt(wkt))
+
+
 def ground_metre_problem(crs: CRS, transform: Affine, shape: tuple[int, int]) -> str | None:
     """Why one map unit of ``crs`` is not a ground metre at the raster's centre, with the UTM
     zone to warp to; None when it is (within :data:`SCALE_TOLERANCE`)."""
@@ -78,18 +85,26 @@ def ground_metre_problem(crs: CRS, transform: Affine, shape: tuple[int, int]) ->
     target = f"EPSG:{utm_epsg(lon, lat)}"
     fix = f"warp it to its UTM zone {target} with nearest-neighbour resampling " \
           f"(gdalwarp -t_srs {target} -r near)"  # fmt: skip
-    name = f"{crs.to_string()} ({pyproj.CRS.from_wkt(crs.to_wkt()).name})"
+    proj = _proj(crs.to_wkt())
+    name = f"{crs.to_string()} ({proj.crs.name})"
     if crs.is_geographic:
         return f"is in the geographic CRS {name}, measured in degrees; {fix}"
-    factors = pyproj.Proj(pyproj.CRS.from_wkt(crs.to_wkt())).get_factors(lon, lat)
+    factors = proj.get_factors(lon, lat)
     unit = crs.linear_units_factor[1] if crs.linear_units_factor else 1.0
     # ground metres per map unit along the parallel and the meridian at the centre
     scales = (unit / factors.parallel_scale, unit / factors.meridional_scale)
+    where = f"one map unit is {min(scales):.3g} ground metres at its centre (lon {lon:.3f}, " \
+            f"lat {lat:.3f})"  # fmt: skip
+    method = getattr(proj.crs.coordinate_operation, "method_name", "") or ""
+    if "pseudo mercator" in method.lower():  # geotessera's merge default; exact at the equator
+        return (
+            f"is in Web Mercator {name}, where {where} and a merged mosaic is usually "
+            f"resampled bilinearly (blending embeddings); {fix} from the original tiles"
+        )
     if all(abs(s - 1.0) <= SCALE_TOLERANCE for s in scales):
         return None
     return (
-        f"is in {name}, where one map unit is {min(scales):.3g} ground metres at its centre "
-        f"(lon {lon:.3f}, lat {lat:.3f}), but tiles and splits.block_m are measured in ground "
+        f"is in {name}, where {where}, but tiles and splits.block_m are measured in ground "
         f"metres; {fix}"
     )
 

@@ -33,7 +33,15 @@ from emb.prep.footprints import (
     ground_metre_problem,
     group_extent,
 )
-from emb.rasters import BANDS, SOURCES, EmbeddingValueError, check_value_range, nodata_mask
+from emb.rasters import (
+    BANDS,
+    SOURCES,
+    YEAR_TAGS,
+    EmbeddingValueError,
+    check_value_range,
+    nodata_mask,
+    product_tags,
+)
 
 PREDICT = "predict"  # the split of a prediction-only row: mapped, never labelled or scored
 
@@ -76,9 +84,8 @@ DTYPES = {
     "cdl": ("uint8", "uint16"),
 }
 LABEL_SAMPLE = 1024  # CDL pixels per side read (decimated) to find labels over an embedding
-VALUE_SAMPLES = 4  # windows per side read from a float embedding raster for its range check
-# Tags that carry a product's year (geotessera writes TESSERA_YEAR), and NASS's CDL file names.
-YEAR_TAGS = ("TESSERA_YEAR", "AEF_YEAR", "YEAR")
+VALUE_SAMPLES = 3  # windows per side read from a float embedding raster for its range check
+# NASS's CDL file names carry their year.
 CDL_FILE_YEAR = re.compile(r"(?<![0-9])([0-9]{4})_(?:10|30)m_cdls", re.IGNORECASE)
 
 
@@ -148,8 +155,7 @@ def check_regions(table: pd.DataFrame, path: Path, generated: Iterable[str] = ()
             _check_year(raster, column, str(rec.get("year", "")), where)
             if column in SOURCES:
                 _check_not_seen(raster, column, str(rec.get("year", "")), where, seen)
-                _check_value_sample(raster, column, where)
-                checks.product_tags[file] = _product_tags(raster.tags)
+                checks.product_tags[file] = product_tags(raster.tags)
                 if not is_predict_only(rec):
                     footprints[column].append(
                         Footprint(
@@ -214,11 +220,6 @@ def _check_year(raster: Raster, column: str, year: str, where: str) -> None:
             )
 
 
-def _product_tags(tags: dict[str, str]) -> dict[str, str]:
-    """The product's own version and year tags (provenance of what was trained on)."""
-    return {k: v for k, v in tags.items() if "VERSION" in k.upper() or k.upper() in YEAR_TAGS}
-
-
 def _check_versions(
     tags: dict[str, dict[str, str]], footprints: dict[str, list[Footprint]]
 ) -> None:
@@ -242,28 +243,29 @@ def _check_versions(
                 )
 
 
-def _check_value_sample(raster: Raster, column: str, where: str) -> None:
+def _check_value_sample(src: rasterio.DatasetReader, column: str, where: str) -> None:
     """A float embedding raster far outside its product's range (a broken scale, a rescaled
-    export) is named now, from a few windows spread over it; the shard build checks every
-    pixel again."""
-    if raster.file.lower().endswith(".npy"):  # int8 with scales: checked when converted
+    export) is named now, from a few small windows spread over it (a block read each); the
+    shard build checks every pixel again."""
+    if not np.issubdtype(np.dtype(src.dtypes[0]), np.floating):
         return
-    with rasterio.open(raster.file) as src:
-        if not np.issubdtype(np.dtype(src.dtypes[0]), np.floating):
-            return
-        h, w = raster.shape
-        side = 16
-        for i in range(VALUE_SAMPLES):
-            for j in range(VALUE_SAMPLES):
-                row = min(h - 1, (2 * i + 1) * h // (2 * VALUE_SAMPLES))
-                col = min(w - 1, (2 * j + 1) * w // (2 * VALUE_SAMPLES))
-                win = Window(col, row, min(side, w - col), min(side, h - row))
-                block = src.read(window=win)
-                valid = ~nodata_mask(block, src.nodata)
-                try:
-                    check_value_range(column, block, valid, _shown(raster.file))
-                except EmbeddingValueError as err:
-                    raise RegionsError(f"{where}: {err}") from None
+    h, w = src.height, src.width
+    if h * w <= 4096:  # small: read whole, once
+        block = src.read()
+        try:
+            check_value_range(column, block, ~nodata_mask(block, src.nodata), src.name)
+        except EmbeddingValueError as err:
+            raise RegionsError(f"{where}: {err}") from None
+        return
+    for i in range(VALUE_SAMPLES):
+        for j in range(VALUE_SAMPLES):
+            row = min(h - 1, (2 * i + 1) * h // (2 * VALUE_SAMPLES))
+            col = min(w - 1, (2 * j + 1) * w // (2 * VALUE_SAMPLES))
+            block = src.read(window=Window(col, row, min(8, w - col), min(8, h - row)))
+            try:
+                check_value_range(column, block, ~nodata_mask(block, src.nodata), src.name)
+            except EmbeddingValueError as err:
+                raise RegionsError(f"{where}: {err}") from None
 
 
 def _check_unique_ids(table: pd.DataFrame, path: Path) -> None:
@@ -294,6 +296,8 @@ def _open_checked(file: str, column: str, where: str) -> Raster:
             count, dtype, crs, transform = src.count, src.dtypes[0], src.crs, src.transform
             raster = Raster(file, crs, src.bounds, transform, (src.height, src.width), src.tags())
             src.read(1, window=Window(0, 0, 1, 1))  # the header alone may hide unreadable data
+            if column in SOURCES:
+                _check_value_sample(src, column, where)
     except RasterioIOError as err:
         raise RegionsError(f"{where}: cannot read {file} as a raster ({err})") from err
     expected = BANDS.get(column, 1)

@@ -34,7 +34,7 @@ from emb.prep.moments import moments_array, stores_moments, tile_moments
 from emb.prep.shard_writer import Payload, TarShard, encode_npy, write_shards
 from emb.prep.tiles import SPLITS, SplitSpec, Tile, TileSpec, TilingError, plan_tiles
 from emb.progress import Progress
-from emb.rasters import BANDS, shard_arrays
+from emb.rasters import BANDS, product_tags, shard_arrays
 
 __all__ = ["TarShard", "build_region", "encode_npy", "tile_samples", "write_shards"]
 T = TypeVar("T")
@@ -156,7 +156,7 @@ def build_region(
     split is complete: a failed build (bad input, disk full, SIGTERM) removes the staging
     folder and leaves the shards and index of the previous build untouched.
     """
-    with rasterio.Env(GDAL_CACHEMAX=GDAL_CACHE_MB), rasterio.open(label_path) as src:
+    with rasterio.Env(GDAL_CACHEMAX=GDAL_CACHE_MB << 20), rasterio.open(label_path) as src:
         with reading(label_path):
             labels = src.read(1)
         transform = src.transform
@@ -183,11 +183,12 @@ def build_region(
     staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=out_dir))
     progress = Progress(len(tiles), unit="tiles", what=f"{source}/{region} shards", logger=log)
     try:
-        with rasterio.Env(GDAL_CACHEMAX=GDAL_CACHE_MB), rasterio.open(emb_path) as emb:
+        with rasterio.Env(GDAL_CACHEMAX=GDAL_CACHE_MB << 20), rasterio.open(emb_path) as emb:
             if emb.count != BANDS[source]:
                 raise BandCountError(
                     f"{emb_path}: expected {BANDS[source]} bands for {source}, found {emb.count}"
                 )
+            index["product_tags"] = product_tags(emb.tags())
             for split in SPLITS:
                 chosen = [t for t in tiles if t.split == split]
                 hist = np.zeros(N_L3, np.int64)
