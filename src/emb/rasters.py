@@ -57,7 +57,8 @@ def check_value_range(source: str, block: np.ndarray, valid: np.ndarray, name: s
 
 
 _RANGE_HINT = {
-    "aef": "AEF is de-quantized to [-1, 1]; a float export must not be rescaled",
+    "aef": "a float AEF holds the de-quantized values in [-1, 1], as Earth Engine exports "
+    "them; int8 codes stored as float, or a rescaled export, are not: use the int8 COG",
     "tessera": "TESSERA values stay within tens; this looks like a tile with a broken scale: "
     "download it again or leave it out",
 }
@@ -134,10 +135,18 @@ def nodata_mask(block: np.ndarray, nodata: float | None) -> np.ndarray:
     where every band is 0 (the products' masked pixels: see the module docstring)."""
     mask = ~block.any(axis=0)
     if nodata is not None and not np.isnan(nodata):
-        mask |= (block == np.asarray(nodata, block.dtype)).any(axis=0)
+        mask |= declared_nodata(block, nodata)
     if np.issubdtype(block.dtype, np.floating):
         mask |= ~np.isfinite(block).all(axis=0)
     return mask
+
+
+def declared_nodata(block: np.ndarray, nodata: float) -> np.ndarray:
+    """(H, W) pixels holding the file's declared nodata value: in any band for integer
+    rasters (AEF's -128 lies outside its codes), in every band for float ones, where a value
+    such as 0 is also a valid embedding component (a warp tagged -dstnodata 0)."""
+    hit = block == np.asarray(nodata, block.dtype)
+    return hit.all(axis=0) if np.issubdtype(block.dtype, np.floating) else hit.any(axis=0)
 
 
 def shard_arrays(
@@ -167,7 +176,7 @@ def shard_arrays(
     # NaN or 0 there), so only a declared nodata value needs a pass of its own.
     data = block.astype(np.float32, copy=False)
     if nodata is not None and not np.isnan(nodata):
-        data[:, (block == np.asarray(nodata, block.dtype)).any(axis=0)] = np.nan
+        data[:, declared_nodata(block, nodata)] = np.nan
     q, scale = _quantize_tessera_inplace(data, q, map_chunks)
     _check_tessera_scale(scale, name)
     return {"emb": q, "scale": scale}

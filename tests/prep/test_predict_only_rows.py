@@ -66,5 +66,5 @@ def test_a_prediction_only_row_that_no_run_can_map_is_refused_before_any_job(
     )  # fmt: skip
     assert result.returncode != 0
     out = result.stdout + result.stderr
-    assert "row 2 (region 'p'): a prediction-only row with aef rasters" in out, out[-2000:]
+    assert "row 2 (region 'p'), column 'split': a prediction-only row with aef" in out, out[-2000:]
     assert "add a run of aef" in out and "rule " not in result.stdout

@@ -193,7 +193,7 @@ def _(env):
     ]
 
 
-@case("raster: wrong dtype (float32 AEF)")
+@case("raster: AEF int8 codes cast to float32 (not de-quantized)")
 def _(env):
     bad = copy_raster(env.raster("aef"), env.tmp / "float.tif", dtype="float32")
 
@@ -209,7 +209,7 @@ def _(env):
             SplitSpec(320.0),
         )
 
-    return action, ["float.tif", "int8"]
+    return action, ["float.tif", "band 1", "expected |x| <= 1", "int8"]
 
 
 @case("raster: no CRS")
@@ -278,7 +278,8 @@ def _(env):
     bad = copy_raster(env.raster("aef"), env.tmp / "lonlat.tif", crs="EPSG:4326",
                       transform=rasterio.Affine(0.0001, 0, -93.5, 0, -0.0001, 42.0))  # fmt: skip
     return check_table(regions_table(env, [good_row(env, aef=str(bad))])), [
-        "column 'aef'", "lonlat.tif", "geographic CRS EPSG:4326", "metres"]  # fmt: skip
+        "column 'aef'", "lonlat.tif", "geographic CRS EPSG:4326", "ground metres",
+        "EPSG:32615"]  # fmt: skip
 
 
 @case("raster: rotated geotransform")
@@ -343,11 +344,11 @@ def _(env):
     ]
 
 
-@case("regions.tsv: required column missing")
+@case("regions.tsv: no cdl column for a training row")
 def _(env):
     path = env.tmp / "regions.tsv"
     path.write_text(f"region\tyear\taef\ndemo_a\t2024\t{env.raster('aef')}\n")
-    return check_table(path), ["'cdl' is a required property"]
+    return check_table(path), ["no CDL for a training row", "split 'predict'"]
 
 
 @case("classes.csv: a CDL code listed twice")

@@ -53,6 +53,11 @@ CHECKS = {
         "kind, 60 s limit each): a message naming the file/key and what was expected; earlier "
         "good outputs byte-identical; odd-but-valid inputs accepted",
     ),
+    "real_forms": Check(
+        None, None, "products as AEF, TESSERA and NASS ship them (COGs, Earth Engine exports, "
+        "geotessera GeoTIFFs, mosaics and .npy, national CDL; one trial per kind) through "
+        "Snakemake: accepted with the right outputs, or refused in one line naming the file",
+    ),
 }  # fmt: skip
 
 

@@ -29,6 +29,7 @@ import rasterio
 from rasterio.errors import RasterioIOError
 
 from emb.io import write_json
+from emb.prep.region_rows import PREDICT
 from emb.prep.regions import read_regions
 
 LOCK_SUFFIX = ".lock"
@@ -66,20 +67,24 @@ class MapFiles:
                    prob)  # fmt: skip
 
 
+TRAINED_SPLITS = ("", "auto", "train")  # rows whose tiles train a model (auto: some of them)
+
+
 def regions_with(table: Path, source: str) -> list[RegionInput]:
     """The regions of ``table`` (regions.tsv) that have a ``source`` raster, in table order."""
     rows = read_regions(table)
     if source not in rows.columns:
         raise RegionMapsError(f"{table}: no column {source!r}; expected one naming its rasters")
-    labelled = [rec for _, rec in rows.iterrows() if rec[source] and rec.get("split") != "predict"]
-    years = ",".join(sorted({str(rec.get("year", "")) for rec in labelled} - {""}))
+    trained = [rec for _, rec in rows.iterrows() if rec[source] and rec.get("split", "") in
+               TRAINED_SPLITS]  # fmt: skip
+    years = ",".join(sorted({str(rec.get("year", "")) for rec in trained} - {""}))
     regions = [
         RegionInput(
             str(region),
             Path(rec[source]),
             Path(rec["cdl"]) if rec.get("cdl") else None,
             str(rec.get("year", "")),
-            rec.get("split") == "predict",
+            rec.get("split") == PREDICT,
             years,
         )  # fmt: skip
         for region, rec in rows.iterrows()

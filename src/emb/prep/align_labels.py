@@ -24,7 +24,9 @@ from emb import cli
 from emb.classes import IGNORE, ClassMap, load_class_map
 from emb.io import atomic_path, reading, write_json
 from emb.progress import Progress
-from emb.rasters import embedding_nodata, nodata_mask
+from emb.rasters import BANDS, check_value_range, embedding_nodata, nodata_mask
+
+SOURCE_OF_BANDS = {bands: source for source, bands in BANDS.items()}
 
 log = logging.getLogger(__name__)
 GDAL_CACHE_MB = 64  # blocks are read once: GDAL's default cache (5% of RAM) only inflates memory
@@ -81,7 +83,7 @@ def align_labels(
     counts: Counter[str] = Counter()
     codes: Counter[int] = Counter()
     with (
-        rasterio.Env(GDAL_CACHEMAX=GDAL_CACHE_MB),
+        rasterio.Env(GDAL_CACHEMAX=GDAL_CACHE_MB << 20),
         rasterio.open(emb_path) as emb,
         rasterio.open(cdl_path) as cdl,
     ):
@@ -89,6 +91,7 @@ def align_labels(
         profile = label_profile(emb)
         cdl_band = rasterio.band(cdl, 1)
         nodata = embedding_nodata(emb.dtypes[0], emb.nodata)
+        source = SOURCE_OF_BANDS.get(emb.count)
         rows, cols = -(-emb.height // block), -(-emb.width // block)
         progress = Progress(rows * cols, "blocks", f"{out_path.name} labels", log)
         with atomic_path(out_path) as tmp, rasterio.open(tmp, "w", **profile) as dst:
@@ -106,7 +109,15 @@ def align_labels(
                     )
                 l3 = cmap.l3_of(codes_win)
                 with reading(emb_path):
-                    missing = nodata_mask(emb.read(window=win), nodata)
+                    block = emb.read(window=win)
+                missing = nodata_mask(block, nodata)
+                if source:  # a broken file is named here, before shards and statistics
+                    check_value_range(
+                        source,
+                        block,
+                        ~missing,
+                        f"{emb_path}: block at row {win.row_off}, column {win.col_off}",
+                    )
                 unmapped = (l3 == IGNORE) & ~missing
                 counts["emb_nodata"] += int(missing.sum())
                 counts["cdl_background"] += int((unmapped & (codes_win == 0)).sum())

@@ -70,6 +70,7 @@ def channel_stats(
     seed: int,
     shard_keys: list[list[str]] | None = None,
     threads: int | None = None,
+    in_dim: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray, dict]:
     """(D,) float32 mean and std over the sampled tiles, and a record of what was sampled.
 
@@ -78,6 +79,8 @@ def channel_stats(
     that hold no sampled tile. Stored moments are read and checked; tiles without them are
     read by one thread ahead of ``threads`` summing threads (default: torch's thread count).
     The result depends on neither ``threads`` nor which tiles had stored moments.
+    ``in_dim`` (the manifest's) bounds what the tiles' headers claim before anything is
+    allocated from them, as the loader does.
     """
     if shard_keys is None:
         shard_keys = [[s.key for s in index_shard(shard)] for shard in shards]
@@ -87,6 +90,12 @@ def channel_stats(
     chosen = choose_tiles(keys, n_tiles, seed)
     sampled = _sampled_tiles(shards, shard_keys, chosen)
     dim = _in_dim(sampled[0])
+    for sample in sampled:  # before any buffer is sized by a header's claim
+        if in_dim is not None and _in_dim(sample) != in_dim:
+            raise ShardError(
+                f"{sample.url}: sample {sample.key}: emb.npy has in_dim {_in_dim(sample)}, "
+                f"the manifest says {in_dim}"
+            )
     progress = Progress(len(sampled), "tiles", f"{source} channel stats", log)
     parts = _stored_moments(sampled, dim, progress)
     missing = [i for i, s in enumerate(sampled) if "moments" not in s.arrays]
@@ -268,7 +277,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         mean, std, record = channel_stats(
             manifest["source"], train["shards"], args.n_tiles, args.seed,
-            train.get("shard_keys"), args.threads,
+            train.get("shard_keys"), args.threads, manifest.get("in_dim"),
         )  # fmt: skip
     except (StatsError, ShardError) as err:
         raise type(err)(f"{args.manifest}: {err}") from err

@@ -40,21 +40,33 @@ class Footprint:
     crs: CRS
     transform: Affine
     shape: tuple[int, int]
+    split: str = "auto"  # the row's split column ("" and "auto": spatial blocks)
+    # the ground it holds, in ``crs``, where that is less than its frame (an area's masked
+    # mosaic: emb.areas); None: the raster's frame
+    ground: shapely.Geometry | None = None
 
     @property
     def pixel_m(self) -> float:
         return max(abs(self.transform.a), abs(self.transform.e))
 
-    def polygon(self, crs: CRS | None = None) -> shapely.Polygon:
-        """The raster's outline (21 points a side), in ``crs`` (default its own)."""
-        h, w = self.shape
-        steps = np.linspace(0.0, 1.0, 21)
-        cols = np.concatenate([steps * w, np.full(21, w), steps[::-1] * w, np.zeros(21)])
-        rows = np.concatenate([np.zeros(21), steps * h, np.full(21, h), steps[::-1] * h])
-        xs, ys = self.transform * (cols, rows)
-        if crs is not None and crs != self.crs:
-            xs, ys = transform_points(self.crs, crs, xs, ys)
-        return shapely.Polygon(np.column_stack([xs, ys]))
+    def polygon(self, crs: CRS | None = None) -> shapely.Geometry:
+        """The raster's ground (its frame, 21 points a side), in ``crs`` (default its own)."""
+        if self.ground is not None:
+            shape = shapely.segmentize(self.ground, max_segment_length=50 * self.pixel_m)
+        else:
+            h, w = self.shape
+            steps = np.linspace(0.0, 1.0, 21)
+            cols = np.concatenate([steps * w, np.full(21, w), steps[::-1] * w, np.zeros(21)])
+            rows = np.concatenate([np.zeros(21), steps * h, np.full(21, h), steps[::-1] * h])
+            shape = shapely.Polygon(np.column_stack(self.transform * (cols, rows)))
+        if crs is None or crs == self.crs:
+            return shape
+        return shapely.transform(shape, lambda xy: _to(self.crs, crs, xy))
+
+
+def _to(src: CRS, dst: CRS, xy: np.ndarray) -> np.ndarray:
+    xs, ys = transform_points(src, dst, xy[:, 0], xy[:, 1])
+    return np.column_stack([xs, ys])
 
 
 def utm_epsg(lon: float, lat: float) -> int:
@@ -88,7 +100,10 @@ def ground_metre_problem(crs: CRS, transform: Affine, shape: tuple[int, int]) ->
     proj = _proj(crs.to_wkt())
     name = f"{crs.to_string()} ({proj.crs.name})"
     if crs.is_geographic:
-        return f"is in the geographic CRS {name}, measured in degrees; {fix}"
+        return (
+            f"is in the geographic CRS {name}, measured in degrees, but tiles and "
+            f"splits.block_m are measured in ground metres; {fix}"
+        )
     factors = proj.get_factors(lon, lat)
     unit = crs.linear_units_factor[1] if crs.linear_units_factor else 1.0
     # ground metres per map unit along the parallel and the meridian at the centre
@@ -163,7 +178,28 @@ def ground_groups(footprints: Sequence[Footprint]) -> dict[str, str]:
             )
         low, high = sorted((root(i), root(j)))
         parent[high] = low
-    return {f.key: footprints[root(i)].key for i, f in enumerate(footprints)}
+    groups = {f.key: footprints[root(i)].key for i, f in enumerate(footprints)}
+    _check_one_kind_of_split(footprints, groups)
+    return groups
+
+
+def _check_one_kind_of_split(footprints: Sequence[Footprint], groups: dict[str, str]) -> None:
+    """The years of one ground split either all by blocks or all by fixed splits: a year fixed
+    to train beside a year split by blocks would test on ground trained on."""
+    first: dict[str, Footprint] = {}
+    for f in footprints:
+        other = first.setdefault(groups[f.key], f)
+        if _blocks(other.split) != _blocks(f.split):
+            raise FootprintError(
+                f"{f.where}: {f.file} (split {f.split or 'auto'!r}, {f.year}) covers ground of "
+                f"{other.file} (split {other.split or 'auto'!r}, {other.year}): the years of one "
+                "ground must all be split by blocks (auto), or each fixed to one split (e.g. "
+                "train on one year, test on the next)"
+            )
+
+
+def _blocks(split: str) -> bool:
+    return split in ("", "auto")
 
 
 def group_extent(footprints: Sequence[Footprint], groups: dict[str, str]) -> dict[str, tuple]:

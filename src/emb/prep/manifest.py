@@ -70,6 +70,10 @@ def merge_indexes(indexes: list[dict], paths: list[Path]) -> dict:
                 raise ManifestError(f"{path}: {key} is {idx[key]!r}, {paths[0]} has {first[key]!r}")
     manifest = {key: first[key] for key in ("source", "in_dim", "tile_size", "dtype")}
     manifest["regions"] = [idx["region"] for idx in indexes]
+    # the products' own version/year tags per region, where their files carry them
+    manifest["product_tags"] = {
+        idx["region"]: idx["product_tags"] for idx in indexes if idx.get("product_tags")
+    }
     dropped: dict[str, Counter[str]] = {}
     for idx in indexes:
         for split, reasons in idx["dropped"].items():
@@ -92,6 +96,20 @@ def merge_indexes(indexes: list[dict], paths: list[Path]) -> dict:
             "bytes_per_sample": sum(s["bytes"] for s in shards) / n if n else 0,
         }
     return manifest
+
+
+def check_shard_count(manifest: dict, ranks: int, workers: int, path: Path | str) -> None:
+    """Refuse a train split with fewer shards than training ranks: every rank must read shards
+    of its own, and the training job would fail on it only after its queue wait for a node.
+    This rule runs where Snakemake runs, before any GPU job."""
+    part = manifest["splits"]["train"]
+    if len(part["shards"]) < ranks:
+        raise ManifestError(
+            f"{path}: {manifest['source']} split 'train' has {len(part['shards'])} shards, "
+            f"expected at least {ranks} (one per training rank; {ranks} ranks x "
+            f"{max(workers, 1)} reader threads = {ranks * max(workers, 1)} readers would use "
+            "one shard each): lower shards.max_samples or train on fewer ranks"
+        )
 
 
 def shard_count_warnings(manifest: dict, ranks: int, workers: int) -> list[str]:
@@ -121,6 +139,7 @@ def main(argv: list[str] | None = None) -> None:
                 f"(dropped: {manifest['splits'][split]['dropped']}, straddling splits: "
                 f"{manifest['dropped_unassigned']}); lower tiles.min_valid or change the split"
             )
+    check_shard_count(manifest, args.ranks, args.workers, args.out)
     manifest["warnings"] = shard_count_warnings(manifest, args.ranks, args.workers)
     for warning in manifest["warnings"]:
         log.warning("%s", warning)

@@ -6,15 +6,12 @@ Files that the workflow itself generates (the demo region) are checked by their 
 
 from __future__ import annotations
 
-import io
 import os
-import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from xml.etree import ElementTree
 
-import numpy as np
 import pandas as pd
 import rasterio
 from affine import Affine
@@ -33,43 +30,25 @@ from emb.prep.footprints import (
     ground_metre_problem,
     group_extent,
 )
+from emb.prep.region_rows import (
+    PREDICT,
+    RegionsError,
+    check_row_kind,
+    check_unique_ids,
+    check_versions,
+    check_year,
+    read_regions,
+    shown,
+    where_in,
+)
 from emb.rasters import (
     BANDS,
     SOURCES,
-    YEAR_TAGS,
-    EmbeddingValueError,
-    check_value_range,
-    nodata_mask,
     product_tags,
 )
 
-PREDICT = "predict"  # the split of a prediction-only row: mapped, never labelled or scored
-
-
-class RegionsError(ValueError):
-    """A row of ``regions.tsv`` that cannot be used."""
-
-
-def read_regions(path: str | Path) -> pd.DataFrame:
-    """The table as strings (empty cells -> ""), indexed by region, rows in file order."""
-    # Comments are whole lines only: a '#' inside a cell is part of a path, not a comment.
-    lines = Path(path).read_text(encoding="utf-8-sig").splitlines(keepends=True)
-    text = "".join(line for line in lines if not line.lstrip().startswith("#"))
-    if not text.strip():
-        raise RegionsError(f"{path}: empty, expected a tab-separated header starting with region")
-    table = pd.read_csv(io.StringIO(text), sep="\t", dtype=str, keep_default_na=False)
-    if "region" not in table.columns:
-        raise RegionsError(
-            f"{path}: expected a tab-separated header with a 'region' column, found "
-            f"{text.splitlines()[0][:120]!r}"
-        )
-    if table.empty:
-        raise RegionsError(f"{path}: no region: expected at least one row under the header")
-    return table.set_index("region", drop=False)
-
-
-def _where(path: Path, row: int, region: str, column: str) -> str:
-    return f"{path}: row {row} (region {region!r}), column {column!r}"
+# the table's reader and error live in emb.prep.region_rows; the checks' callers import them here
+__all__ = ["RegionChecks", "RegionsError", "check_regions", "read_regions"]
 
 
 def _overlaps(a: tuple, b: tuple) -> bool:
@@ -84,9 +63,6 @@ DTYPES = {
     "cdl": ("uint8", "uint16"),
 }
 LABEL_SAMPLE = 1024  # CDL pixels per side read (decimated) to find labels over an embedding
-VALUE_SAMPLES = 3  # windows per side read from a float embedding raster for its range check
-# NASS's CDL file names carry their year.
-CDL_FILE_YEAR = re.compile(r"(?<![0-9])([0-9]{4})_(?:10|30)m_cdls", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -119,62 +95,62 @@ class RegionChecks:
         return self.split_extents.get(source, {}).get(self.split_key(source, region))
 
 
-def is_predict_only(rec: pd.Series) -> bool:
-    return rec.get("split", "") == PREDICT
-
-
-def check_regions(table: pd.DataFrame, path: Path, generated: Iterable[str] = ()) -> RegionChecks:
+def check_regions(
+    table: pd.DataFrame,
+    path: Path,
+    generated: Iterable[str] = (),
+    planned: Mapping[str, list[Footprint]] | None = None,
+) -> RegionChecks:
     """Raise :class:`RegionsError` for the first unusable cell; ``generated`` paths are skipped.
+
+    ``planned``: per source, the ground of generated rasters that will exist (an area's VRTs),
+    compared with every other region's as the listed files are.
 
     Checked once, before any job: ids unique; a CDL for every training row and none for a
     prediction-only row; each raster readable with the bands, dtype and a north-up grid in
-    ground metres its column needs; year tags that agree with the row; float embeddings within
-    their product's range (sampled); one TESSERA dataset version; no embedding raster (same
-    file, or same grid in one year) listed twice; no two regions of one year sharing ground
-    (footprints compared in one CRS); CDL labels present over each embedding raster.
+    ground metres its column needs; year tags that agree with the row; one dataset version per
+    source; no embedding raster (same file, or same grid in one year) listed twice; no two
+    regions of one year sharing ground (footprints compared in one CRS), and the years of one
+    ground split alike; CDL labels present over each embedding raster. Value ranges are
+    checked where the pixels are read (align_labels, shards, predict).
     """
     generated = set(generated)
-    _check_unique_ids(table, path)
+    check_unique_ids(table, path)
     seen: dict[tuple, str] = {}  # an embedding raster's file or grid -> where it was listed
     checks = RegionChecks()
-    footprints: dict[str, list[Footprint]] = {s: [] for s in SOURCES}
+    listed: dict[str, list[Footprint]] = {s: [] for s in SOURCES}
     for row, (region, rec) in enumerate(table.iterrows(), start=1):
-        _check_row_kind(rec, _where(path, row, region, "cdl"))
+        check_row_kind(rec, where_in(path, row, region, "cdl"))
         if not any(rec.get(s, "") for s in SOURCES):
             raise RegionsError(
-                f"{_where(path, row, region, 'aef')}: neither aef nor tessera is given"
+                f"{where_in(path, row, region, 'aef')}: neither aef nor tessera is given"
             )
         opened: dict[str, Raster] = {}
         for column in (*SOURCES, "cdl"):
             file = rec.get(column, "")
             if not file or file in generated:
                 continue
-            where = _where(path, row, region, column)
+            where = where_in(path, row, region, column)
             raster = opened[column] = _open_checked(file, column, where)
             checks.pixels[file] = raster.shape[0] * raster.shape[1]
-            _check_year(raster, column, str(rec.get("year", "")), where)
+            check_year(file, raster.tags, column, str(rec.get("year", "")), where)
             if column in SOURCES:
                 _check_not_seen(raster, column, str(rec.get("year", "")), where, seen)
                 checks.product_tags[file] = product_tags(raster.tags)
-                if not is_predict_only(rec):
-                    footprints[column].append(
-                        Footprint(
-                            region,
-                            where,
-                            file,
-                            str(rec.get("year", "")),
-                            raster.crs,
-                            raster.transform,
-                            raster.shape,
-                        )  # fmt: skip
-                    )
+                listed[column].append(
+                    Footprint(region, where, file, str(rec.get("year", "")), raster.crs,
+                              raster.transform, raster.shape, str(rec.get("split", "")))
+                )  # fmt: skip
         if "cdl" in opened:
             for source in SOURCES:
                 if source in opened:
-                    where = _where(path, row, region, "cdl")
+                    where = where_in(path, row, region, "cdl")
                     _check_labels_over(opened["cdl"], opened[source], where)
-    _check_versions(checks.product_tags, footprints)
-    for source, prints in footprints.items():
+    for source, prints in (planned or {}).items():
+        listed[source].extend(prints)
+    check_versions(checks.product_tags, listed)  # prediction-only rows too: one version
+    for source, everything in listed.items():
+        prints = [f for f in everything if f.split != PREDICT]  # mapping trained ground is fine
         try:
             keys = ground_groups(prints)
         except FootprintError as err:
@@ -184,110 +160,11 @@ def check_regions(table: pd.DataFrame, path: Path, generated: Iterable[str] = ()
     return checks
 
 
-def _check_row_kind(rec: pd.Series, where: str) -> None:
-    """A training row needs its labels; a prediction-only row must not name any (which one
-    did the user mean?)."""
-    cdl = rec.get("cdl", "")
-    if is_predict_only(rec) and cdl:
-        raise RegionsError(
-            f"{where}: a prediction-only row (split {PREDICT!r}) names a CDL ({_shown(cdl)}): "
-            f"expected an empty cdl cell to map without labels, or another split to train on it"
-        )
-    if not is_predict_only(rec) and not cdl:
-        raise RegionsError(
-            f"{where}: no CDL for a training row (split {rec.get('split', '') or 'auto'!r}): "
-            f"expected a CDL raster, or split {PREDICT!r} to map this region without labels"
-        )
-
-
-def _shown(file: str) -> str:
-    """A path as messages show it: quoted where whitespace or control characters would hide."""
-    return repr(file) if file != file.strip() or not file.isprintable() else file
-
-
-def _check_year(raster: Raster, column: str, year: str, where: str) -> None:
-    """A file whose own year contradicts the row's: embeddings of one year labelled with the
-    CDL of another."""
-    tags = {k.upper(): v for k, v in raster.tags.items()}
-    found = [(k, tags[k].strip()) for k in YEAR_TAGS if k in tags]
-    if column == "cdl" and (match := CDL_FILE_YEAR.search(Path(raster.file).name)):
-        found.append(("the NASS file name", match.group(1)))
-    for tag, value in found:
-        if year and value != year:
-            raise RegionsError(
-                f"{where}: {_shown(raster.file)} says year {value} ({tag}), but the row's year "
-                f"is {year}: expected the {year} product, or the year column set to {value}"
-            )
-
-
-def _check_versions(
-    tags: dict[str, dict[str, str]], footprints: dict[str, list[Footprint]]
-) -> None:
-    """One source's rasters must come from one dataset version: a model trained on a mix
-    learns the versions' differences."""
-    for source, prints in footprints.items():
-        versions: dict[tuple[str, str], Footprint] = {}
-        for fp in prints:
-            for key, value in tags.get(fp.file, {}).items():
-                if "VERSION" in key.upper():
-                    versions.setdefault((key, value.strip()), fp)
-        keys = sorted({k for k, _ in versions})
-        for key in keys:
-            found = [(v, fp) for (k, v), fp in versions.items() if k == key]
-            if len(found) > 1:
-                (v1, a), (v2, b) = found[:2]
-                raise RegionsError(
-                    f"{b.where}: {_shown(b.file)} is {source} {key}={v2}, but {_shown(a.file)} "
-                    f"({a.where}) is {key}={v1}: expected one dataset version per source; "
-                    "download every region from the same version"
-                )
-
-
-def _check_value_sample(src: rasterio.DatasetReader, column: str, where: str) -> None:
-    """A float embedding raster far outside its product's range (a broken scale, a rescaled
-    export) is named now, from a few small windows spread over it (a block read each); the
-    shard build checks every pixel again."""
-    if not np.issubdtype(np.dtype(src.dtypes[0]), np.floating):
-        return
-    h, w = src.height, src.width
-    if h * w <= 4096:  # small: read whole, once
-        block = src.read()
-        try:
-            check_value_range(column, block, ~nodata_mask(block, src.nodata), src.name)
-        except EmbeddingValueError as err:
-            raise RegionsError(f"{where}: {err}") from None
-        return
-    for i in range(VALUE_SAMPLES):
-        for j in range(VALUE_SAMPLES):
-            row = min(h - 1, (2 * i + 1) * h // (2 * VALUE_SAMPLES))
-            col = min(w - 1, (2 * j + 1) * w // (2 * VALUE_SAMPLES))
-            block = src.read(window=Window(col, row, min(8, w - col), min(8, h - row)))
-            try:
-                check_value_range(column, block, ~nodata_mask(block, src.nodata), src.name)
-            except EmbeddingValueError as err:
-                raise RegionsError(f"{where}: {err}") from None
-
-
-def _check_unique_ids(table: pd.DataFrame, path: Path) -> None:
-    rows = [str(r) for r in table.index]
-    for row, region in enumerate(rows, start=1):
-        if not region or region.startswith("-"):  # '-h' would reach a command line as an option
-            raise RegionsError(
-                f"{_where(path, row, region, 'region')}: expected an id starting with a letter, "
-                f"digit or '_', found {region!r}"
-            )
-        if rows.index(region) + 1 != row:
-            raise RegionsError(
-                f"{_where(path, row, region, 'region')}: duplicate region id, "
-                f"already used in row {rows.index(region) + 1}"
-            )
-
-
 def _open_checked(file: str, column: str, where: str) -> Raster:
     """The raster's facts, after the checks that need only its header."""
     if not Path(file).exists():
         hint = " (the cell has spaces around the path)" if file != file.strip() else ""
-        raise RegionsError(f"{where}: file not found: {_shown(file)}{hint}")
+        raise RegionsError(f"{where}: file not found: {shown(file)}{hint}")
     if column == "tessera" and file.lower().endswith(".npy"):
         return _open_tessera_npy(file, where)
     _check_vrt_sources(file, where)
@@ -296,8 +173,6 @@ def _open_checked(file: str, column: str, where: str) -> Raster:
             count, dtype, crs, transform = src.count, src.dtypes[0], src.crs, src.transform
             raster = Raster(file, crs, src.bounds, transform, (src.height, src.width), src.tags())
             src.read(1, window=Window(0, 0, 1, 1))  # the header alone may hide unreadable data
-            if column in SOURCES:
-                _check_value_sample(src, column, where)
     except RasterioIOError as err:
         raise RegionsError(f"{where}: cannot read {file} as a raster ({err})") from err
     expected = BANDS.get(column, 1)
@@ -335,8 +210,15 @@ def _check_vrt_sources(file: str, where: str) -> None:
         root = ElementTree.parse(file).getroot()
     except ElementTree.ParseError as err:
         raise RegionsError(f"{where}: {file} is not a readable VRT (XML: {err})") from None
+    sources = list(root.iter("SourceFilename"))
+    if not sources:
+        raise RegionsError(
+            f"{where}: {shown(file)} is a VRT that lists no source file (expected at least "
+            "one tile; gdalbuildvrt skips bottom-up tiles such as AEF's public COGs, which "
+            "`gdalwarp -of VRT` or an areas: file mosaic)"
+        )
     missing = []
-    for source in root.iter("SourceFilename"):
+    for source in sources:
         name = (source.text or "").strip()
         path = Path(file).parent / name if source.get("relativeToVRT") == "1" else Path(name)
         if name and not name.startswith("/vsi") and not path.exists():
@@ -360,7 +242,7 @@ def _check_grid(raster: Raster, where: str) -> None:
         raise RegionsError(f"{where}: {file} has no geotransform (pixel coordinates only)")
     problem = ground_metre_problem(raster.crs, t, raster.shape)
     if problem:
-        raise RegionsError(f"{where}: {_shown(file)} {problem}")
+        raise RegionsError(f"{where}: {shown(file)} {problem}")
 
 
 def _check_not_seen(

@@ -1,0 +1,250 @@
+"""The areas file: ``area``, ``year``, ``split`` and a geometry in any CRS, as a GeoPackage,
+GeoJSON, GeoParquet or a TSV of bounding boxes (``west south east north`` [``crs``]).
+
+Every area comes back in WGS84 degrees. Errors name the file, the area and what was found.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import shapely
+from pyproj import CRS
+from pyproj.exceptions import CRSError
+from shapely.geometry.base import BaseGeometry
+
+from emb.areas import AreasError
+from emb.areas.geo import WGS84, gpkg_wkb, reproject
+
+NAME = re.compile(r"^[a-z0-9_][a-z0-9_-]*$")  # as region ids (regions.schema.yaml)
+SPLITS = ("auto", "train", "val", "test", "predict")
+SUFFIXES = {
+    ".gpkg": "gpkg",
+    ".geojson": "geojson",
+    ".json": "geojson",
+    ".parquet": "parquet",
+    ".geoparquet": "parquet",
+    ".tsv": "tsv",
+}
+
+
+@dataclass(frozen=True)
+class Area:
+    """One area of one year, in WGS84 degrees (lon, lat)."""
+
+    name: str
+    year: int
+    split: str
+    geometry: BaseGeometry
+    crs: str  # the CRS the file gave it in, for messages
+
+
+def read_areas(path: str | Path) -> list[Area]:
+    """Every area of the file, checked: names unique per year, years integers, splits known,
+    polygons valid and not crossing the antimeridian."""
+    path = Path(path)
+    kind = SUFFIXES.get(path.suffix.lower())
+    if kind is None:
+        raise AreasError(
+            f"{path}: areas file of an unknown format {path.suffix!r}: expected "
+            f"{', '.join(sorted(SUFFIXES))}"
+        )
+    if not path.exists():
+        raise AreasError(f"{path}: areas file not found")
+    reader = {
+        "gpkg": _read_gpkg,
+        "geojson": _read_geojson,
+        "parquet": _read_parquet,
+        "tsv": _read_tsv,
+    }[kind]
+    try:
+        records, crs = reader(path)
+    except AreasError:
+        raise
+    except (
+        ValueError,
+        KeyError,
+        OSError,
+        sqlite3.Error,
+        CRSError,
+        shapely.errors.ShapelyError,
+    ) as err:
+        raise AreasError(f"{path}: cannot read as a {kind} areas file: {err}") from None
+    if not records:
+        raise AreasError(f"{path}: no area: expected at least one feature with area and year")
+    return _checked(path, records, crs)
+
+
+def _checked(path: Path, records: list[dict], default_crs: CRS) -> list[Area]:
+    areas, seen = [], set()
+    for rec in records:
+        name = str(rec.get("area") or "")
+        where = f"{path}: area {name!r}"
+        if not NAME.match(name):
+            raise AreasError(
+                f"{where}: expected a name of lowercase letters, digits, '_' and '-' (not "
+                f"starting with '-'; it names the regions {name}_{{zone}}), found {name!r}"
+            )
+        try:
+            year = int(str(rec.get("year")).strip())
+        except ValueError:
+            raise AreasError(
+                f"{where}: year: expected an integer, found {rec.get('year')!r}"
+            ) from None
+        split = str(rec.get("split") or "auto").strip() or "auto"
+        if split not in SPLITS:
+            raise AreasError(f"{where}: split: expected one of {SPLITS}, found {split!r}")
+        if (name, year) in seen:
+            raise AreasError(f"{where}: listed twice for year {year}")
+        seen.add((name, year))
+        crs = rec.get("crs") or default_crs
+        geometry = rec["geometry"]
+        if geometry is None or geometry.is_empty or geometry.area == 0:
+            raise AreasError(f"{where}: expected a polygon, found an empty or zero-area geometry")
+        if not geometry.is_valid:
+            geometry = shapely.make_valid(geometry)
+        areas.append(Area(name, year, split, _to_wgs84(where, geometry, crs), crs.to_string()))
+    return areas
+
+
+def _to_wgs84(where: str, geometry: BaseGeometry, crs: CRS) -> BaseGeometry:
+    if crs.is_geographic:
+        _check_antimeridian(where, geometry, crs)
+        geometry = reproject(geometry, crs, WGS84)
+    else:
+        west, south, east, north = geometry.bounds
+        step = max(east - west, north - south) / 64 or None
+        geometry = reproject(geometry, crs, WGS84, step=step)
+        _check_antimeridian(where, geometry, crs)
+    west, south, east, north = geometry.bounds
+    if south < -80 or north > 84:
+        raise AreasError(
+            f"{where}: reaches latitude {south:.2f} to {north:.2f}: expected an area within "
+            "the UTM latitudes -80 to 84 (the products are tiled in UTM zones)"
+        )
+    return geometry
+
+
+def _check_antimeridian(where: str, geometry: BaseGeometry, crs: CRS) -> None:
+    west, _, east, _ = geometry.bounds
+    if west < -180 or east > 180 or east - west > 180:
+        raise AreasError(
+            f"{where}: crosses the antimeridian (longitudes {west:.3f} to {east:.3f} in "
+            f"{crs.to_string()}): split it into two areas, one each side of 180 degrees"
+        )
+
+
+def _read_gpkg(path: Path) -> tuple[list[dict], CRS]:
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+        rows = db.execute(
+            "SELECT c.table_name, g.column_name, g.srs_id FROM gpkg_contents c JOIN "
+            "gpkg_geometry_columns g ON c.table_name = g.table_name "
+            "WHERE c.data_type = 'features' ORDER BY c.table_name"
+        ).fetchall()
+        if not rows:
+            raise AreasError(f"{path}: a GeoPackage without a features table")
+        table, column, srs_id = rows[0]
+        crs = _gpkg_crs(db, srs_id)
+        cursor = db.execute(f'SELECT * FROM "{table}"')
+        names = [d[0] for d in cursor.description]
+        records = []
+        for values in cursor:
+            rec = dict(zip(names, values, strict=True))
+            blob = rec.pop(column)
+            rec["geometry"] = shapely.from_wkb(gpkg_wkb(blob)) if blob else None
+            records.append(rec)
+    return records, crs
+
+
+def _gpkg_crs(db: sqlite3.Connection, srs_id: int) -> CRS:
+    row = db.execute(
+        "SELECT organization, organization_coordsys_id, definition FROM gpkg_spatial_ref_sys "
+        "WHERE srs_id = ?",
+        (srs_id,),
+    ).fetchone()
+    if row is None:
+        raise AreasError(f"srs_id {srs_id} is not in gpkg_spatial_ref_sys")
+    organization, code, definition = row
+    if organization and organization.upper() == "EPSG" and code and code > 0:
+        return CRS.from_epsg(code)
+    return CRS.from_user_input(definition)
+
+
+def _read_geojson(path: Path) -> tuple[list[dict], CRS]:
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    features = doc.get("features") if doc.get("type") == "FeatureCollection" else [doc]
+    crs = CRS.from_user_input("OGC:CRS84")  # RFC 7946; a legacy 'crs' member may say other
+    named = (doc.get("crs") or {}).get("properties", {}).get("name")
+    if named:
+        crs = CRS.from_user_input(named)
+    records = []
+    for feature in features:
+        rec = dict(feature.get("properties") or {})
+        geometry = feature.get("geometry")
+        rec["geometry"] = shapely.from_geojson(json.dumps(geometry)) if geometry else None
+        records.append(rec)
+    return records, crs
+
+
+def _read_parquet(path: Path) -> tuple[list[dict], CRS]:
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path)
+    meta = json.loads((table.schema.metadata or {}).get(b"geo", b"{}"))
+    column = meta.get("primary_column", "geometry")
+    if column not in table.column_names:
+        raise AreasError(f"{path}: no geometry column {column!r} (GeoParquet 'geo' metadata)")
+    info = meta.get("columns", {}).get(column, {})
+    if info.get("encoding", "WKB").upper() != "WKB":
+        raise AreasError(f"{path}: geometry encoding {info['encoding']!r}: expected WKB")
+    crs = CRS.from_user_input(info["crs"]) if info.get("crs") else CRS.from_user_input("OGC:CRS84")
+    frame = table.drop([column]).to_pandas()
+    geometries = shapely.from_wkb(table.column(column).to_numpy(zero_copy_only=False))
+    records = frame.to_dict("records")
+    for rec, geometry in zip(records, geometries, strict=True):
+        rec["geometry"] = geometry
+    return records, crs
+
+
+BBOX = ("west", "south", "east", "north")
+
+
+def _read_tsv(path: Path) -> tuple[list[dict], CRS]:
+    lines = path.read_text(encoding="utf-8-sig").splitlines()
+    text = "\n".join(line for line in lines if not line.lstrip().startswith("#"))
+    frame = pd.read_csv(io.StringIO(text), sep="\t", dtype=str, keep_default_na=False)
+    missing = [c for c in ("area", "year", *BBOX) if c not in frame.columns]
+    if missing:
+        raise AreasError(
+            f"{path}: expected tab-separated columns area, year, split, west, south, east, "
+            f"north [, crs], found {list(frame.columns)} (missing {missing})"
+        )
+    records = []
+    for rec in frame.to_dict("records"):
+        try:
+            west, south, east, north = (float(rec[c]) for c in BBOX)
+        except ValueError:
+            raise AreasError(
+                f"{path}: area {rec['area']!r}: west/south/east/north: expected numbers, found "
+                f"{[rec[c] for c in BBOX]}"
+            ) from None
+        if west > east and not (rec.get("crs") or "").strip():
+            raise AreasError(
+                f"{path}: area {rec['area']!r}: west {west} > east {east}: the box crosses the "
+                "antimeridian: split it into two areas, one each side of 180 degrees"
+            )
+        if not (west < east and south < north):
+            raise AreasError(
+                f"{path}: area {rec['area']!r}: expected west < east and south < north, found "
+                f"{west}, {south}, {east}, {north}"
+            )
+        rec["geometry"] = shapely.box(west, south, east, north)
+        rec["crs"] = CRS.from_user_input(rec["crs"]) if rec.get("crs") else None
+        records.append(rec)
+    return records, WGS84

@@ -1,0 +1,64 @@
+"""What the workflow asks of the areas while it is parsed (workflow/rules/common.smk and
+areas.smk): the plan from the config, the rows without a table, the rule's inputs."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import pandas as pd
+from affine import Affine
+from rasterio.crs import CRS
+
+from emb.areas.index import AEF_RESOLUTION
+from emb.areas.plan import Plan, plan_areas
+from emb.prep.footprints import Footprint
+
+COLUMNS = ("region", "year", "aef", "tessera", "cdl", "split")
+
+
+def empty_regions() -> pd.DataFrame:
+    """A regions table without rows (``regions: ""``: the areas give every region)."""
+    return pd.DataFrame(columns=list(COLUMNS), dtype=str).set_index("region", drop=False)
+
+
+def plan_from_config(config: Mapping) -> Plan | None:
+    """The plan of ``config["areas"]`` over ``config["collections"]``; None when areas are off."""
+    if not config.get("areas"):
+        return None
+    return plan_areas(config["areas"], config.get("collections") or {})
+
+
+def fetched_markers(collections: Mapping | None) -> list[str]:
+    """One marker per collection with a url (rule fetch_tiles): its missing tiles fetched."""
+    return [
+        f"results/areas/fetched/{source}.tsv"
+        for source in ("aef", "tessera")
+        if ((collections or {}).get(source) or {}).get("url")
+    ]
+
+
+def plan_inputs(collections: Mapping | None) -> list[str]:
+    """The index and registry files a plan reads (a change reruns rule areas)."""
+    collections = collections or {}
+    aef, tessera = collections.get("aef") or {}, collections.get("tessera") or {}
+    return [f for f in (aef.get("index"), tessera.get("registry")) if f]
+
+
+def planned_footprints(plan: Plan, areas_file: str) -> dict[str, list[Footprint]]:
+    """Per source, the ground each masked VRT holds (its part, in its CRS): what the
+    table's checks compare with every other region (overlap in one year, one split draw
+    for the years of one ground), before the VRTs exist."""
+    prints: dict[str, list[Footprint]] = {}
+    for r in plan.regions:
+        for source, m in r.mosaics.items():
+            if m.cutline is None or source == "cdl":
+                continue
+            header = next((t.header for t in m.tiles if t.header is not None), None)
+            res = abs(header.transform.a) if header is not None else AEF_RESOLUTION
+            w, _, _, n = m.cutline.bounds
+            where = f"{areas_file}: area {r.area!r} ({r.year}, zone {r.zone}), {source}"
+            prints.setdefault(source, []).append(
+                Footprint(r.region, where, m.vrt, str(r.year), CRS.from_user_input(m.crs),
+                          Affine(res, 0, w, 0, -res, n), (0, 0), r.split, m.cutline)
+            )  # fmt: skip
+    return prints

@@ -1,0 +1,242 @@
+"""Each bad input is refused before any job with one line naming the file, the area and what
+was found: areas files that cannot be read, years out of range, gaps, an index that disagrees
+with its files, the antimeridian, areas overlapping in one year."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import rasterio
+import shapely
+import yaml
+from areas_collection import YEAR, Collection, make_collection, write_geojson
+from conftest import REPO, venv_env
+
+from emb.areas import AreasError
+from emb.areas.config import plan_from_config
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory: pytest.TempPathFactory) -> Collection:
+    return make_collection(tmp_path_factory.mktemp("pristine"))
+
+
+def copy_of(c: Collection, root: Path) -> Collection:
+    """Hard links of the collection: a case replaces files, never edits one in place."""
+    shutil.copytree(c.root, root, copy_function=os.link)
+    moved = {
+        k: Path(str(v).replace(str(c.root), str(root)))
+        for k, v in vars(c).items()
+        if isinstance(v, Path)
+    }
+    truth = {z: root / p.relative_to(c.root) for z, p in c.truth.items()}
+    return Collection(**{**moved, "truth": truth})
+
+
+def config_of(c: Collection) -> dict:
+    return {
+        "areas": str(c.areas),
+        "collections": {
+            "aef": {"folder": str(c.aef), "index": str(c.aef_index)},
+            "tessera": {"folder": str(c.tessera), "registry": str(c.tessera_registry)},
+            "cdl": {"path": str(c.cdl_tiles.parent / "{year}")},
+        },
+    }
+
+
+def aef_tile(c: Collection, zone: str = "14N", name: str = "x1y1") -> Path:
+    return c.aef / str(YEAR) / zone / f"{name}-0000000000-0000000000.tiff"
+
+
+def rewrite(path: Path, width: int = 96, epsg: int | None = None) -> None:
+    with rasterio.open(path) as src:
+        profile, data = src.profile, src.read()
+    path.unlink()  # a hard link: the pristine copy stays as it was
+    crs = f"EPSG:{epsg}" if epsg else profile["crs"]
+    with rasterio.open(path, "w", **{**profile, "width": width, "crs": crs}) as out:
+        out.write(data[:, :, :width])
+
+
+def area_file(c: Collection, **changes) -> None:
+    area = {
+        "area": "field_trial",
+        "year": YEAR,
+        "split": "auto",
+        "geometry": shapely.box(-96.012, 42.002, -95.988, 42.020),
+        **changes,
+    }
+    write_geojson(c.areas, [area])
+
+
+def unreadable(c: Collection, cfg: dict) -> tuple[str, ...]:
+    path = c.root / "areas.gpkg"
+    path.write_bytes(b"not a GeoPackage at all")
+    cfg["areas"] = str(path)
+    return (str(path), "cannot read")
+
+
+def unknown_format(c: Collection, cfg: dict) -> tuple[str, ...]:
+    cfg["areas"] = str(c.root / "areas.shp")
+    return ("areas.shp", "unknown format", ".shp")
+
+
+def unreadable_crs(c: Collection, cfg: dict) -> tuple[str, ...]:
+    write_geojson(
+        c.areas,
+        [{"area": "field_trial", "year": YEAR, "geometry": shapely.box(0, 0, 1, 1)}],
+        "EPSG:999999",
+    )
+    return (str(c.areas), "999999")
+
+
+def year_out_of_range(c: Collection, cfg: dict) -> tuple[str, ...]:
+    area_file(c, year=2015)
+    return (str(c.areas), "'field_trial'", "year 2015", "2017-2025", "2024-2024")
+
+
+def no_tiles_there(c: Collection, cfg: dict) -> tuple[str, ...]:
+    area_file(c, geometry=shapely.box(-90.02, 42.0, -90.0, 42.01))
+    return (str(c.aef_index), "'field_trial'", "zone 15N", "no AEF tile", "lon -90.0200")
+
+
+def gap_in_coverage(c: Collection, cfg: dict) -> tuple[str, ...]:
+    area_file(c, geometry=shapely.box(-96.012, 42.002, -95.960, 42.020))
+    return (str(c.aef_index), "'field_trial'", "zone 15N", "no AEF tile", "gap", "km2")
+
+
+def missing_file(c: Collection, cfg: dict) -> tuple[str, ...]:
+    aef_tile(c).unlink()
+    return (str(c.aef_index), "'field_trial'", "2024/14N/x1y1", "not in the folder")
+
+
+def other_size(c: Collection, cfg: dict) -> tuple[str, ...]:
+    rewrite(aef_tile(c), width=90)
+    return (str(aef_tile(c)), "'field_trial'", "90 x 96", "96 x 96", str(c.aef_index))
+
+
+def other_crs(c: Collection, cfg: dict) -> tuple[str, ...]:
+    rewrite(aef_tile(c), epsg=32613)
+    return (str(aef_tile(c)), "'field_trial'", "EPSG:32613", "EPSG:32614")
+
+
+def antimeridian(c: Collection, cfg: dict) -> tuple[str, ...]:
+    path = c.root / "areas.tsv"
+    path.write_text(
+        "area\tyear\tsplit\twest\tsouth\teast\tnorth\n"
+        f"pacific\t{YEAR}\tauto\t179.9\t-17.0\t-179.9\t-16.9\n"
+    )
+    cfg["areas"] = str(path)
+    return (str(path), "'pacific'", "antimeridian", "179.9")
+
+
+def overlapping_areas(c: Collection, cfg: dict) -> tuple[str, ...]:
+    a = shapely.box(-96.012, 42.002, -95.988, 42.020)
+    write_geojson(
+        c.areas,
+        [
+            {"area": "north", "year": YEAR, "geometry": a},
+            {"area": "south", "year": YEAR, "geometry": a.buffer(-0.001)},
+        ],
+    )
+    return (str(c.areas), "'north'", "'south'", "overlap", "km2")
+
+
+def tessera_missing(c: Collection, cfg: dict) -> tuple[str, ...]:
+    (c.tessera / f"{YEAR}/grid_-95.95_42.05/grid_-95.95_42.05_{YEAR}.tiff").unlink()
+    return (str(c.tessera_registry), "'field_trial'", "grid_-95.95_42.05", "not in")
+
+
+def cdl_missing(c: Collection, cfg: dict) -> tuple[str, ...]:
+    cfg["collections"]["cdl"] = {"path": str(c.root / "cdl/{year}_30m_cdls_missing.tif")}
+    return ("2024_30m_cdls_missing.tif", "'field_trial'", "not found")
+
+
+def index_without_columns(c: Collection, cfg: dict) -> tuple[str, ...]:
+    table = pq.read_table(c.aef_index).drop(["utm_zone"])
+    c.aef_index.unlink()
+    pq.write_table(table, c.aef_index)
+    return (str(c.aef_index), "utm_zone", "published columns")
+
+
+CASES: list[Callable] = [
+    unreadable,
+    unknown_format,
+    unreadable_crs,
+    year_out_of_range,
+    no_tiles_there,
+    gap_in_coverage,
+    missing_file,
+    other_size,
+    other_crs,
+    antimeridian,
+    overlapping_areas,
+    tessera_missing,
+    cdl_missing,
+    index_without_columns,
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.__name__ for c in CASES])
+def test_bad_input_is_one_line_naming_file_area_and_finding(
+    pristine: Collection, tmp_path: Path, case: Callable
+) -> None:
+    c = copy_of(pristine, tmp_path / "c")
+    cfg = config_of(c)
+    needles = case(c, cfg)
+    with pytest.raises(AreasError) as err:
+        plan_from_config(cfg)
+    text = str(err.value)
+    assert "\n" not in text
+    missing = [n for n in needles if n not in text]
+    assert not missing, f"{missing} not in: {text}"
+
+
+@pytest.mark.parametrize(
+    "case",
+    [missing_file, antimeridian, other_crs],
+    ids=["missing_file", "antimeridian", "other_crs"],
+)
+def test_snakemake_refuses_before_any_job(pristine: Collection, tmp_path: Path, case) -> None:
+    c = copy_of(pristine, tmp_path / "c")
+    cfg = config_of(c)
+    needles = case(c, cfg)
+    work = tmp_path / "work"
+    shutil.copytree(REPO / "config", work / "config")
+    (work / "areas.yaml").write_text(yaml.safe_dump({**cfg, "regions": ""}))
+    result = subprocess.run(
+        [
+            "snakemake",
+            "-s",
+            str(REPO / "Snakefile"),
+            "-d",
+            str(work),
+            "--configfile",
+            "areas.yaml",
+            "--cores",
+            "1",
+        ],
+        cwd=work,
+        env=venv_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode != 0
+    lines = [line for line in result.stderr.splitlines() if needles[0] in line]
+    assert len(lines) == 1 and all(n in lines[0] for n in needles), result.stderr[-2000:]
+    assert not (work / "resources").exists() and not (work / "results").exists()
+
+
+def test_a_case_never_changes_the_pristine_collection(pristine: Collection, tmp_path: Path) -> None:
+    c = copy_of(pristine, tmp_path / "c")
+    rewrite(aef_tile(c), width=90)
+    area_file(c, year=2015)
+    with rasterio.open(aef_tile(pristine)) as src:
+        assert src.width == 96
+    assert str(YEAR) in pristine.areas.read_text()

@@ -1,0 +1,54 @@
+# Areas, not rasters: config areas: names an areas file; its regions ({area}_{zone}) were
+# planned over config collections: at parse time (workflow/rules/common.smk) and joined the
+# regions table. Rule areas writes their VRTs (no pixel copies); rule fetch_tiles downloads
+# the tiles a collection with a url lacks. Both run where Snakemake runs: a login node has
+# the internet that compute nodes often lack, and writing VRTs takes seconds.
+import json
+
+from emb.areas.config import fetched_markers, plan_inputs
+
+if AREAS:
+
+    localrules:
+        areas,
+        fetch_tiles,
+
+    rule areas:
+        input:
+            areas=config["areas"],
+            collections=plan_inputs(config["collections"]),
+            fetched=fetched_markers(config["collections"]),
+        output:
+            vrts=AREA_VRTS,
+            table="results/areas/regions.tsv",
+        log:
+            "logs/areas/areas.log",
+        benchmark:
+            "benchmarks/areas/areas.tsv"
+        conda:
+            "../../envs/emb.yaml"
+        params:
+            collections=lambda wildcards: json.dumps(config["collections"]),
+        shell:
+            "python -m emb.areas.build --areas={input.areas:q}"
+            " --collections={params.collections:q} --table={output.table:q} > {log:q} 2>&1"
+
+    rule fetch_tiles:
+        input:
+            areas=config["areas"],
+            collections=plan_inputs(config["collections"]),
+        output:
+            "results/areas/fetched/{source}.tsv",
+        log:
+            "logs/areas/fetch_{source}.log",
+        benchmark:
+            "benchmarks/areas/fetch_{source}.tsv"
+        conda:
+            "../../envs/emb.yaml"
+        params:
+            collections=lambda wildcards: json.dumps(config["collections"]),
+            workers=(config["collections"] or {}).get("workers", 8),
+        shell:
+            "python -m emb.areas.fetch --areas={input.areas:q} --source={wildcards.source:q}"
+            " --collections={params.collections:q} --workers={params.workers:q}"
+            " --out={output:q} > {log:q} 2>&1"
