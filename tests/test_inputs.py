@@ -117,3 +117,18 @@ def test_unknown_key_in_train_config_is_rejected(tmp_path: Path) -> None:
     path.write_text(yaml.safe_dump(run))
     result = run_snakemake(workdir)
     assert_stopped_before_any_job(result, workdir, "aef_deeplab", "momentum")
+
+
+def test_a_path_cell_with_a_trailing_space_is_shown_quoted(
+    tiny_demo: TinyDemo, tmp_path: Path
+) -> None:
+    """The space is invisible in a plain message ("file not found: hin/base/aef.tif")."""
+    from emb.prep.regions import RegionsError, check_regions, read_regions
+
+    aef, cdl = tiny_demo.rasters["demo_a"]["aef"], tiny_demo.rasters["demo_a"]["cdl"]
+    table = tmp_path / "regions.tsv"
+    table.write_text(HEADER + f"a\t2024\t{aef} \t\t{cdl}\tauto\n")
+    with pytest.raises(RegionsError) as err:
+        check_regions(read_regions(table), table)
+    assert f"file not found: '{aef} '" in str(err.value)
+    assert "spaces around the path" in str(err.value)

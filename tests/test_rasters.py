@@ -94,3 +94,19 @@ def test_values_beyond_a_products_range_are_named_with_file_and_band() -> None:
     with pytest.raises(EmbeddingValueError, match=r"t\.tif: holds tessera values up to"):
         shard_arrays("tessera", tessera, None, name="t.tif")
     shard_arrays("tessera", np.full((128, 4, 4), 50.0, np.float32), None)  # within range
+
+
+def test_a_declared_float_nodata_marks_a_pixel_only_where_every_band_holds_it() -> None:
+    """A TESSERA warp tagged -dstnodata 0: single 0.0 components are values (an int8 0 times
+    its scale), only all-0 pixels are nodata; AEF's int8 -128 marks a pixel in any band."""
+    from emb.rasters import nodata_mask, shard_arrays, valid_pixels
+
+    block = np.random.default_rng(2).normal(0, 3, (128, 4, 4)).astype(np.float32)
+    block[:40, 0, 0] = 0.0  # a valid pixel with some zero components
+    block[:, 3, 3] = 0.0
+    assert nodata_mask(block, 0.0).sum() == 1 and nodata_mask(block, 0.0)[3, 3]
+    valid = valid_pixels("tessera", shard_arrays("tessera", block.copy(), 0.0))
+    assert valid[0, 0] and not valid[3, 3] and valid.sum() == 15
+    aef = np.ones((64, 2, 2), np.int8)
+    aef[5, 1, 1] = -128
+    assert nodata_mask(aef, -128).tolist() == [[False, False], [False, True]]

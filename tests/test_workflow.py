@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -213,3 +214,72 @@ def test_metrics_summary_and_maps_name_the_code_config_and_data_that_made_them(
         assert tags["PROVENANCE_TORCH_VERSION"] == metrics["provenance"]["torch_version"]
     page = (finished_run / "results" / "provenance.html").read_text()
     assert "What made each run" in page and head in page
+
+
+def test_a_prediction_only_region_is_mapped_by_every_run_of_its_source_and_changes_nothing_else(
+    finished_run: Path, tmp_path: Path
+) -> None:
+    """A 2025 AEF raster without CDL beside the 2024 demo: mapped, never labelled or scored."""
+    workdir = tmp_path / "wd"
+    shutil.copytree(finished_run, workdir, symlinks=True)
+    src = workdir / "resources/demo/demo_b/aef.tif"
+    raster = workdir / "inputs/next_season/aef.tif"
+    raster.parent.mkdir(parents=True)
+    with rasterio.open(src) as s:  # the same kind of ground, 20 km away
+        profile = {**s.profile, "transform": s.transform * s.transform.translation(2000, 0)}
+        data = s.read()
+    with rasterio.open(raster, "w", **profile) as dst:
+        dst.write(data)
+    table = workdir / "config/regions.tsv"
+    table.write_text(table.read_text() + f"next_season\t2025\t{raster}\t\t\tpredict\n")
+    kept = ["results/shards/aef/manifest.json", "results/shards/tessera/manifest.json",
+            "results/stats/aef/stats.json", "results/stats/tessera/stats.json",
+            *[f"results/eval/{run}/metrics.json" for run in RUNS]]  # fmt: skip
+    before = {name: (workdir / name).read_bytes() for name in kept}
+
+    result = snakemake(workdir, "--cores", "2")
+
+    assert result.returncode == 0, result.stderr[-4000:]
+    ran = set(re.findall(r"^(?:local)?rule (\w+):", result.stdout + result.stderr, re.M))
+    assert ran == {"regions_table", "predict", "all"}, ran
+    assert {name: (workdir / name).read_bytes() for name in kept} == before
+    assert not list(workdir.glob("results/labels/*/next_season*"))
+    assert not list(workdir.glob("results/shards/*/next_season"))
+    with rasterio.open(raster) as s:
+        grid = (s.crs, s.transform, s.shape)
+    for run in RUNS:
+        made = workdir / f"results/maps/{run}/next_season.tif"
+        if not run.startswith("aef"):
+            assert not made.exists(), run
+            continue
+        with rasterio.open(made) as out:
+            assert (out.crs, out.transform, out.shape) == grid
+            assert (out.read(1) != 255).mean() > 0.5
+            tags = out.tags()
+        assert tags["REGION_YEAR"] == "2025" and tags["TRAINING_YEARS"] == "2024"
+        assert tags["SCORED"].startswith("no")
+        for suffix in (".png", ".qml", ".tif.aux.xml"):
+            assert made.with_name(f"next_season{suffix}").is_file(), suffix
+    report = snakemake(workdir, "--report", "results/report.html")
+    assert report.returncode == 0, report.stderr[-3000:]
+    page = (workdir / "results/report.html").read_text()
+    assert "Maps, unscored (prediction-only regions)" in page
+    assert "favour AEF" in page  # AEF was trained with CDL among its targets
+
+
+def test_your_own_regions_get_the_full_size_tiling_and_the_demo_keeps_its_own(
+    finished_run: Path, tmp_path: Path
+) -> None:
+    demo = finished_run / "resources/demo/demo_a"
+    table = tmp_path / "mine.tsv"
+    table.write_text("region\tyear\taef\ttessera\tcdl\tsplit\n"
+                     f"mine\t2024\t{demo / 'aef.tif'}\t\t{demo / 'cdl.tif'}\tauto\n")  # fmt: skip
+    shells = {}
+    for name, extra in (("own", ["--config", f"regions={table}"]), ("demo", [])):
+        result = snakemake(finished_run, "-n", "-p", "-F", "results/shards/aef/manifest.json",
+                           *extra)  # fmt: skip
+        assert result.returncode == 0, result.stderr[-3000:]
+        shells[name] = result.stdout
+    assert "--tile-size=256 --stride=256" in shells["own"]
+    assert "--block-m=5120" in shells["own"] and "--max-samples=256" in shells["own"]
+    assert "--tile-size=32 --stride=32" in shells["demo"] and "--block-m=320" in shells["demo"]

@@ -1,5 +1,5 @@
 """What produced a result: code (git commit, dirty tree), library versions, the digests of the
-resolved training config and of the manifest, host and device.
+resolved training config, of the manifest and of the channel statistics, host and device.
 
 Every result file carries this block (``train.json``, ``metrics.json``, checkpoints, map tags,
 ``summary.csv``), so two numbers from runs weeks apart can be traced to the code and data that
@@ -19,6 +19,8 @@ from typing import Any
 
 PACKAGES = ("emb", "torch", "snakemake", "rasterio", "numpy")
 UNKNOWN = "unknown"
+UNUSED = "unused"  # the stats digest of a run that does not normalize (data.normalize: false)
+STATS_FILES = ("channel_mean.npy", "channel_std.npy")
 
 
 def digest_bytes(data: bytes) -> str:
@@ -31,6 +33,21 @@ def digest_file(path: Path | str) -> str:
     with open(path, "rb") as file:
         for chunk in iter(lambda: file.read(1 << 20), b""):
             hasher.update(chunk)
+    return hasher.hexdigest()
+
+
+def digest_stats(stats_dir: Path | str | None) -> str:
+    """sha256 of the channel statistics a run normalizes with (mean then std file bytes), or
+    ``"unused"`` for ``None`` (a run without normalization: its statistics cannot matter)."""
+    if stats_dir is None:
+        return UNUSED
+    hasher = hashlib.sha256()
+    try:
+        for name in STATS_FILES:
+            hasher.update(name.encode())
+            hasher.update(bytes.fromhex(digest_file(Path(stats_dir) / name)))
+    except OSError:
+        return UNKNOWN  # a missing file is reported by the stage that reads it
     return hasher.hexdigest()
 
 
@@ -93,6 +110,7 @@ def provenance(
     *,
     config_digest: str | None = None,
     manifest_digest: str | None = None,
+    stats_digest: str | None = None,
     device: Any = None,
 ) -> dict[str, str]:
     """The provenance block: flat ``str -> str`` (GeoTIFF tags and CSV columns take it as is)."""
@@ -101,6 +119,7 @@ def provenance(
         **versions(),
         "config_digest": config_digest or UNKNOWN,
         "manifest_digest": manifest_digest or UNKNOWN,
+        "stats_digest": stats_digest or UNKNOWN,
         "host": socket.gethostname(),
         "device": device_name(device),
     }

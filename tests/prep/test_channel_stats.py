@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -192,3 +193,38 @@ def test_stats_json_records_the_seeded_sample(tiny_demo: TinyDemo, tmp_path: Pat
     assert everything["n_tiles"] == train["samples"] == len(everything["tile_keys"])
     mean = np.load(tmp_path / "a" / "channel_mean.npy")
     assert mean.dtype == np.float32 and mean.shape == (128,)
+
+
+@pytest.mark.parametrize("sidecar", [True, False], ids=["sidecar", "scanned"])
+def test_a_header_claiming_a_huge_shape_is_refused_before_anything_is_allocated(
+    tmp_path: Path, sidecar: bool
+) -> None:
+    """A zero dimension makes any other claim cost 0 bytes in the shard: (2**40, 0, 16) once
+    reached the statistics as a TiB-sized buffer (ArrayMemoryError) instead of a message."""
+    rng = np.random.default_rng(11)
+    tiles = [(t["emb"], t["scale"]) for t in (ordinary_tile(rng, 16) for _ in range(2))]
+    claim = {"descr": "|i1", "fortran_order": False, "shape": (2**40, 0, 16)}
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, claim)
+    samples = [{"__key__": f"r_{i}_0", "emb.npy": encode_npy(q), "scale.npy": encode_npy(scale)}
+               for i, (q, scale) in enumerate(tiles)]  # fmt: skip
+    samples[0]["emb.npy"] = (header.getvalue(), memoryview(b""))  # the claim, no data
+    shards = [s["path"] for s in write_shards(iter(samples), str(tmp_path / "train-%04d.tar"),
+                                               100, 1 << 30)]  # fmt: skip
+    if not sidecar:
+        Path(f"{shards[0]}.idx.json").unlink()
+    with pytest.raises(ShardError, match=r"train-0000\.tar.*r_0_0\.emb\.npy.*claims shape "
+                       r"\[1099511627776, 0, 16\], expected 1 or more"):  # fmt: skip
+        channel_stats("tessera", shards, n_tiles=2, seed=0)
+
+
+def test_tiles_are_bounded_by_the_manifests_in_dim_before_their_sums_are_sized(
+    tmp_path: Path,
+) -> None:
+    rng = np.random.default_rng(12)
+    tiles = [(t["emb"], t["scale"]) for t in (ordinary_tile(rng, 16) for _ in range(2))]
+    shards = write_tessera_shard(tmp_path, tiles)
+    with pytest.raises(
+        ShardError, match=r"sample r_0_0: emb.npy has in_dim 5, the manifest says 128"
+    ):
+        channel_stats("tessera", shards, n_tiles=2, seed=0, in_dim=128)

@@ -58,13 +58,13 @@ def test_an_interrupted_run_resumes_only_when_its_math_is_unchanged(
     stopped_at = interrupt(resolve_config(tiny_demo, run_dir, "train.epochs=2"))
     saved = (run_dir / "last.pt").read_bytes()
     changed = resolve_config(
-        tiny_demo, run_dir, "train.epochs=2", "optimizer.lr=0.001", "loss.label_smoothing=0.1"
+        tiny_demo, run_dir, "train.epochs=2", "optimizer.lr=0.002", "loss.label_smoothing=0.1"
     )
     with pytest.raises(CheckpointError) as err:
         train_here(changed)
     message = str(err.value)
     assert f"{run_dir / 'last.pt'}: cannot resume" in message
-    assert "optimizer.lr: checkpoint 0.0003, config 0.001" in message
+    assert "optimizer.lr: checkpoint 0.001, config 0.002" in message
     assert "loss.label_smoothing: checkpoint 0.05, config 0.1" in message
     assert (run_dir / "last.pt").read_bytes() == saved
     # run length, patience and logging may change: the run resumes where it stopped

@@ -95,3 +95,14 @@ rule train:
         "python -m emb.cluster.launch {params.launch} --checkpoint={params.stopped:q}"
         " --attempt={resources.attempt:q} --failure-record={params.failed:q}"
         " -- emb.training.train --config={input.config:q} >> {log:q} 2>&1"
+
+
+# Before any job: a run whose lr_scaling takes optimizer.lr to where the seeds saw its
+# architecture diverge is warned about here, with its world size as the profile submits it.
+from snakemake.logging import logger
+from emb.training.config import TrainConfig
+from emb.training.plan import lr_warnings
+
+for _run, _cfg in RUN_CONFIG.items():
+    for _line in lr_warnings(TrainConfig.from_dict(_cfg), training_ranks(None)):
+        logger.warning(f"train config of run {_run!r}: {_line}")

@@ -161,6 +161,7 @@ def evaluate(
         "provenance": provenance(
             config_digest=run.trained_with.get("config_digest"),
             manifest_digest=digest_file(manifest_path),
+            stats_digest=run.stats_digest(),
             device=run_on.device if run_on is not None else None,
         ),
         "trained_with": run.trained_with,

@@ -132,11 +132,20 @@ def provenance_tags(run: TrainedRun, device: object) -> dict[str, str]:
     (``TRAINED_*``: the checkpoint's own provenance, with its config and data digests)."""
     trained = run.trained_with
     now = provenance(config_digest=trained.get("config_digest"),
-                     manifest_digest=trained.get("manifest_digest"), device=device)  # fmt: skip
+                     manifest_digest=trained.get("manifest_digest"),
+                     stats_digest=trained.get("stats_digest"), device=device)  # fmt: skip
     return {
         **{f"PROVENANCE_{key.upper()}": value for key, value in now.items()},
         **{f"TRAINED_{key.upper()}": str(value) for key, value in trained.items()},
     }
+
+
+def region_tags(item: RegionInput) -> dict[str, str]:
+    """The region's year beside the years the model was trained on (a prediction-only region
+    may be of a year no CDL exists for), and whether the map was ever scored."""
+    tags = {"REGION_YEAR": item.year, "TRAINING_YEARS": item.training_years}
+    tags["SCORED"] = "no: prediction-only region (no labels)" if item.predict_only else "yes"
+    return {k: v for k, v in tags.items() if v}
 
 
 def map_region(
@@ -147,12 +156,15 @@ def map_region(
     if not item.raster.is_file():
         raise RunError(f"region {item.region!r}: embedding raster {item.raster} not found")
     tags = {"RUN": run.name, "REGION": item.region, "WEIGHTS": run.selected,
-            "CHECKPOINT": str(run.path), **provenance_tags(run, run_on.device)}  # fmt: skip
+            "CHECKPOINT": str(run.path), **provenance_tags(run, run_on.device),
+            **region_tags(item)}  # fmt: skip
     colours = l3_colours(cmap, cdl_palette(item.cdl) if item.cdl else None)
     predict_raster(run, run.selected, item.raster, cmap, spec, files.map, files.probabilities,
                    run_on, tags, colours)  # fmt: skip
     write_legend(files.map, files.qml, list(cmap.l3_names), colours)
     title = f"{run.name} on {item.region} ({run.selected} weights)"
+    if item.predict_only:
+        title += f", {item.year or 'its year'}: unscored, no labels"
     write_quicklook(files.map, files.png, cmap, title, colours)
     log.info("region %s: wrote %s, its legend and %s", item.region, files.map, files.png)
 

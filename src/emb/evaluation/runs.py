@@ -20,7 +20,7 @@ from torch import nn
 from emb.classes import ClassMap
 from emb.loading.dequantize import Dequantize
 from emb.models import build_model
-from emb.provenance import UNKNOWN, digest_file
+from emb.provenance import UNKNOWN, digest_file, digest_stats
 from emb.training import checkpoint
 from emb.training.config import TrainConfig
 
@@ -63,11 +63,19 @@ class TrainedRun:
             ) from err
         return model.to(device or torch.device("cpu")).eval()
 
+    @property
+    def stats_dir(self) -> Path | None:
+        """The channel statistics the run normalizes with, or None (no normalization)."""
+        data = self.cfg.data
+        return Path(data.stats_dir) if data.normalize and data.stats_dir else None
+
+    def stats_digest(self) -> str:
+        """The digest of those statistics as they are now (``unused`` without them)."""
+        return digest_stats(self.stats_dir)
+
     def dequantize(self) -> Dequantize:
         """The run's own de-quantization (and TESSERA normalization), as in training."""
-        data = self.cfg.data
-        stats = Path(data.stats_dir) if data.normalize and data.stats_dir else None
-        return Dequantize.from_stats(data.source, stats)
+        return Dequantize.from_stats(self.cfg.data.source, self.stats_dir)
 
     def check_in_dim(self, in_dim: int, where: str) -> None:
         """The data's embedding dimension must be the one the model was trained on."""
@@ -177,6 +185,29 @@ def check_same_data(run: TrainedRun) -> None:
             f"{run.path}: trained on {manifest} with digest {trained[:12]}, which now has "
             f"digest {now[:12]}: the data changed since training; retrain the run "
             f"(snakemake --forcerun train) before evaluating or predicting with it"
+        )
+    check_same_stats(run)
+
+
+def check_same_stats(run: TrainedRun) -> None:
+    """The channel statistics a run normalizes with must be those it was trained with:
+    changed statistics would shift every input without a word."""
+    trained = run.trained_with.get("stats_digest", UNKNOWN)
+    stats = run.stats_dir
+    if trained == UNKNOWN or stats is None:
+        return
+    missing = [name for name in ("channel_mean.npy", "channel_std.npy")
+               if not (stats / name).is_file()]  # fmt: skip
+    if missing:
+        raise RunError(f"{run.path}: trained with the channel statistics in {stats}, which "
+                       f"no longer holds {', '.join(missing)}: rebuild them")  # fmt: skip
+    now = run.stats_digest()
+    if now != trained:
+        raise RunError(
+            f"{run.path}: trained with the channel statistics in {stats} with digest "
+            f"{trained[:12]}, which now have digest {now[:12]}: the statistics changed since "
+            "training; retrain the run (snakemake --forcerun train) before evaluating or "
+            "predicting with it"
         )
 
 

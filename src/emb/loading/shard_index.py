@@ -98,6 +98,8 @@ def _npy_array(fh: BinaryIO, data: int, info: tarfile.TarInfo, url: str) -> Arra
         raise ShardError(f"{where}: corrupt .npy header ({err})") from err
     if fortran or dtype.hasobject:
         raise ShardError(f"{where}: only C-ordered, non-object .npy arrays are supported")
+    if problem := shape_problem(shape):
+        raise ShardError(f"{where}: {problem}")
     array = ArrayAt(data + data_start, dtype, tuple(shape))
     if data_start + array.nbytes != info.size:
         raise ShardError(
@@ -105,6 +107,16 @@ def _npy_array(fh: BinaryIO, data: int, info: tarfile.TarInfo, url: str) -> Arra
             f"the member holds {info.size - data_start}"
         )
     return array
+
+
+def shape_problem(shape: tuple[int, ...]) -> str | None:
+    """Why a header's shape cannot be a shard array, or None. With the size check (the data
+    the header promises is the data the member holds) this bounds every claim by the member's
+    bytes: a zero dimension would let any other dimension claim anything for 0 bytes, and a
+    reader sizing a buffer by it (the statistics' per-channel sums) would ask for terabytes."""
+    if len(shape) == 0 or any(int(n) < 1 for n in shape):
+        return f".npy header claims shape {list(shape)}, expected 1 or more in every dimension"
+    return None
 
 
 def npy_header(payload: bytes | memoryview) -> tuple[tuple[int, ...], bool, np.dtype, int]:

@@ -20,7 +20,14 @@ from pathlib import Path
 
 import numpy as np
 
-from emb.loading.shard_index import ArrayAt, SampleAt, ShardError, npy_header, scan_shard
+from emb.loading.shard_index import (
+    ArrayAt,
+    SampleAt,
+    ShardError,
+    npy_header,
+    scan_shard,
+    shape_problem,
+)
 
 FORMAT = "emb-shard-index/1"
 SUFFIX = ".idx.json"
@@ -143,6 +150,8 @@ def _samples(url: str, members: list[Member], tar_bytes: int) -> list[SampleAt]:
         if not suffix.endswith(".npy"):
             continue
         descr, shape, header = member[3], tuple(int(n) for n in member[4]), int(member[5])
+        if problem := shape_problem(shape):
+            raise ValueError(f"member {name}: {problem}")
         array = ArrayAt(offset + header, _dtype(descr), shape)
         if header + math.prod(shape) * array.dtype.itemsize != size:
             raise ValueError(f"member {name}: {header} + {array.nbytes} bytes != size {size}")

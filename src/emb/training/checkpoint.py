@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from emb.io import atomic_path
+from emb.training.config import REFERENCE_BATCH
 
 CHECKSUM_SUFFIX = ".sha256"
 
@@ -196,18 +197,36 @@ def flatten_config(data: Any, prefix: str = "") -> dict[str, Any]:
 
 
 ARCH_KEYS = ("model.", "data.source")  # a checkpoint's weights fit the model only if equal
-# What a resume must find unchanged: every key that changes the math of the next steps. Run
-# length (epochs, max_updates), patience, checkpoints, workers and logging may change.
+# What a resume must find unchanged: every key that changes the math of the next steps, and
+# the loader keys that decide the order of batches (reader threads, shuffle buffer), so that a
+# resumed run is the uninterrupted one bit for bit. Run length (epochs, max_updates: the
+# remaining cosine is re-planned from the current LR, emb.training.schedule), patience,
+# checkpoints and logging may change.
 RESUME_KEYS = (
     "model.", "data.", "loss.", "optimizer.", "schedule.", "ema.enabled", "ema.decay",
-    "train.batch_size", "train.accumulation", "train.lr_scaling", "train.reference_batch",
-    "train.grad_clip", "train.precision", "train.seed",
+    "ema.warmup", "train.batch_size", "train.accumulation", "train.lr_scaling",
+    "train.reference_batch", "train.grad_clip", "train.precision", "train.seed",
+    "train.num_workers", "train.shuffle_buffer",
 )  # fmt: skip
+# Keys a checkpoint's config may lack (written before they existed), as the code then ran.
+ADDED_KEYS = {"ema.warmup": True}
+
+
+def _math_view(config: dict) -> dict[str, Any]:
+    """A config's flat keys as they act: keys added since filled with what the code then did;
+    ``train.reference_batch`` dropped where no LR scaling reads it (null and the
+    architecture's value mean the same)."""
+    flat = {**ADDED_KEYS, **flatten_config(config)}
+    if flat.get("train.lr_scaling", "none") == "none":
+        flat.pop("train.reference_batch", None)
+    elif flat.get("train.reference_batch") is None:
+        flat["train.reference_batch"] = REFERENCE_BATCH.get(flat.get("model.arch"))
+    return flat
 
 
 def differing_keys(saved: dict, current: dict, prefixes: tuple[str, ...]) -> list[str]:
     """Flat keys starting with one of ``prefixes`` whose values differ between two configs."""
-    old, new = flatten_config(saved), flatten_config(current)
+    old, new = _math_view(saved), _math_view(current)
     return sorted(
         k
         for k in set(old) | set(new)

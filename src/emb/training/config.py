@@ -22,6 +22,9 @@ class ConfigError(ValueError):
     """A training configuration that cannot be used."""
 
 
+# The global batch at which the seeds tuned each architecture's optimizer.lr (SegFormer 3e-4
+# at batch 32, DeepLab 1e-4 at batch 64); train.reference_batch: null takes it.
+REFERENCE_BATCH = {"segformer": 32, "deeplab": 64}
 OPTIONAL_SECTIONS = {"ema", "logging"}  # absent from checkpoints written before they existed
 
 
@@ -71,12 +74,14 @@ class ScheduleConfig:
 class EmaConfig:
     enabled: bool = True
     decay: float = 0.9999
+    warmup: bool = True  # decay min(decay, (1 + n) / (10 + n)) at update n; false: fixed decay
     select_best_by: str = "ema"  # ema | raw
 
 
 @dataclass(frozen=True)
 class LoggingConfig:
-    log_every: int = 50
+    log_every: int = 50  # a brief line (epoch, step, loss, lr)
+    detail_every: int = 500  # a detailed line (heads, grad norm, samples/s, data wait, memory)
     wandb: bool = False
     wandb_mode: str = "offline"
     wandb_project: str = "emb"
@@ -90,7 +95,7 @@ class LoopConfig:
     batch_size: int = 32
     accumulation: int = 1
     lr_scaling: str = "none"  # none | linear | sqrt
-    reference_batch: int = 32
+    reference_batch: int | None = None  # None: the architecture's (REFERENCE_BATCH)
     grad_clip: float = 1.0
     precision: str = "bf16"  # bf16 | fp16 | fp32
     grad_scaler: bool | None = None  # None: only with fp16

@@ -25,8 +25,7 @@ from emb.loading.batches import (
 )
 from emb.loading.dequantize import Dequantize
 from emb.models import build_model
-from emb.prep.manifest import read_manifest
-from emb.provenance import digest_config, digest_file, provenance
+from emb.provenance import digest_config, digest_file, digest_stats, provenance
 from emb.training import checkpoint
 from emb.training.checkpointer import Checkpointer
 from emb.training.config import ConfigError, TrainConfig
@@ -34,8 +33,9 @@ from emb.training.distributed import any_rank, barrier, wrap_model
 from emb.training.ema import ModelEma
 from emb.training.loss import HierarchyTargets, MultiHeadLoss, class_weights_from_histogram
 from emb.training.plan import Plan, build_plan, validation_steps
+from emb.training.run_inputs import build_manifest, stats_dir
 from emb.training.run_log import KeyRecord, RunLog
-from emb.training.schedule import warmup_cosine
+from emb.training.schedule import replan, warmup_cosine
 from emb.training.start import begin
 from emb.training.stop import StopRequest
 from emb.training.trainer import Trainer
@@ -75,25 +75,6 @@ def parameter_digest(model: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
-def build_manifest(cfg: TrainConfig) -> dict:
-    """The run's manifest, checked against the model and with every shard present (before a
-    start can set an earlier run aside)."""
-    manifest = read_manifest(Path(cfg.data.manifest))
-    if manifest["in_dim"] != cfg.model.in_dim:
-        raise ConfigError(
-            f"{cfg.data.manifest}: in_dim is {manifest['in_dim']}, "
-            f"but model.in_dim is {cfg.model.in_dim}"
-        )
-    for split in ("train", "val"):
-        missing = [s for s in manifest["splits"][split]["shards"] if not Path(s).is_file()]
-        if missing:
-            raise ValueError(
-                f"{cfg.data.manifest}: the {split} split lists {len(missing)} shard(s) that do "
-                f"not exist, e.g. {missing[0]}; rebuild the shards (snakemake --forcerun shards)"
-            )
-    return manifest
-
-
 def build_config(cfg: TrainConfig, tile_size: int | None, run_dir: Path) -> TrainConfig:
     """``cfg`` with DeepLab's ``model.aspp_rates`` fixed for the tiles (derived when null,
     refused when they would read only padding), so checkpoints record what was built."""
@@ -119,7 +100,7 @@ def build_trainer(
         plain, world, device, channels_last=loop.channels_last, compile=loop.compile,
         compile_memory_budget=loop.compile_memory_budget,
     )  # fmt: skip
-    ema = ModelEma(plain, cfg.ema.decay) if cfg.ema.enabled else None
+    ema = ModelEma(plain, cfg.ema.decay, cfg.ema.warmup) if cfg.ema.enabled else None
     opt = torch.optim.AdamW(
         model.parameters(), lr=plan.lr, weight_decay=cfg.optimizer.weight_decay,
         betas=tuple(cfg.optimizer.betas),
@@ -129,7 +110,7 @@ def build_trainer(
         cfg.schedule.cooldown_steps,
     )  # fmt: skip
     weights = class_weights_from_histogram(class_hist, cfg.loss.class_weights)
-    stats = Path(cfg.data.stats_dir) if cfg.data.normalize and cfg.data.stats_dir else None
+    stats = stats_dir(cfg)
     trainer = Trainer(
         model,
         MultiHeadLoss(cfg.loss.weights, cfg.loss.label_smoothing, weights).to(device),
@@ -166,7 +147,8 @@ def build_loop(
         "run": run_dir.name,
         "provenance": provenance(
             config_digest=digest_config(cfg.resolved),
-            manifest_digest=digest_file(cfg.data.manifest), device=device,
+            manifest_digest=digest_file(cfg.data.manifest),
+            stats_digest=digest_stats(stats_dir(cfg)), device=device,
         ),
     }  # fmt: skip
     checkpointer = Checkpointer(
@@ -175,10 +157,11 @@ def build_loop(
         finished=lambda: validator.finished(plan),
     )  # fmt: skip
     start, notes = begin(cfg, run_dir, rank, checkpointer)
-    log = RunLog(run_dir, rank, cfg)
+    log = RunLog(run_dir, rank, cfg, device)
     log.plan(plan, cfg, world, device, trainer)
     if start.resume is not None:
         log.resumed(trainer.step)
+        notes += schedule_note(trainer, plan)
     for note in notes:
         log.info(note)
     keys = KeyRecord(run_dir / "keys" / f"rank{rank}.tsv", cfg.logging.record_keys,
@@ -203,6 +186,18 @@ def build_loop(
                 stop, device, rank, world, train["shards"])  # fmt: skip
 
 
+def schedule_note(trainer: Trainer, plan: Plan) -> list[str]:
+    """Fit a resumed schedule to this run's length without a jump in the LR (the remaining
+    cosine re-planned from the current LR when the length changed); a line saying so."""
+    moved = replan(trainer.scheduler, trainer.step, plan.total, trainer.legacy_schedule)
+    if moved is None:
+        return []
+    kept, jump = moved
+    return [f"run length changed to {plan.total} optimizer steps: the remaining cosine is "
+            f"re-planned from the current lr {kept:.3e} at step {trainer.step} to min_lr "
+            f"(the new length alone would have set {jump:.3e})"]  # fmt: skip
+
+
 def fit(loop: Loop) -> list[int]:
     """Train until the epochs or updates are done or early stopping says so; returns the
     micro-batches drawn per epoch (as this rank saw them)."""
@@ -222,7 +217,7 @@ def fit(loop: Loop) -> list[int]:
             pos.batch += len(group)
             seconds = time.perf_counter() - tick
             stop.record_step(seconds)
-            loop.log.step(result, trainer, seconds, waited)
+            loop.log.step(result, trainer, seconds, waited, pos.epoch + 1)
             if loop.validator.due_after_step(result) and loop.validator.validate():
                 early = True
                 break

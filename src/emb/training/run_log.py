@@ -1,8 +1,12 @@
 """What a training run tells people: console lines, ``history.csv``, TensorBoard, wandb.
 
-Only rank 0 writes; the other ranks' calls do nothing. Console lines start with a time stamp;
-losses are printed with 4 significant digits (never a fixed 3 decimals that shows a diverging
-run as 0.000) and NaN as nan.
+Only rank 0 writes; the other ranks' calls join the collectives and write nothing. Console
+lines start with a time stamp; losses are printed with 4 significant digits (never a fixed 3
+decimals that shows a diverging run as 0.000) and NaN as nan. The cadence is the seeds': a
+brief line every ``logging.log_every`` steps (step, loss, lr, epoch), a detailed one every
+``logging.detail_every`` (per-head losses, gradient norm, samples/s, data wait, GPU memory),
+and one line per validation with its duration. Every train loss written (console,
+TensorBoard, wandb, ``history.csv``) is the mean over ranks, not rank 0's alone.
 """
 
 from __future__ import annotations
@@ -16,7 +20,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from emb.io import atomic_path
+from emb.training.distributed import all_reduce_sum
 from emb.training.loss import LEVELS
+from emb.training.plan import lr_warnings, reference_batch
 
 if TYPE_CHECKING:
     from emb.training.config import TrainConfig
@@ -27,9 +33,12 @@ if TYPE_CHECKING:
 class RunLog:
     """Rank 0's log of one run; train losses are averaged between validations."""
 
-    def __init__(self, run_dir: Path, rank: int, cfg: TrainConfig) -> None:
+    def __init__(
+        self, run_dir: Path, rank: int, cfg: TrainConfig, device: torch.device | None = None
+    ) -> None:
         self.run_dir, self.active = run_dir, rank == 0
-        self.log_every = cfg.logging.log_every
+        self.device = device or torch.device("cpu")  # where the ranks' sums are reduced
+        self.log_every, self.detail_every = cfg.logging.log_every, cfg.logging.detail_every
         self.history_path = run_dir / "history.csv"
         self.history: list[dict] = _read_history(self.history_path) if self.active else []
         self._reset_window()
@@ -69,10 +78,12 @@ class RunLog:
             f"world size {world}, batch {plan.batch} per rank x accumulation {plan.accumulation} "
             f"-> global batch {plan.global_batch}; lr {plan.lr:.3g} (optimizer.lr "
             f"{cfg.optimizer.lr:.3g}, rule {loop.lr_scaling}, reference batch "
-            f"{loop.reference_batch}); {plan.micro_per_epoch} micro-batches = "
+            f"{reference_batch(cfg)}); {plan.micro_per_epoch} micro-batches = "
             f"{plan.updates_per_epoch} optimizer steps per epoch, {plan.total} in all; precision "
             f"{loop.precision} on {device.type}, GradScaler {'on' if trainer.scaler else 'off'}"
         )
+        for line in lr_warnings(cfg, world):
+            self.warn(line)
         if plan.batch == 1:
             self.warn("train.batch_size is 1 per GPU: BatchNorm statistics and throughput suffer")
 
@@ -80,7 +91,11 @@ class RunLog:
         """Forget history rows written after the checkpoint we resume from."""
         self.history = [row for row in self.history if int(float(row["step"])) <= step]
 
-    def step(self, result: StepResult, trainer: Trainer, seconds: float, waited: float) -> None:
+    def step(
+        self, result: StepResult, trainer: Trainer, seconds: float, waited: float, epoch: int = 0
+    ) -> None:
+        """Count one step; on a logging step (every rank reaches the same ones) average the
+        losses over ranks and write the brief or the detailed line."""
         w = self._window
         w["steps"] += 1
         w["seconds"] += seconds
@@ -98,48 +113,64 @@ class RunLog:
                 f"step {trainer.step + 1} skipped: gradient norm {result.grad_norm} "
                 f"(skipped {trainer.skipped} in all, {trainer.skipped_in_row} in a row)"
             )
-        if trainer.step % self.log_every or not result.applied:
+        detailed = trainer.step % self.detail_every == 0
+        if not result.applied or (trainer.step % self.log_every and not detailed):
+            return
+        values = [result.loss, *(result.parts[lv] for lv in LEVELS), w["samples"], w["pixels"]]
+        *sums, ranks = all_reduce_sum([*values, 1.0], self.device)
+        loss, *parts = (v / ranks for v in sums[:4])
+        samples, pixels = sums[4:]
+        if not self.active:
+            if detailed:
+                self._reset_window()
             return
         lr = trainer.scheduler.get_last_lr()[0]
-        heads = " ".join(f"{lv} {result.parts[lv]:.4g}" for lv in LEVELS)
-        seconds = max(w["seconds"], 1e-9)
-        memory = ""
-        if torch.cuda.is_available():
-            memory = f" gpu_mem {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB"
-        self.info(
-            f"step {trainer.step} loss {result.loss:.4g} ({heads}) lr {lr:.3e} "
-            f"grad_norm {result.grad_norm:.3g} samples/s {w['samples'] / seconds:.1f} "
-            f"pixels/s {w['pixels'] / seconds:.3g} data_wait {w['wait'] / seconds:.1%}"
-            f"{memory} skipped {trainer.skipped}"
-        )
-        if self.writer:
-            scalars = {
-                "train/loss": result.loss,
-                **{f"train/loss_{lv}": result.parts[lv] for lv in LEVELS},
-                "train/lr": lr,
-                "train/grad_norm": result.grad_norm,
-                "train/samples_per_s": w["samples"] / seconds,
-                "train/data_wait": w["wait"] / seconds,
-                "train/skipped": trainer.skipped,
-            }
-            self._scalars(scalars, trainer.step)
-        self._reset_window()
+        skipped = f" skipped {trainer.skipped}" if trainer.skipped else ""
+        line = f"step {trainer.step} loss {loss:.4g} lr {lr:.3e} epoch {epoch}"
+        heads = dict(zip(LEVELS, parts, strict=True))
+        scalars = {"train/loss": loss, "train/lr": lr,
+                   **{f"train/loss_{lv}": v for lv, v in heads.items()}}  # fmt: skip
+        if detailed:
+            elapsed = max(w["seconds"], 1e-9)
+            per_head = " ".join(f"{lv} {v:.4g}" for lv, v in heads.items())
+            memory = ""
+            if torch.cuda.is_available():
+                memory = f" gpu_mem {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB"
+            line += (
+                f" | {per_head} grad_norm {result.grad_norm:.3g} samples/s "
+                f"{samples / elapsed:.1f} pixels/s {pixels / elapsed:.3g} data_wait "
+                f"{w['wait'] / elapsed:.1%}{memory}"
+            )
+            scalars.update({
+                "train/grad_norm": result.grad_norm, "train/samples_per_s": samples / elapsed,
+                "train/data_wait": w["wait"] / elapsed, "train/skipped": trainer.skipped,
+            })  # fmt: skip
+            self._reset_window()
+        self.info(line + skipped)
+        self._scalars(scalars, trainer.step)
 
-    def validation(self, result: dict, trainer: Trainer, epoch: int) -> None:
+    def validation(
+        self, result: dict, trainer: Trainer, epoch: int, seconds: float | None = None
+    ) -> None:
+        """One row of ``history.csv`` and one line, with the validation's duration; the train
+        losses since the last validation are averaged over every rank's steps."""
         acc = self._since_validation
-        n = max(acc["n"], 1)
+        sums = all_reduce_sum([acc["n"], acc["loss"], *(acc[lv] for lv in LEVELS)], self.device)
+        n = max(sums[0], 1)
         row = {
             "epoch": epoch,
             "step": trainer.step,
             "lr": trainer.scheduler.get_last_lr()[0],
-            "train_loss": acc["loss"] / n,
-            **{f"train_loss_{lv}": acc[lv] / n for lv in LEVELS},
+            "train_loss": sums[1] / n,
+            **{f"train_loss_{lv}": v / n for lv, v in zip(LEVELS, sums[2:], strict=True)},
             "skipped_steps": trainer.skipped,
+            **({"val_seconds": round(seconds, 3)} if seconds is not None else {}),
             **result,
         }
         self._since_validation = {"n": 0, "loss": 0.0, **dict.fromkeys(LEVELS, 0.0)}
         if not self.active:
             return
+        took = f" [{seconds:.1f}s]" if seconds is not None else ""
         self.info(
             f"validation epoch {epoch} step {trainer.step} train_loss {row['train_loss']:.4g} "
             f"val_loss {result['val_loss']:.4g} "
@@ -148,11 +179,13 @@ class RunLog:
                 for lv in LEVELS
                 for m in ("miou", "f1", "oa")
             )
+            + took
         )
         self.history.append(row)
         _write_history(self.history_path, self.history)
         self._scalars({f"val/{k[4:]}": v for k, v in result.items() if k.startswith("val_")},
                       trainer.step)  # fmt: skip
+        self._scalars({"train/loss_since_validation": row["train_loss"]}, trainer.step)
 
     def _scalars(self, scalars: dict[str, float], step: int) -> None:
         if self.writer:

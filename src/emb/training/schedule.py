@@ -2,6 +2,13 @@
 
 The scheduler is stepped once per optimizer step (never per micro-batch), so gradient
 accumulation does not stretch or shrink the schedule, and ``lr_factor`` is its closed form.
+
+A resume may change the run's length (``train.epochs``, ``train.max_updates``), and the
+cosine's length comes from it. Rather than jump to the LR the new length gives at the resume
+step (SegFormer at step 5,000 of 10k resumed as 20k: 1.63e-4 -> 2.62e-4), :meth:`Schedule.
+replan` re-plans the remaining cosine from the current LR to ``min_lr`` over the steps left
+(an *anchor*: the step and factor it starts from). The anchor is saved in the checkpoint with
+the rest of the schedule, so later resumes with the same length continue it bit for bit.
 """
 
 from __future__ import annotations
@@ -13,27 +20,66 @@ from torch.optim.lr_scheduler import LambdaLR
 
 
 def lr_factor(
-    step: int, warmup_steps: int, total_steps: int, min_ratio: float, cooldown_steps: int = 0
+    step: int,
+    warmup_steps: int,
+    total_steps: int,
+    min_ratio: float,
+    cooldown_steps: int = 0,
+    anchor: tuple[int, float] | None = None,
 ) -> float:
     """Multiplier of the base LR for the optimizer step that follows ``step`` completed steps.
 
     Cosine from 1 to ``min_ratio`` over ``warmup_steps .. total_steps``; with a cooldown, the
-    last ``cooldown_steps`` steps leave the cosine and fall linearly to ``min_ratio``.
+    last ``cooldown_steps`` steps leave the cosine and fall linearly to ``min_ratio``. An
+    ``anchor`` (step, factor) re-plans: the cosine runs from ``factor`` at that step instead.
     """
-    if step < warmup_steps:
+    start, top = anchor if anchor is not None else (warmup_steps, 1.0)
+    if step < warmup_steps and anchor is None:
         return (step + 1) / warmup_steps
-    decay_steps = max(1, total_steps - warmup_steps)
+    decay_steps = max(1, total_steps - start)
 
     def cosine(s: int) -> float:
-        progress = min(1.0, (s - warmup_steps) / decay_steps)
-        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+        progress = min(1.0, (s - start) / decay_steps)
+        return min_ratio + (top - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
-    cooldown_start = max(warmup_steps, total_steps - cooldown_steps)
+    cooldown_start = max(start, total_steps - cooldown_steps)
     if cooldown_steps == 0 or step < cooldown_start:
         return cosine(step)
     span = max(1, total_steps - cooldown_start)
     progress = min(1.0, (step - cooldown_start) / span)
     return cosine(cooldown_start) + (min_ratio - cosine(cooldown_start)) * progress
+
+
+class Schedule:
+    """:func:`lr_factor` as a callable object: ``LambdaLR`` saves its attributes (plain data)
+    in the scheduler's state dict and restores them on load, anchor and length included."""
+
+    def __init__(
+        self, warmup_steps: int, total_steps: int, min_ratio: float, cooldown_steps: int = 0
+    ) -> None:
+        self.warmup_steps, self.total_steps = warmup_steps, total_steps
+        self.min_ratio, self.cooldown_steps = min_ratio, cooldown_steps
+        self.anchor: list | None = None  # [step, factor] once re-planned
+
+    def __call__(self, step: int) -> float:
+        anchor = (int(self.anchor[0]), float(self.anchor[1])) if self.anchor else None
+        return lr_factor(
+            step, self.warmup_steps, self.total_steps, self.min_ratio, self.cooldown_steps, anchor
+        )
+
+    def replan(self, step: int, total_steps: int, factor: float | None = None) -> bool:
+        """Make the schedule ``total_steps`` long from ``step`` on, continuing from the factor
+        it has there (or ``factor``: the one a checkpoint without a saved schedule ran at).
+        Returns True when the remaining cosine was re-planned from an anchor; within the
+        warmup only the length changes (the warmup does not depend on it)."""
+        current = self(step) if factor is None else factor
+        if total_steps == self.total_steps and math.isclose(current, self(step), rel_tol=1e-9):
+            return False
+        self.total_steps = total_steps
+        if self.anchor is None and step < self.warmup_steps:
+            return False
+        self.anchor = [int(step), float(current)]
+        return True
 
 
 def warmup_cosine(
@@ -46,10 +92,24 @@ def warmup_cosine(
 ) -> LambdaLR:
     """A scheduler to be stepped once per optimizer step; its state dict is plain data."""
     ratio = min(1.0, min_lr / base_lr)
-    return LambdaLR(
-        optimizer,
-        lambda step: lr_factor(step, warmup_steps, total_steps, ratio, cooldown_steps),
-    )
+    return LambdaLR(optimizer, Schedule(warmup_steps, total_steps, ratio, cooldown_steps))
+
+
+def replan(
+    scheduler: LambdaLR, step: int, total_steps: int, legacy: bool = False
+) -> tuple[float, float] | None:
+    """After a resume at ``step``: keep the LR there and fit the rest of the schedule to
+    ``total_steps``. Returns (the LR kept, the LR the plain new length would have jumped to)
+    when re-planned, else None. ``legacy``: the checkpoint predates saved schedules; its LR
+    is the optimizer's (the one its next step would have used)."""
+    schedule: Schedule = scheduler.lr_lambdas[0]
+    base = scheduler.base_lrs[0]
+    saved = scheduler.optimizer.param_groups[0]["lr"] / base if legacy else None
+    jump = base * lr_factor(step, schedule.warmup_steps, total_steps, schedule.min_ratio,
+                            schedule.cooldown_steps)  # fmt: skip
+    if not schedule.replan(step, total_steps, saved):
+        return None
+    return base * schedule(step), jump
 
 
 def scaled_lr(lr: float, rule: str, global_batch: int, reference_batch: int) -> float:

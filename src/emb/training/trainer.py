@@ -83,6 +83,7 @@ class Trainer:
         self.step = 0  # optimizer steps applied
         self.skipped = 0  # steps skipped for non-finite gradients
         self.skipped_in_row = 0
+        self.legacy_schedule = False
 
     def inputs(self, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Compact batch -> (x on the device, {"l1", "l2", "l3"} targets)."""
@@ -160,6 +161,8 @@ class Trainer:
         unwrap(self.model).load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        # Written before the schedule was saved with its length (a plain lambda then).
+        self.legacy_schedule = state["scheduler"].get("lr_lambdas", [None])[0] is None
         if self.scaler is not None and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         self.step, self.skipped = state["step"], state["skipped"]

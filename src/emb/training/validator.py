@@ -107,12 +107,13 @@ class Validator:
         if self.ema is not None:
             self.ema.update_buffers(trainer.model)
         result = trainer.validate(self.batches(), self.models, self.bn_batch_stats, self.min_batch)
-        self.stop.record_validation(time.perf_counter() - started)
+        seconds = time.perf_counter() - started
+        self.stop.record_validation(seconds)
         pos.validated_step = trainer.step
         improved = result[self.select] > pos.best
         pos.best, pos.bad = (result[self.select], 0) if improved else (pos.best, pos.bad + 1)
         result["best_val_miou_l3"] = pos.best
-        self.log.validation(result, trainer, pos.epoch)
+        self.log.validation(result, trainer, pos.epoch, seconds)
         self.checkpointer.after_validation(improved)
         return pos.bad >= self.patience
 
