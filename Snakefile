@@ -12,6 +12,8 @@ report: "workflow/report/workflow.rst"
 
 
 include: "workflow/rules/common.smk"
+include: "workflow/rules/areas.smk"
+include: "workflow/rules/cluster.smk"
 include: "workflow/rules/demo.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/stats.smk"
@@ -22,6 +24,7 @@ include: "workflow/rules/report.smk"
 
 # Bookkeeping that takes seconds runs where Snakemake runs, never as its own cluster job.
 localrules:
+    regions_table,
     train_config,
     manifest,
     summary,

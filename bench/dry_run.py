@@ -11,6 +11,9 @@ alternating the sizes so both see the same machine, and keeps each one's best ti
 - dry_run_s_{cluster}_{n}: seconds of the whole dry run (goal for 1,000: < 30 s).
 - growth_{cluster}: time for the large table / time for the small one; ~10 for 10x the
   regions is linear, more means something quadratic in the DAG is back.
+- group_{cluster}_{n}: the widest group job as Snakemake submits it (its side-by-side members
+  summed, ``tests/cluster/listed_groups.py``) next to a node of its partition as the profile
+  states it: cores, MB and minutes asked / the node's (each must be <= 1).
 
 Usage: ``python bench/dry_run.py [--sizes 100 1000] [--repeats 2] [--json PATH]``.
 """
@@ -27,10 +30,25 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "cluster")]  # the tests' table builder
 
+from listed_groups import group_requests  # noqa: E402
 from test_profiles import cluster_env, dry_run  # noqa: E402
 from test_scale_dry_run import many_regions, submitted  # noqa: E402
 
 CLUSTERS = ("lumi", "betzy")
+
+
+def widest_group(stdout: str) -> dict[str, object]:
+    """The widest listed group's request and the ratios to its node (<= 1: it fits)."""
+    name, request, node = max(group_requests(stdout), key=lambda g: (g[1].cores, g[1].mem_mb))
+    return {
+        "group": name,
+        "partition": node.partition,
+        "asked": f"{request.cores} cores, {request.mem_mb} MB, {request.runtime} min",
+        "node": f"{node.cores} cores, {node.mem_mb} MB, {node.max_runtime} min",
+        "cores_ratio": round(request.cores / node.cores, 3),
+        "mem_ratio": round(request.mem_mb / node.mem_mb, 3),
+        "runtime_ratio": round(request.runtime / node.max_runtime, 3) if node.max_runtime else 0,
+    }
 
 
 def main() -> None:
@@ -39,7 +57,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    results: dict[str, float | int] = {}
+    results: dict[str, object] = {}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         tables = {n: many_regions(root / f"inputs{n}", n) for n in args.sizes}
@@ -56,6 +74,7 @@ def main() -> None:
                     if done.returncode != 0:
                         raise SystemExit(f"{cluster}, {n} regions: {done.stderr[-3000:]}")
                     results[f"slurm_jobs_{cluster}_{n}"] = sum(submitted(done.stdout).values())
+                    results[f"group_{cluster}_{n}"] = widest_group(done.stdout)
             for n in args.sizes:
                 results[f"dry_run_s_{cluster}_{n}"] = round(best[n], 2)
             small, large = args.sizes

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import re
 import shutil
 import subprocess
@@ -19,6 +20,8 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import REPO, corrupt_copy, venv_env
+
+from emb.cluster.profile import local_node
 
 pytestmark = pytest.mark.slurm
 
@@ -82,18 +85,20 @@ def rank_records(run_dir: Path) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def workdir(slurm, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny demo, run end to end on SLURM (one training run), then the same data for more."""
+    """The tiny demo with both sources (as the README's default runs), end to end on SLURM,
+    then the same data for more."""
     path = tmp_path_factory.mktemp("slurm")
     shutil.copytree(REPO / "config", path / "config")
     shutil.copytree(REPO / ".test", path / ".test")
     for run in ("aef_c10d", "aef_limit"):  # more runs of the same recipe, trained later
         shutil.copy(path / "config/train/aef_segformer.yaml", path / f"config/train/{run}.yaml")
-    result = snakemake(path, PROFILE, "--config", "runs=[aef_segformer]")
+    result = snakemake(path, PROFILE, "--config", "runs=[aef_segformer,tessera_deeplab]")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     return path
 
 
-LOCAL_RULES = {"all", "train_config", "manifest", "summary", "curves", "data_report"}
+LOCAL_RULES = {"all", "regions_table", "train_config", "manifest", "summary", "curves",
+               "data_report"}  # fmt: skip
 
 
 def test_every_rule_of_the_demo_runs_as_a_slurm_job_or_group_but_bookkeeping(
@@ -103,8 +108,11 @@ def test_every_rule_of_the_demo_runs_as_a_slurm_job_or_group_but_bookkeeping(
     rules = set(re.findall(r"^\s*rule (\w+):", log, re.M))  # grouped jobs are indented
     assert {"demo_region", "shards", "gpu_check", "train", "evaluate", "predict"} <= rules
     assert set(re.findall(r"^\s*localrule (\w+):", log, re.M)) <= LOCAL_RULES
+    # align_labels and shards of 4 (source, region) pairs, as many side by side per job as the
+    # node has cores (2 here: 2 jobs; SLURM's node is this machine, scripts/slurm/start.sh)
+    per_job = min(4, local_node()["cores"])
     groups = re.findall(r"Group job (\w+)", log)
-    assert groups == ["prep"]  # align_labels and shards of both demo regions, one job
+    assert groups == ["prep"] * math.ceil(4 / per_job)
     assert list((workdir / ".snakemake/slurm_logs").glob("group_prep*/**/*.log"))
     alone = rules - LOCAL_RULES - {"align_labels", "shards"}
     assert all(
@@ -112,9 +120,43 @@ def test_every_rule_of_the_demo_runs_as_a_slurm_job_or_group_but_bookkeeping(
         or list((workdir / ".snakemake/slurm_logs" / f"rule_{rule}").rglob("*.log"))
         for rule in alone
     )
-    # sbatch calls: 2 demo regions, 1 prep group, stats, gpu_check, train, evaluate, 1 map job
+    # sbatch calls: 2 demo regions, the prep groups, and per source (2) stats, then gpu_check,
+    # and per run (2) train, evaluate, one map job
     submitted = re.findall(r"has been submitted with SLURM jobid", log)
-    assert len(submitted) == 8, log[-3000:]
+    assert len(submitted) == 2 + len(groups) + 2 + 1 + 3 * 2, log[-3000:]
+    fits = re.findall(r"cluster fit: group prep \((\d+) jobs of align_labels, shards\): "
+                      r"(\d+) cores, (\d+) MB", log)  # fmt: skip
+    assert fits and all(int(n) == 2 * per_job and int(c) == per_job for n, c, _ in fits), fits
+
+
+def test_a_group_wider_than_the_node_is_refused_in_one_line_before_any_job(
+    slurm, tmp_path: Path
+) -> None:
+    """The issue's run: a prep group of the 4 demo pairs side by side on a 2-core node, which
+    SLURM would keep pending for ever (Reason=PartitionConfig)."""
+    cores = local_node()["cores"]
+    profile = yaml.safe_load((PROFILE / "config.v8+.yaml").read_text())
+    profile["group-components"]["prep"] = cores + 1
+    (tmp_path / "wide").mkdir()
+    (tmp_path / "wide" / "config.v8+.yaml").write_text(yaml.safe_dump(profile))
+    shutil.copytree(REPO / "config", tmp_path / "work" / "config")
+    shutil.copytree(REPO / ".test", tmp_path / "work" / ".test")
+
+    result = snakemake(tmp_path / "work", tmp_path / "wide", "--config",
+                       "runs=[aef_segformer,tessera_deeplab]")  # fmt: skip
+
+    out = result.stdout + result.stderr
+    assert result.returncode != 0
+    line = next(x for x in out.splitlines() if x.startswith("profile: group prep"))
+    assert re.fullmatch(
+        rf"profile: group prep \({2 * (cores + 1)} jobs of align_labels, shards\) asks for "
+        rf"{cores + 1} cores, \d+ MB, \d+ min, more than a node of partition 'debug' has "
+        rf"\({cores + 1} cores > {cores}\): SLURM would keep it pending for ever; set "
+        rf"group-components: prep: {cores} \(or less\) in the profile",
+        line,
+    ), line
+    assert "submitted with SLURM jobid" not in out
+    assert not (tmp_path / "work" / ".snakemake" / "slurm_logs").exists()
 
 
 def test_maps_are_one_job_of_two_processes_in_the_launchers_srun_step(workdir: Path) -> None:

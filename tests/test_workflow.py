@@ -173,7 +173,9 @@ def test_demo_runs_end_to_end_from_paths_a_shell_would_break(
 
     # In the test config, not --config: the command line's YAML would cut the value at " #".
     test_config = workdir / ".test" / "config.yaml"
-    settings = {"regions": str(table), "runs": ["aef_segformer"]}
+    # your own regions get the full-size tiling: these 128-px ones need the demo's small one
+    small = yaml.safe_load(test_config.read_text())["demo"]["overlay"]
+    settings = {"regions": str(table), "runs": ["aef_segformer"], **small}
     test_config.write_text(test_config.read_text() + yaml.safe_dump(settings, allow_unicode=True))
 
     result = snakemake(workdir, "--cores", "2")

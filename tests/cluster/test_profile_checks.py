@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from emb.cluster.profile import (
@@ -10,6 +12,7 @@ from emb.cluster.profile import (
     container_image,
     group_size,
     is_dry_run,
+    local_node,
     positive_number,
     predict_minutes,
     require_env,
@@ -71,3 +74,12 @@ def test_the_prediction_runtime_grows_with_megapixels_and_shrinks_with_processes
     with pytest.raises(ProfileError, match="job: work needs about 2881 min, more than the "
                        "partition's limit max_runtime=2880 min; fix"):  # fmt: skip
         check_runtime(2881, 2880, "job", "work", "fix")
+
+
+def test_the_local_slurm_node_is_sized_as_start_sh_sizes_it(tmp_path) -> None:
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       24683520 kB\nMemFree:        1 kB\n")
+    node = local_node({}, meminfo=str(meminfo))
+    assert node == {"cores": os.cpu_count(), "mem_mb": int(24683520 / 1024 * 0.85)}
+    given = {"SLURM_LOCAL_CPUS": "3", "SLURM_LOCAL_MEM_MB": "5000"}
+    assert local_node(given, meminfo=str(meminfo)) == {"cores": 3, "mem_mb": 5000}

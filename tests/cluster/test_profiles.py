@@ -63,12 +63,14 @@ def dry_run(
     return subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True, timeout=300)
 
 
-def real_run(workdir: Path, profile: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+def real_run(
+    workdir: Path, profile: Path, env: dict[str, str], *extra: str
+) -> subprocess.CompletedProcess:
     """The same command without -n: it would submit (no sbatch here, so it must stop first)."""
     workdir.mkdir(parents=True, exist_ok=True)
     shutil.copytree(REPO / "config", workdir / "config", dirs_exist_ok=True)
     cmd = ["snakemake", "-s", str(REPO / "Snakefile"), "-d", str(workdir), "--profile",
-           str(profile), "--cores", "64"]  # fmt: skip
+           str(profile), "--cores", "64", *extra]  # fmt: skip
     return subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True, timeout=300)
 
 

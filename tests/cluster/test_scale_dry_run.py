@@ -13,11 +13,15 @@ import numpy as np
 import pytest
 import rasterio
 from conftest import REPO
+from listed_groups import group_requests
 from rasterio.transform import from_origin
-from test_profiles import cluster_env, dry_run, jobs_of
+from test_profiles import cluster_env, dry_run, jobs_of, real_run
 
-LOCAL_RULES = {"train_config", "manifest", "summary", "curves", "data_report", "all"}
-GROUPED = {"align_labels", "shards"}
+from emb.cluster.fit import check_fits
+
+LOCAL_RULES = {"regions_table", "train_config", "manifest", "summary", "curves", "data_report",
+               "all"}  # fmt: skip
+GROUPED = {"tessera_npy", "align_labels", "shards"}
 PREP_PER_JOB = 50  # group-components prep in profiles/{lumi,betzy}
 REGIONS = 1000
 
@@ -76,6 +80,43 @@ def test_a_thousand_regions_and_four_runs_make_at_most_a_hundred_slurm_jobs(
     assert all("--regions=" in job["shell"] and "--nproc-per-node" in job["shell"]
                for job in predict)  # fmt: skip
     assert all("gpus_per_node=" in job["resources"] for job in predict)
+    # every group's summed request (as Snakemake submits it) within a node of its partition
+    groups = group_requests(result.stdout)
+    assert len(groups) == math.ceil(2 * REGIONS / PREP_PER_JOB)
+    for name, request, node in groups:
+        check_fits(f"group {name}", request, node, "")
+        assert request.cores == PREP_PER_JOB
+
+
+@pytest.mark.parametrize("cluster", ["lumi", "betzy"])
+def test_a_real_run_whose_group_outgrows_the_node_stops_in_one_line_before_any_job(
+    tmp_path: Path, cluster: str
+) -> None:
+    """200 pairs side by side: more cores than the CPU partition's nodes (128) have. No SLURM
+    here: the check runs once the DAG is built, before the first sbatch. (``--cores N`` would
+    make Snakemake run a group's jobs in layers of at most N cores: 1000 lifts that.)"""
+    regions = many_regions(tmp_path / "inputs", 100)
+    profile = tmp_path / f"wide-{cluster}"
+    shutil.copytree(REPO / "profiles" / cluster, profile)
+    config = profile / "config.v8+.yaml"
+    text = config.read_text()
+    assert "members_per_group(50," in text
+    config.write_text(re.sub(r"prep: \?group_size\(.*\)", "prep: 200", text))
+    env = cluster_env(tmp_path)
+
+    result = real_run(tmp_path / "work", profile, env, "--cores", "1000", "--config",
+                      f"regions={regions}")  # fmt: skip
+
+    out = result.stdout + result.stderr
+    assert result.returncode != 0
+    line = next(x for x in out.splitlines() if x.startswith("profile: group prep"))
+    assert re.fullmatch(
+        r"profile: group prep \(400 jobs of align_labels, shards\) asks for 200 cores, \d+ MB, "
+        r"\d+ min, more than a node of partition '\w+' has \(200 cores > 128\): SLURM would "
+        r"keep it pending for ever; set group-components: prep: 128 \(or less\) in the profile",
+        line,
+    ), line
+    assert "submitted with SLURM jobid" not in out and "sbatch" not in out
 
 
 def test_a_region_table_that_would_outrun_the_prediction_jobs_time_limit_is_refused(

@@ -114,12 +114,12 @@ def test_rows_without_a_raster_of_the_source_are_skipped_and_cdl_is_optional(
         {"region": "c", "year": "2024", "aef": "/x/c_aef.tif", "tessera": "/x/c_tessera.tif"},
     ])  # fmt: skip
     assert regions_with(table, "aef") == [
-        RegionInput("a", Path("/x/a_aef.tif"), Path("/x/a_cdl.tif")),
-        RegionInput("c", Path("/x/c_aef.tif"), None),
+        RegionInput("a", Path("/x/a_aef.tif"), Path("/x/a_cdl.tif"), "2024", False, "2024"),
+        RegionInput("c", Path("/x/c_aef.tif"), None, "2024", False, "2024"),
     ]
     assert regions_with(table, "tessera") == [
-        RegionInput("b", Path("/x/b_tessera.tif"), Path("/x/b_cdl.tif")),
-        RegionInput("c", Path("/x/c_tessera.tif"), None),
+        RegionInput("b", Path("/x/b_tessera.tif"), Path("/x/b_cdl.tif"), "2024", False, "2024"),
+        RegionInput("c", Path("/x/c_tessera.tif"), None, "2024", False, "2024"),
     ]
     no_cdl = write_table(tmp_path / "no_cdl.tsv", [{"region": "a", "aef": "/x/a_aef.tif"}],
                          header=["region", "aef"])  # fmt: skip

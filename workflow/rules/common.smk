@@ -4,6 +4,8 @@ import re
 import shlex
 from pathlib import Path
 
+import pandas as pd
+
 from snakemake.exceptions import WorkflowError
 from snakemake.settings.types import DeploymentMethod
 from snakemake.utils import validate
@@ -18,14 +20,28 @@ from emb.cluster.profile import (
     positive_number,
     predict_minutes,
 )
-from emb.prep.regions import RegionsError, check_regions, read_regions
+from emb.prep.region_rows import PREDICT, RegionsError, check_predict_only
+from emb.prep.regions import check_regions, read_regions
+from emb.rasters import SOURCES
+from emb.areas import AreasError
+from emb.areas.config import empty_regions, plan_from_config, planned_footprints
+from emb.prep.tessera_npy import find_triple
 
 validate(config, "../schemas/config.schema.yaml")
 
 try:
-    REGIONS = read_regions(config["regions"])
+    REGIONS = read_regions(config["regions"]) if config["regions"] else empty_regions()
 except (ValueError, KeyError, OSError) as err:  # RegionsError, pandas, decoding
     raise WorkflowError(f"regions table {config['regions']}: {err}") from None
+# Areas (workflow/rules/areas.smk): the regions planned from config areas: over the tile
+# collections join the table; rule areas writes their VRTs, the planner checks their tiles.
+try:
+    AREAS = plan_from_config(config)
+except AreasError as err:
+    raise WorkflowError(str(err)) from None
+AREA_VRTS = AREAS.vrts() if AREAS else []
+if AREAS:
+    REGIONS = pd.concat([REGIONS, AREAS.rows()])
 validate(REGIONS, "../schemas/regions.schema.yaml")
 DEMO_NAMES = [r.name for r in DEMO_REGIONS]
 DEMO_FILES = [
@@ -34,12 +50,18 @@ DEMO_FILES = [
     for kind in ("aef", "tessera", "cdl")
 ]
 try:
-    # pixels of every raster checked (the demo's own, not made yet, count as 0)
-    RASTER_PIXELS = check_regions(
-        REGIONS, Path(config["regions"]), generated=DEMO_FILES
+    # sizes (the demo's own rasters, not made yet, count as 0) and split groups of the rasters
+    CHECKS = check_regions(
+        REGIONS,
+        Path(config["regions"] or config["areas"]),
+        generated=DEMO_FILES + AREA_VRTS,
+        planned=planned_footprints(AREAS, config["areas"]) if AREAS else None,
     )
 except RegionsError as err:
     raise WorkflowError(str(err)) from None
+RASTER_PIXELS = CHECKS.pixels
+# the areas' VRTs, not written yet: their parts' extents
+RASTER_PIXELS.update(AREAS.pixels() if AREAS else {})
 
 RUNS = config["runs"]
 TRAIN_SCHEMA = str(Path(workflow.basedir) / "workflow/schemas/train.schema.yaml")
@@ -97,8 +119,17 @@ def run_source(run):
 
 def is_demo_data(source):
     """Every region with a ``source`` raster is a synthesized demo region."""
-    rasters = [REGIONS.loc[r, source] for r in regions_of(source)]
-    return bool(rasters) and all(path in DEMO_FILES for path in rasters)
+    return DEMO_DATA[source]
+
+
+def data_settings(source, section):
+    """config[section] (tiles, splits, shards) for ``source``'s regions: the schema's full-size
+    values for your own data, the demo's small ones (demo: overlay:) for the demo data only,
+    as the demo's training overlay is applied."""
+    settings = dict(config[section])
+    if is_demo_data(source):
+        settings.update(config["demo"]["overlay"].get(section, {}))
+    return settings
 
 
 def train_config_files(run):
@@ -128,12 +159,42 @@ def resolved_train_config(run):
         raise WorkflowError(f"train config of run {run!r}: {err}") from None
 
 
+SPLIT_COLUMN = REGIONS["split"] if "split" in REGIONS else pd.Series("", REGIONS.index)
+# per source, once: input functions run for every job of a 1,000-region DAG
+NONE = pd.Series(False, REGIONS.index)
+HAS = {s: REGIONS[s] != "" if s in REGIONS else NONE for s in SOURCES}
+MAPPED_REGIONS = {s: list(REGIONS.index[HAS[s]]) for s in SOURCES}
+TRAINING_REGIONS = {
+    s: list(REGIONS.index[HAS[s] & (SPLIT_COLUMN != PREDICT)]) for s in SOURCES
+}
+
+
 def regions_of(source):
-    return [r for r in REGIONS.index if REGIONS.loc[r, source]]
+    """The training regions with a ``source`` raster: labelled, tiled, sharded and scored."""
+    return TRAINING_REGIONS[source]
+
+
+def mapped_regions_of(source):
+    """Every region a run of ``source`` maps: the training regions and the prediction-only
+    ones (split predict: mapped, never labelled or scored)."""
+    return MAPPED_REGIONS[source]
+
+
+DEMO_DATA = {
+    s: bool(regions_of(s))
+    and all(REGIONS.loc[r, s] in DEMO_FILES for r in regions_of(s))
+    for s in SOURCES
+}
 
 
 check_gpu_partitions()
 RUN_SOURCE = {run: run_source(run) for run in RUNS}
+
+
+try:
+    check_predict_only(REGIONS, Path(config["regions"] or config["areas"]), RUN_SOURCE)
+except RegionsError as err:
+    raise WorkflowError(str(err)) from None
 RUN_CONFIG = {run: resolved_train_config(run) for run in RUNS}
 for run, cfg in RUN_CONFIG.items():
     if cfg["data"]["source"] != RUN_SOURCE[run]:
@@ -155,8 +216,49 @@ wildcard_constraints:
     run=one_of(RUNS),
 
 
+def is_tessera_npy(path):
+    """geotessera's native tile (.npy + scales + landmask), converted by rule tessera_npy."""
+    return str(path).lower().endswith(".npy")
+
+
+def job_raster(region, source):
+    """The raster the jobs read for a region's ``source`` cell: the cell's own file, or the
+    GeoTIFF a geotessera .npy tile is converted into."""
+    path = REGIONS.loc[region, source]
+    if source == "tessera" and is_tessera_npy(path):
+        return f"results/converted/tessera/{region}.tif"
+    return path
+
+
 def get_emb(wildcards):
-    return REGIONS.loc[wildcards.region, wildcards.source]
+    return job_raster(wildcards.region, wildcards.source)
+
+
+def get_tessera_npy(wildcards):
+    """The .npy tile's three files as inputs: a changed scales or landmask file reruns it."""
+    triple = find_triple(REGIONS.loc[wildcards.region, "tessera"])
+    return {
+        "npy": str(triple.embedding),
+        "scales": str(triple.scales),
+        "landmask": str(triple.landmask),
+    }
+
+
+def write_jobs_table(path, log, rows):
+    """Rule regions_table's work (it runs where Snakemake runs)."""
+    Path(path).write_text(rows, encoding="utf-8")
+    Path(log).write_text(f"wrote {path}: {rows.count(chr(10)) - 1} regions\n")
+
+
+def jobs_table_rows():
+    """The regions table as the jobs read it (results/regions.tsv): converted rasters in
+    place of .npy tiles."""
+    table = REGIONS.copy()
+    for region in table.index:
+        for source in SOURCES:
+            if table.loc[region, source]:
+                table.loc[region, source] = job_raster(region, source)
+    return table
 
 
 def get_cdl(wildcards):
@@ -165,6 +267,16 @@ def get_cdl(wildcards):
 
 def get_split(wildcards):
     return REGIONS.loc[wildcards.region, "split"] or "auto"
+
+
+def split_group(wildcards):
+    """The id the region's split blocks are drawn with, and the extent they are drawn over:
+    shared by the years of one ground, so a block has one split in every year."""
+    extent = CHECKS.split_extent(wildcards.source, wildcards.region)
+    return {
+        "key": CHECKS.split_key(wildcards.source, wildcards.region),
+        "extent": ",".join(f"{v:.6f}" for v in extent) if extent else "",
+    }
 
 
 def get_region_indexes(wildcards):
@@ -252,7 +364,7 @@ def predict_runtime_of(run):
     processes = profile_resource("predict", "nodes") or 1
     processes *= profile_resource("predict", "tasks_per_node") or 1
     source = RUN_SOURCE[run]
-    regions = regions_of(source)
+    regions = mapped_regions_of(source)
     megapixels = (
         sum(RASTER_PIXELS.get(REGIONS.loc[r, source], 0) for r in regions) / 1e6
     )
@@ -287,16 +399,16 @@ def predict_runtime(wildcards):
 
 
 def get_run_rasters(wildcards):
-    """The embedding rasters of every region with the source the run was trained on."""
+    """The embedding rasters of every region the run maps (prediction-only ones included)."""
     source = RUN_SOURCE[wildcards.run]
-    return [REGIONS.loc[region, source] for region in regions_of(source)]
+    return [job_raster(region, source) for region in mapped_regions_of(source)]
 
 
 def get_run_cdls(wildcards):
     source = RUN_SOURCE[wildcards.run]
     return [
         REGIONS.loc[region, "cdl"]
-        for region in regions_of(source)
+        for region in mapped_regions_of(source)
         if REGIONS.loc[region, "cdl"]
     ]
 
@@ -314,6 +426,23 @@ def predict_options(wildcards):
     if cfg["probabilities"]:
         options.append("--with-probabilities")
     return shlex.join(options)
+
+
+def is_predict_only(region):
+    return region in REGIONS.index and SPLIT_COLUMN[region] == PREDICT
+
+
+def map_category(wildcards):
+    """The report's section of a region's map: scored regions, or the prediction-only ones."""
+    if is_predict_only(wildcards.region):
+        return "Maps, unscored (prediction-only regions)"
+    return "Maps"
+
+
+def map_labels(wildcards):
+    """The report's labels of a map: run, region and whether it was ever scored."""
+    scored = "no (split predict)" if is_predict_only(wildcards.region) else "test tiles"
+    return {"run": wildcards.run, "region": wildcards.region, "scored": scored}
 
 
 def map_targets():

@@ -1,3 +1,40 @@
+rule tessera_npy:
+    input:
+        unpack(get_tessera_npy),
+    output:
+        "results/converted/tessera/{region}.tif",
+    log:
+        "logs/tessera_npy/{region}.log",
+    benchmark:
+        "benchmarks/tessera_npy/{region}.tsv"
+    conda:
+        "../../envs/emb.yaml"
+    threads: 1
+    resources:
+        # peak 396 MB converting an 1100 x 1100 x 128 tile (a geotessera tile's size) with its
+        # memory-mapped .npy pages, x 1.5; doubled at each retry (a job killed for memory)
+        mem_mb=lambda wildcards, attempt: 600 * 2 ** (attempt - 1),
+        runtime=30,
+    params:
+        year=lambda wildcards: REGIONS.loc[wildcards.region, "year"],
+    shell:
+        "python -m emb.prep.tessera_npy --npy={input.npy:q} --out={output:q}"
+        " --year={params.year:q} > {log:q} 2>&1"
+
+
+rule regions_table:
+    input:
+        config["regions"] or [],  # "": the areas give every region
+    output:
+        "results/regions.tsv",
+    log:
+        "logs/regions_table.log",
+    params:
+        rows=lambda wildcards: jobs_table_rows().to_csv(sep="\t", index=False),
+    run:
+        write_jobs_table(output[0], log[0], params.rows)
+
+
 rule align_labels:
     input:
         emb=get_emb,
@@ -14,8 +51,8 @@ rule align_labels:
         "../../envs/emb.yaml"
     threads: 1
     resources:
-        mem_mb=4000,
-        runtime=60,
+        mem_mb=region_mem_mb("align_labels"),  # measured (workflow/rules/cluster.smk)
+        runtime=region_runtime("align_labels"),
     shell:
         "python -m emb.prep.align_labels --emb={input.emb:q} --cdl={input.cdl:q}"
         " --classes={input.classes:q} --out={output.labels:q} --report={output.report:q}"
@@ -36,13 +73,14 @@ rule shards:
         "../../envs/emb.yaml"
     threads: 1
     resources:
-        mem_mb=4000,
-        runtime=120,
+        mem_mb=region_mem_mb("shards"),  # measured (workflow/rules/cluster.smk)
+        runtime=region_runtime("shards"),
     params:
         split=get_split,
-        tiles=config["tiles"],
-        splits=config["splits"],
-        shards=config["shards"],
+        group=split_group,
+        tiles=lambda wildcards: data_settings(wildcards.source, "tiles"),
+        splits=lambda wildcards: data_settings(wildcards.source, "splits"),
+        shards=lambda wildcards: data_settings(wildcards.source, "shards"),
     shell:
         "python -m emb.prep.shards --source={wildcards.source:q} --region={wildcards.region:q}"
         " --emb={input.emb:q} --labels={input.labels:q} --index={output.index:q}"
@@ -50,7 +88,8 @@ rule shards:
         " --min-valid={params.tiles[min_valid]:q} --block-m={params.splits[block_m]:q}"
         " --fractions {params.splits[fractions]:q} --seed={params.splits[seed]:q}"
         " --buffer-m={params.splits[buffer_m]:q}"
-        " --split={params.split:q} --max-samples={params.shards[max_samples]:q}"
+        " --split={params.split:q} --split-key={params.group[key]:q}"
+        " --split-extent={params.group[extent]:q} --max-samples={params.shards[max_samples]:q}"
         " --max-bytes={params.shards[max_bytes]:q} > {log:q} 2>&1"
 
 

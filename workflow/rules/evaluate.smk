@@ -49,7 +49,7 @@ rule evaluate:
         None  # as for train: the launcher runs the container inside its srun step
     threads: 2
     resources:
-        mem_mb=4000,
+        mem_mb=launched_mem_mb("evaluate"),  # measured (workflow/rules/cluster.smk)
         runtime=60,
         nodes=1,
         tasks_per_node=1,
@@ -71,7 +71,7 @@ rule evaluate:
 rule predict:
     input:
         trained="results/runs/{run}/train.json",
-        regions=config["regions"],
+        regions="results/regions.tsv",  # the table as jobs read it (converted .npy tiles)
         rasters=get_run_rasters,
         cdls=get_run_cdls,  # their colour tables, when they hold one, colour the maps
         classes=config["classes"],
@@ -81,9 +81,9 @@ rule predict:
             directory("results/maps/{run}"),
             patterns=["{region}.png"],
             caption="../report/map.rst",
-            category="Maps",
+            category=map_category,  # prediction-only regions in a section of their own
             subcategory="{run}",
-            labels={"run": "{run}", "region": "{region}"},
+            labels=map_labels,
         ),
     log:
         "logs/predict/{run}.log",
@@ -95,7 +95,7 @@ rule predict:
         None  # as for evaluate: the launcher runs the container inside its srun step
     threads: 8  # at most the cores Snakemake has: a laptop's maps use all of them
     resources:
-        mem_mb=8000,
+        mem_mb=launched_mem_mb("predict"),  # measured (workflow/rules/cluster.smk)
         runtime=predict_runtime,
         nodes=1,
         tasks_per_node=1,

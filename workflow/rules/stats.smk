@@ -13,7 +13,7 @@ rule channel_stats:
         "../../envs/emb.yaml"
     threads: 2  # profiles/{lumi,betzy} set 8 (set-threads)
     resources:
-        mem_mb=4000,
+        mem_mb=source_mem_mb("channel_stats"),  # measured (workflow/rules/cluster.smk)
         runtime=60,
     params:
         n_tiles=config["stats"]["n_tiles"],

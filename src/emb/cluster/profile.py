@@ -114,3 +114,18 @@ def check_runtime(minutes: int, limit: float | None, job: str, work: str, fix: s
             f"profile: {job}: {work} needs about {minutes} min, more than the partition's limit "
             f"max_runtime={limit:g} min; {fix}"
         )
+
+
+def local_node(env: Mapping[str, str] | None = None, meminfo: str = "/proc/meminfo") -> dict:
+    """The node scripts/slurm/start.sh makes of this machine: ``SLURM_LOCAL_CPUS`` cores (all
+    of them by default) and ``SLURM_LOCAL_MEM_MB`` MB (85% of the RAM by default)."""
+    env = os.environ if env is None else env
+    cores = int(env.get("SLURM_LOCAL_CPUS") or os.cpu_count() or 1)
+    mem_mb = env.get("SLURM_LOCAL_MEM_MB")
+    if not mem_mb:
+        total_kb = next(
+            int(line.split()[1]) for line in Path(meminfo).read_text().splitlines()
+            if line.startswith("MemTotal:")
+        )  # fmt: skip
+        mem_mb = int(total_kb / 1024 * 0.85)
+    return {"cores": cores, "mem_mb": int(mem_mb)}
