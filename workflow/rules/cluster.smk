@@ -51,7 +51,11 @@ def launched_mem_mb(stage):
 
     def mem_mb(wildcards, attempt):
         source = RUN_SOURCE[wildcards.run]
-        pixels = max((raster_pixels(source, r) for r in regions_of(source)), default=0)
+        # predict maps the prediction-only regions too; evaluate reads the training ones
+        regions = (
+            mapped_regions_of(source) if stage == "predict" else regions_of(source)
+        )
+        pixels = max((raster_pixels(source, r) for r in regions), default=0)
         return measured.launched_mem_mb(
             stage,
             processes if isinstance(processes, int) else 1,
