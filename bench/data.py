@@ -122,7 +122,7 @@ def shard_build_ratio(work: Path, source: str, size: int, tile: int, repeats: in
     out = work / f"shards_{source}"
 
     def raw() -> None:
-        with rasterio.Env(GDAL_CACHEMAX=GDAL_CACHE_MB), rasterio.open(emb) as src:
+        with rasterio.Env(GDAL_CACHEMAX=GDAL_CACHE_MB << 20), rasterio.open(emb) as src:
             for w in windows:
                 src.read(window=w)
 
