@@ -10,6 +10,7 @@ zone: ``truth/aef_{zone}.tif``) can be compared with what the tiles give.
 from __future__ import annotations
 
 import json
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +20,7 @@ import pyarrow.parquet as pq
 import rasterio
 import shapely
 from affine import Affine
+from conftest import REPO, venv_env
 from pyproj import CRS, Transformer
 
 from emb.areas.geo import WGS84, reproject, zone_box
@@ -333,3 +335,14 @@ def write_geoparquet(path: Path, areas: list[dict], epsg: int) -> None:
         },
     }
     pq.write_table(table.replace_schema_metadata({b"geo": json.dumps(geo).encode()}), path)
+
+
+def run_snakemake(
+    work: Path, configfiles: list[str], *args: str, timeout: int = 300
+) -> subprocess.CompletedProcess:
+    """The real workflow in ``work`` with ``configfiles`` (relative to it) and ``args``."""
+    cmd = ["snakemake", "-s", str(REPO / "Snakefile"), "-d", str(work),
+           "--configfile", *configfiles, *args]  # fmt: skip
+    return subprocess.run(
+        cmd, cwd=work, env=venv_env(), capture_output=True, text=True, timeout=timeout
+    )

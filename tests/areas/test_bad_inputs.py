@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,8 +14,8 @@ import pytest
 import rasterio
 import shapely
 import yaml
-from areas_collection import YEAR, Collection, make_collection, write_geojson
-from conftest import REPO, venv_env
+from areas_collection import YEAR, Collection, make_collection, run_snakemake, write_geojson
+from conftest import REPO
 
 from emb.areas import AreasError
 from emb.areas.config import plan_from_config
@@ -209,24 +208,7 @@ def test_snakemake_refuses_before_any_job(pristine: Collection, tmp_path: Path, 
     work = tmp_path / "work"
     shutil.copytree(REPO / "config", work / "config")
     (work / "areas.yaml").write_text(yaml.safe_dump({**cfg, "regions": ""}))
-    result = subprocess.run(
-        [
-            "snakemake",
-            "-s",
-            str(REPO / "Snakefile"),
-            "-d",
-            str(work),
-            "--configfile",
-            "areas.yaml",
-            "--cores",
-            "1",
-        ],
-        cwd=work,
-        env=venv_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    result = run_snakemake(work, ["areas.yaml"], "--cores", "1")
     assert result.returncode != 0
     lines = [line for line in result.stderr.splitlines() if needles[0] in line]
     assert len(lines) == 1 and all(n in lines[0] for n in needles), result.stderr[-2000:]

@@ -6,15 +6,14 @@ from __future__ import annotations
 import functools
 import http.server
 import shutil
-import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
-from areas_collection import YEAR, Collection, make_collection
-from conftest import REPO, venv_env
+from areas_collection import YEAR, Collection, make_collection, run_snakemake
+from conftest import REPO
 
 from emb.areas.fetch import FetchError, fetch
 
@@ -140,21 +139,7 @@ def test_snakemake_fetches_then_writes_the_vrts(served, tmp_path: Path) -> None:
         "runs": ["aef_segformer"],
     }
     (work / "areas.yaml").write_text(yaml.safe_dump(settings))
-    cmd = [
-        "snakemake",
-        "-s",
-        str(REPO / "Snakefile"),
-        "-d",
-        str(work),
-        "--configfile",
-        "areas.yaml",
-        "--cores",
-        "1",
-        "results/areas/regions.tsv",
-    ]
-    result = subprocess.run(
-        cmd, cwd=work, env=venv_env(), capture_output=True, text=True, timeout=300
-    )
+    result = run_snakemake(work, ["areas.yaml"], "--cores", "1", "results/areas/regions.tsv")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "rule fetch_tiles:" in result.stdout + result.stderr
     log = (work / "logs/areas/fetch_aef.log").read_text()

@@ -14,7 +14,7 @@ import pytest
 import rasterio
 import shapely
 import yaml
-from areas_collection import AREA, YEAR, Collection, make_collection
+from areas_collection import AREA, YEAR, Collection, make_collection, run_snakemake
 from conftest import REPO, venv_env
 from pyproj import CRS, Transformer
 from rasterio.features import geometry_mask
@@ -33,20 +33,7 @@ SMALL = {
 
 
 def snakemake(work: Path, *args: str) -> subprocess.CompletedProcess:
-    cmd = [
-        "snakemake",
-        "-s",
-        str(REPO / "Snakefile"),
-        "-d",
-        str(work),
-        "--configfile",
-        ".test/config.yaml",
-        "areas.yaml",
-        *args,
-    ]
-    return subprocess.run(
-        cmd, cwd=work, env=venv_env(), capture_output=True, text=True, timeout=1800
-    )
+    return run_snakemake(work, [".test/config.yaml", "areas.yaml"], *args, timeout=1800)
 
 
 @pytest.fixture(scope="module")
