@@ -124,14 +124,14 @@ def ground_metre_problem(crs: CRS, transform: Affine, shape: tuple[int, int]) ->
     )
 
 
-def _pairs(footprints: Sequence[Footprint]) -> list[tuple[int, int, shapely.Polygon]]:
+def _pairs(footprints: Sequence[Footprint]) -> list[tuple[int, int]]:
     """Index pairs whose outlines (in WGS 84) intersect, from an STRtree query."""
     if len(footprints) < 2:
         return []
     outlines = np.array([f.polygon(CRS.from_epsg(4326)) for f in footprints], dtype=object)
     tree = shapely.STRtree(outlines)
     left, right = tree.query(outlines, predicate="intersects")
-    return [(int(i), int(j), outlines[i]) for i, j in zip(left, right, strict=True) if i < j]
+    return [(int(i), int(j)) for i, j in zip(left, right, strict=True) if i < j]
 
 
 def overlap_m2(a: Footprint, b: Footprint) -> float:
@@ -155,7 +155,7 @@ def ground_groups(footprints: Sequence[Footprint]) -> dict[str, str]:
             i = parent[i]
         return i
 
-    for i, j, _ in _pairs(footprints):
+    for i, j in _pairs(footprints):
         a, b = footprints[i], footprints[j]
         area = overlap_m2(a, b)
         pixel = max(a.pixel_m, b.pixel_m) ** 2
