@@ -19,6 +19,9 @@ the same machine; the machine is shared, so run it twice and compare.
   ``loader_process_ceiling_ratio_w2``: two DataLoader worker *processes* that only read each
   batch's bytes into shared memory (no decode, no batching logic): the most a process-based
   loader can reach here, kept to show why the loader reads in threads (emb.loading.batch_reader).
+  Absolute figures beside them: ``raw_tar_mb_s``, ``loader_mb_s_w{0,2}`` (MB/s of shard
+  bytes), ``loader_samples_s_w{0,2}`` and ``loader_samples_s_per_thread_w2``, to set against
+  the bandwidth a GPU node needs at the recipe (docs/gpu.md).
 - stats_ratio: ``channel_stats`` time (moments stored by the build, merged) / raw read time
   of the sampled tiles' arrays (``emb``, ``scale``), page cache warm (goal <= 0.2);
   ``stats_ratio_cold``: both after evicting the shards from the page cache, as for a stats
@@ -251,13 +254,22 @@ def loader_ratios(work: Path, repeats: int, batch: int = 8) -> dict:
         repeats,
     )
     raw_t = best["raw"]
+    mb = samples * sample_bytes / 1e6
+    threads_w2 = min(2, len(shards))  # train_batches never starts more threads than shards
     return {
         "index_scan_ratio": best["sidecar"] / best["scan"],
         "loader_epoch_samples": samples,
+        "loader_sample_mib": sample_bytes / 2**20,
         "raw_tar_samples_s": samples / raw_t,
+        "raw_tar_mb_s": mb / raw_t,
+        # absolute figures beside the ratios: a GPU at 760-1000 samples/s needs 3-4 GB/s of
+        # 4 MiB AEF samples (docs/gpu.md); w0 reads on the consumer's one thread
         "loader_samples_s_w0": samples / best["w0"],
+        "loader_mb_s_w0": mb / best["w0"],
         "loader_ratio_w0": raw_t / best["w0"],
         "loader_samples_s_w2": samples / best["w2"],
+        "loader_mb_s_w2": mb / best["w2"],
+        "loader_samples_s_per_thread_w2": samples / best["w2"] / threads_w2,
         "loader_ratio_w2": raw_t / best["w2"],
         "loader_steady_ratio_w2": raw_t * (samples - batch) / samples / steady,
         "loader_startup_s_w2": first["w2"],

@@ -19,6 +19,8 @@ Contenders alternate and each keeps its best time, so both see the same machine.
 - processes_2_over_1: time of the 1-process job / time of the 2-process job (2.0 = perfect
   scaling; CPU processes share cores and memory bandwidth here, GPU processes each hold a GPU
   of their own). Both jobs must write byte-identical ``{region}.tif`` maps, or the bench fails.
+  On a machine with one GPU the 2-process job cannot run (one process per GPU): it is left out
+  and these two figures are null (the launcher would refuse it in one line, not hang).
 
 Usage: ``python bench/predict.py [--quick] [--json PATH] [--size S] [--tile T]``.
 """
@@ -115,6 +117,13 @@ def predict_job(run_dir: Path, table: Path, out_dir: Path, nproc: int, tile: int
     return seconds
 
 
+def job_processes() -> list[int]:
+    """Process counts for the predict jobs: 1 and 2, but never more processes than GPUs on a
+    GPU machine (a second rank on a one-GPU machine would ask for a ``cuda:1`` it lacks)."""
+    gpus = torch.cuda.device_count()
+    return [1] if gpus == 1 else [1, 2]
+
+
 def map_bytes(out_dir: Path, regions: list[str]) -> dict[str, bytes]:
     """Each region's ``{region}.tif``, as bytes."""
     missing = [r for r in regions if not (out_dir / f"{r}.tif").is_file()]
@@ -164,7 +173,7 @@ def main(argv: list[str] | None = None) -> None:
     size, repeats = (512, 1) if args.quick else (args.size, 2)
     torch.set_num_threads(max(1, torch.get_num_threads()))
     cmap = load_class_map(REPO / "config/classes.csv")
-    results: dict[str, float] = {}
+    results: dict[str, float | None] = {}
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         raster = write_raster(tmp / "aef.tif", size)
@@ -188,7 +197,7 @@ def main(argv: list[str] | None = None) -> None:
         second = write_raster(tmp / "aef2.tif", size, seed=1)
         table = region_table(tmp / "regions.tsv", [raster, second])
         regions = ["r0", "r1"]
-        seconds = {1: float("inf"), 2: float("inf")}
+        seconds = dict.fromkeys(job_processes(), float("inf"))
         first: dict[str, bytes] = {}  # the maps of the first job, which every job must write
         for i in range(repeats):  # alternating, best of each, a fresh folder per job
             for nproc in seconds:
@@ -205,8 +214,11 @@ def main(argv: list[str] | None = None) -> None:
                     )
         mpx = 2 * size * size / 1e6
         results["predict_mpx_per_s_1proc"] = round(mpx / seconds[1], 3)
-        results["predict_mpx_per_s_per_proc_2proc"] = round(mpx / seconds[2] / 2, 3)
-        results["processes_2_over_1"] = round(seconds[1] / seconds[2], 3)
+        two = seconds.get(2)  # None on a one-GPU machine: no second process
+        results["predict_mpx_per_s_per_proc_2proc"] = (
+            None if two is None else round(mpx / two / 2, 3)
+        )
+        results["processes_2_over_1"] = None if two is None else round(seconds[1] / two, 3)
     print(json.dumps(results, indent=2))
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")

@@ -53,12 +53,18 @@ def test_an_earth_engine_aef_export_quantizes_back_within_one_int8_step() -> Non
     codes = np.arange(-127, 128).reshape(1, 15, 17)
     # every code in every band, no pixel all 0 (that is nodata: the next test)
     q = ((codes + 127 + np.arange(64)[:, None, None]) % 255 - 127).astype(np.int8)
+    # the export, from the AEF documentation's de-quantization, not the package's own
+    published = (q.astype(np.float64) / 127.5) ** 2 * np.sign(q)
+    # hand-checked: 127 -> (127/127.5)^2 = 0.992172..., -64 -> -0.251965..., 1 -> 1/127.5^2
+    for code, value in ((127, 0.99217224), (-64, -0.25196463), (1, 6.151e-05), (0, 0.0)):
+        assert np.allclose(published[q == code], value, rtol=1e-4, atol=1e-9), code
+    assert np.allclose(dequantize_aef(q), published, rtol=0, atol=1e-6)
     for dtype in (np.float32, np.float64):
-        assert np.array_equal(quantize_aef(dequantize_aef(q).astype(dtype)), q)
+        assert np.array_equal(quantize_aef(published.astype(dtype)), q)
     v = np.random.default_rng(0).uniform(-1, 1, (64, 40, 40))
-    step = np.abs(np.diff(dequantize_aef(np.arange(-127, 128, dtype=np.int8)))).max()
+    step = 2 * 127 / 127.5**2  # the widest step, between codes 126 and 127
     assert np.abs(dequantize_aef(quantize_aef(v)) - v).max() <= step
-    block = dequantize_aef(q).astype(np.float32)
+    block = published.astype(np.float32)
     block[:, 0, :3] = 0.0  # masked by Earth Engine: every band 0
     block[:, 1, 0] = np.nan
     stored = shard_arrays("aef", block, None)["emb"]

@@ -9,6 +9,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import rasterio
@@ -24,14 +25,17 @@ RUNS = ["aef_segformer", "aef_deeplab", "tessera_segformer", "tessera_deeplab"]
 
 
 def make_workdir(path: Path) -> Path:
-    """A fresh working directory holding what a user's checkout holds: config/ and .test/."""
-    shutil.copytree(REPO / "config", path / "config")
-    shutil.copytree(REPO / ".test", path / ".test")
+    """A fresh checkout as a user runs it: the Snakefile, workflow/, envs/, config/ and .test/ in
+    one folder (emb itself is installed from this repository), so the project can be moved."""
+    path.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(REPO / "Snakefile", path / "Snakefile")
+    for folder in ("workflow", "envs", "config", ".test"):
+        shutil.copytree(REPO / folder, path / folder, ignore=shutil.ignore_patterns("__pycache__"))
     return path
 
 
 def snakemake(workdir: Path, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
-    cmd = ["snakemake", "-s", str(REPO / "Snakefile"), "-d", str(workdir),
+    cmd = ["snakemake", "-s", str(workdir / "Snakefile"), "-d", str(workdir),
            "--configfile", ".test/config.yaml", *args]  # fmt: skip
     return subprocess.run(
         cmd, cwd=workdir, env=venv_env(), capture_output=True, text=True, timeout=timeout
@@ -116,6 +120,19 @@ def test_rerun_has_nothing_to_do(finished_run: Path) -> None:
     result = snakemake(finished_run, "-n")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Nothing to be done" in result.stdout + result.stderr
+
+
+def test_a_finished_project_copied_or_renamed_elsewhere_has_nothing_to_do(
+    finished_run: Path, tmp_path: Path
+) -> None:
+    """No job's input or params may name the project's absolute path (it was the train
+    schema's): a project moved to project storage would retrain every run."""
+    copied = tmp_path / "copied"
+    shutil.copytree(finished_run, copied, symlinks=True)  # copy2: the files keep their mtimes
+    moved = copied.rename(tmp_path / "renamed project")
+    result = snakemake(moved, "-n")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Nothing to be done" in result.stdout + result.stderr, result.stdout[-3000:]
 
 
 @pytest.mark.parametrize("run", RUNS)
@@ -218,6 +235,12 @@ def test_metrics_summary_and_maps_name_the_code_config_and_data_that_made_them(
     assert "What made each run" in page and head in page
 
 
+def map_of(workdir: Path, run: str, region: str) -> tuple[tuple, np.ndarray]:
+    """A map's grid (CRS, transform, shape) and its classes."""
+    with rasterio.open(workdir / f"results/maps/{run}/{region}.tif") as out:
+        return (out.crs, out.transform, out.shape), out.read(1)
+
+
 def test_a_prediction_only_region_is_mapped_by_every_run_of_its_source_and_changes_nothing_else(
     finished_run: Path, tmp_path: Path
 ) -> None:
@@ -238,6 +261,8 @@ def test_a_prediction_only_region_is_mapped_by_every_run_of_its_source_and_chang
             "results/stats/aef/stats.json", "results/stats/tessera/stats.json",
             *[f"results/eval/{run}/metrics.json" for run in RUNS]]  # fmt: skip
     before = {name: (workdir / name).read_bytes() for name in kept}
+    demo_maps = {(run, region): map_of(workdir, run, region) for run in RUNS
+                 for region in ("demo_a", "demo_b")}  # fmt: skip
 
     result = snakemake(workdir, "--cores", "2")
 
@@ -245,6 +270,9 @@ def test_a_prediction_only_region_is_mapped_by_every_run_of_its_source_and_chang
     ran = set(re.findall(r"^(?:local)?rule (\w+):", result.stdout + result.stderr, re.M))
     assert ran == {"regions_table", "predict", "all"}, ran
     assert {name: (workdir / name).read_bytes() for name in kept} == before
+    for (run, region), (grid, classes) in demo_maps.items():  # predict ran again: same maps
+        again, again_classes = map_of(workdir, run, region)
+        assert again == grid and np.array_equal(again_classes, classes), (run, region)
     assert not list(workdir.glob("results/labels/*/next_season*"))
     assert not list(workdir.glob("results/shards/*/next_season"))
     with rasterio.open(raster) as s:

@@ -13,7 +13,7 @@
 #   --accounting dbd   MariaDB + slurmdbd: `sacct`/`sacctmgr` work; the snakemake slurm
 #                      plugin works with its defaults. Adds ~300 MB of packages, ~5 s.
 # Env overrides: SLURM_LOCAL_DIR (default /tmp/emb-slurm), SLURM_LOCAL_ACCOUNTING,
-#                SLURM_LOCAL_CPUS (default nproc), SLURM_LOCAL_MEM_MB (default 85% of RAM),
+#                SLURM_LOCAL_CPUS (default nproc --all), SLURM_LOCAL_MEM_MB (default 85% of RAM),
 #                SLURM_LOCAL_ETC_LINK=0 to NOT symlink /etc/slurm/slurm.conf (then every
 #                client needs SLURM_CONF, and the snakemake slurm-jobstep plugin breaks
 #                because it strips SLURM_* env vars, SLURM_CONF included, before `srun`).
@@ -37,7 +37,7 @@ case "$ACCT" in none|dbd) ;; *) echo "--accounting must be none or dbd" >&2; exi
 CLUSTER=local
 NODE=localhost
 PART=debug
-CPUS=${SLURM_LOCAL_CPUS:-$(nproc)}
+CPUS=${SLURM_LOCAL_CPUS:-$(nproc --all)}  # all CPUs, as os.cpu_count(); nproc honours OMP_NUM_THREADS
 MEM_MB=${SLURM_LOCAL_MEM_MB:-$(awk '/MemTotal/{printf "%d", $2/1024*0.85}' /proc/meminfo)}
 MUNGE_SOCK=$BASE/munge-run/munge.socket.2
 DB_PORT=3307

@@ -20,6 +20,13 @@ ChunkMap = Callable[[Callable[[slice], None], Iterable[slice]], Iterable[None]]
 
 SOURCES = ("aef", "tessera")
 BANDS = {"aef": 64, "tessera": 128}
+# What each regions-table column's raster holds. AEF comes as int8 (the public COGs) or as
+# float (Earth Engine exports, de-quantized: quantized back on ingest, :func:`shard_arrays`).
+DTYPES = {
+    "aef": ("int8", "float32", "float64"),
+    "tessera": ("float32", "float64"),
+    "cdl": ("uint8", "uint16"),
+}
 AEF_NODATA = -128
 # Beyond these a value is not the product's: AEF is unit-length (|x| <= 1, with float slack for
 # an export's rounding); TESSERA's dequantized values stay within tens, and a broken tile's scale

@@ -11,8 +11,8 @@ import pytest
 from areas_collection import YEAR, make_collection
 from test_plan import collections
 
-from emb.areas.config import planned_footprints
 from emb.areas.plan import plan_areas
+from emb.areas.workflow import planned_footprints
 from emb.prep.regions import RegionsError, check_regions
 
 

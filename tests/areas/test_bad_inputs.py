@@ -4,6 +4,7 @@ with its files, the antimeridian, areas overlapping in one year."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from collections.abc import Callable
@@ -18,7 +19,7 @@ from areas_collection import YEAR, Collection, make_collection, run_snakemake, w
 from conftest import REPO
 
 from emb.areas import AreasError
-from emb.areas.config import plan_from_config
+from emb.areas.workflow import plan_from_config
 
 
 @pytest.fixture(scope="module")
@@ -163,6 +164,54 @@ def index_without_columns(c: Collection, cfg: dict) -> tuple[str, ...]:
     return (str(c.aef_index), "utm_zone", "published columns")
 
 
+def tile_elsewhere(c: Collection, cfg: dict) -> tuple[str, ...]:
+    """Same name, size and CRS as its index row, but its pixels 10 km east."""
+    path = aef_tile(c)
+    with rasterio.open(path) as src:
+        profile, data = src.profile, src.read()
+    path.unlink()
+    moved = profile["transform"] * rasterio.Affine.translation(1000, 0)  # 1000 px of 10 m
+    with rasterio.open(path, "w", **{**profile, "transform": moved}) as out:
+        out.write(data)
+    return (str(path), "'field_trial'", "half a pixel", str(c.aef_index), "not the tile")
+
+
+def cdl_tiles_of_another_year(c: Collection, cfg: dict) -> tuple[str, ...]:
+    for tile in sorted(c.cdl_tiles.iterdir()):
+        tile.rename(tile.with_name(tile.name.replace(str(YEAR), str(YEAR - 1))))
+    return (f"cdl_{YEAR - 1}_", "'field_trial'", f"a CDL tile of {YEAR - 1}", f"of {YEAR}")
+
+
+def bow_tie(c: Collection, cfg: dict) -> tuple[str, ...]:
+    w, s, e, n = -96.012, 42.002, -95.988, 42.020
+    area_file(c, geometry=shapely.Polygon([(w, s), (e, n), (e, s), (w, n)]))
+    return (str(c.areas), "'field_trial'", "Self-intersection[-96", "bow-tie")
+
+
+def unclosed_ring(c: Collection, cfg: dict) -> tuple[str, ...]:
+    ring = [[-96.012, 42.002], [-95.988, 42.002], [-95.988, 42.020], [-96.012, 42.020]]
+    feature = {
+        "type": "Feature",
+        "geometry": {"type": "Polygon", "coordinates": [ring]},
+        "properties": {"area": "open_ring", "year": YEAR},
+    }
+    c.areas.unlink()
+    c.areas.write_text(json.dumps({"type": "FeatureCollection", "features": [feature]}))
+    return (str(c.areas), "feature 1 (area 'open_ring')", "closed")
+
+
+def geojson_without_area(c: Collection, cfg: dict) -> tuple[str, ...]:
+    write_geojson(c.areas, [{"name": "field_trial", "year": YEAR, "geometry": shapely.box(
+        -96.012, 42.002, -95.988, 42.020)}])  # fmt: skip
+    return (str(c.areas), "feature 1", "no 'area' property", "['name', 'year']")
+
+
+def tessera_only_year_outside(c: Collection, cfg: dict) -> tuple[str, ...]:
+    del cfg["collections"]["aef"]
+    area_file(c, year=2016)
+    return (str(c.areas), "'field_trial'", "year 2016", "outside the TESSERA", "2017-2025")
+
+
 CASES: list[Callable] = [
     unreadable,
     unknown_format,
@@ -178,6 +227,12 @@ CASES: list[Callable] = [
     tessera_missing,
     cdl_missing,
     index_without_columns,
+    tile_elsewhere,
+    cdl_tiles_of_another_year,
+    bow_tie,
+    unclosed_ring,
+    geojson_without_area,
+    tessera_only_year_outside,
 ]
 
 

@@ -10,11 +10,15 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import yaml
 from areas_collection import YEAR, Collection, make_collection, run_snakemake
 from conftest import REPO
 
+from emb import cli
+from emb.areas import AreasError
 from emb.areas.fetch import FetchError, fetch
 
 NEEDED = ["14N/x0y1", "15N/x1y2", "15N/x0y0"]  # tiles the area's parts meet
@@ -25,6 +29,8 @@ class RangeHandler(http.server.SimpleHTTPRequestHandler):
 
     requests: list[tuple[str, str]] = []
     truncate: set[str] = set()  # names answered with half their bytes
+    html: set[str] = set()  # names answered 200 with a sign-in page
+    whole: set[str] = set()  # names whose Range requests are answered 206 with every byte
 
     def log_message(self, *args) -> None:  # quiet
         pass
@@ -37,12 +43,19 @@ class RangeHandler(http.server.SimpleHTTPRequestHandler):
             return
         data = path.read_bytes()
         start = 0
-        if self.headers.get("Range", "").startswith("bytes="):
+        if path.name in type(self).html:
+            data = b"<html><body>Sign in</body></html>" * 50
+            self.send_response(200)
+        elif path.name in type(self).whole and self.headers.get("Range"):
+            self.send_response(206)
+            self.send_header("Content-Range", f"bytes 0-{len(data) - 1}/{len(data)}")
+        elif self.headers.get("Range", "").startswith("bytes="):
             start = int(self.headers["Range"][6:].split("-")[0])
             if start >= len(data):
                 self.send_error(416, "Range Not Satisfiable")
                 return
             self.send_response(206)
+            self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
         else:
             self.send_response(200)
         body = data[start:]
@@ -120,9 +133,58 @@ def test_a_missing_object_and_a_dropped_connection_are_named(served, tmp_path: P
             fetch(c.areas, collections, "aef", workers=2, out=tmp_path / "f.tsv")
     finally:
         RangeHandler.truncate = set()
-    assert name in str(err.value)
+    assert name in str(err.value) and "a rerun resumes" in str(err.value)
+    assert cli.exit_code(err.value) == cli.EXIT_INPUT  # one line, not a bug's traceback
     assert not tile(tmp_path / "aef", NEEDED[1]).exists()  # never a partial file in its place
     assert not (tmp_path / "f.tsv").exists()
+
+
+def test_an_index_row_outside_the_folder_is_refused_before_any_request(
+    served, tmp_path: Path
+) -> None:
+    c, url = served
+    collections = local_copy(c, tmp_path)
+    collections["aef"]["url"] = url
+    index = Path(collections["aef"]["index"])
+    table = pq.read_table(index)
+    paths = table.column("path").to_pylist()
+    row = next(i for i, p in enumerate(paths) if NEEDED[1].split("/")[1] in p)
+    paths[row] = "../../../escaped.tiff"
+    pq.write_table(
+        table.set_column(table.column_names.index("path"), "path", pa.array(paths)), index
+    )
+    RangeHandler.requests.clear()
+    with pytest.raises(AreasError, match=r"index row '\.\./\.\./\.\./escaped\.tiff'.*outside"):
+        fetch(c.areas, collections, "aef", workers=2, out=tmp_path / "f.tsv")
+    assert RangeHandler.requests == []
+
+
+def test_a_sign_in_page_never_reaches_the_tile_path(served, tmp_path: Path) -> None:
+    c, url = served
+    collections = local_copy(c, tmp_path)
+    collections["aef"]["url"] = url
+    name = f"{NEEDED[1].split('/')[1]}-0000000000-0000000000.tiff"
+    RangeHandler.html = {name}
+    try:
+        with pytest.raises(AreasError, match=name):
+            fetch(c.areas, collections, "aef", workers=1, out=tmp_path / "f.tsv")
+    finally:
+        RangeHandler.html = set()
+    final = tile(tmp_path / "aef", NEEDED[1])
+    assert not final.exists() and not final.with_name(name + ".part").exists()
+
+
+def test_a_range_answered_with_the_whole_object_restarts_from_zero(served, tmp_path: Path) -> None:
+    c, url = served
+    collections = local_copy(c, tmp_path)  # NEEDED[0] is a third downloaded
+    collections["aef"]["url"] = url
+    name = f"{NEEDED[0].split('/')[1]}-0000000000-0000000000.tiff"
+    RangeHandler.whole = {name}
+    try:
+        fetch(c.areas, collections, "aef", workers=1, out=tmp_path / "f.tsv")
+    finally:
+        RangeHandler.whole = set()
+    assert tile(tmp_path / "aef", NEEDED[0]).read_bytes() == tile(c.aef, NEEDED[0]).read_bytes()
 
 
 def test_snakemake_fetches_then_writes_the_vrts(served, tmp_path: Path) -> None:

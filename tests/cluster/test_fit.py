@@ -58,11 +58,13 @@ def test_group_size_is_the_configured_one_where_the_nodes_cores_run_it(
 
 
 def test_memory_grows_with_the_raster_doubles_per_retry_and_has_a_floor() -> None:
-    small, large = mem_mb("shards", 1e6, "aef"), mem_mb("shards", 67e6, "aef")
-    assert 500 <= small <= large
-    assert mem_mb("shards", 67e6, "aef", attempt=2) == 2 * large
-    assert mem_mb("shards", 67e6, "aef", attempt=3) == 4 * large
-    assert all(m % 100 == 0 for m in (small, large))
+    # shards on AEF: 146 MiB + 1.1 MiB/Mpx, x1.5 margin, in MB, rounded up to 100 MB:
+    # 1 Mpx -> 231 MB -> the 500 MB floor; 400 Mpx -> 922 MB -> 1000; 1000 Mpx -> 1960 -> 2000.
+    small, large = mem_mb("shards", 1e6, "aef"), mem_mb("shards", 400e6, "aef")
+    assert (small, large) == (500, 1000)
+    assert mem_mb("shards", 1000e6, "aef") == 2000
+    assert mem_mb("shards", 400e6, "aef", attempt=2) == 2 * large
+    assert mem_mb("shards", 400e6, "aef", attempt=3) == 4 * large
 
 
 def test_runtime_grows_with_the_raster_from_a_floor() -> None:

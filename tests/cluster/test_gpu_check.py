@@ -1,36 +1,46 @@
-"""gpu_check: a step that sees other GPUs (or fewer CPUs) than its rule asked for fails loudly."""
+"""gpu_check: a step that sees other GPUs (or fewer CPUs) than its rule asked for fails loudly.
+
+GPU machines are faked by replacing ``torch.cuda.device_count`` in the subprocess that runs the
+real command line (CI has no GPU); Snakemake's own parser builds the resource settings."""
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import venv_env
+from conftest import REPO, venv_env
+from fake_gpus import fake_gpu_command
+from snakemake.cli import parse_set_resources
+from snakemake.settings.types import ResourceSettings
 
-from emb.cluster.gpu_check import DeviceMismatch, check_devices
+from emb.cluster.gpu_check import DeviceMismatch, check_devices, gpu_request
 
 
 def test_matching_devices_pass_and_each_mismatch_is_named() -> None:
     check_devices(4, 4, 32, 64)
     with pytest.raises(DeviceMismatch, match="expected 2 GPU\\(s\\) per node, found 1"):
         check_devices(2, 1, 1, 1)  # the symptom of plugin issue #459
+    check_devices(None, 3, 1, 1)  # auto: whatever the machine has
+    with pytest.raises(DeviceMismatch, match="2 processes per node but 1 visible GPU"):
+        check_devices(None, 1, 1, 1, processes=2)
+    check_devices(None, 0, 1, 1, processes=2)  # CPU processes share the cores
     with pytest.raises(DeviceMismatch, match="expected at least 16 CPU\\(s\\), found 8"):
         check_devices(0, 0, 16, 8)
 
 
-def run_check(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    cmd = [
-        sys.executable,
-        "-m",
-        "emb.cluster.gpu_check",
-        "--out",
-        str(tmp_path / "check.json"),
-        *args,
-    ]
+def run_check(tmp_path: Path, *args: str, gpus: int | None = None) -> subprocess.CompletedProcess:
+    """The real gpu_check command line; ``gpus``: fake that many visible GPUs."""
+    args = ("--out", str(tmp_path / "check.json"), *args)
+    if gpus is None:
+        cmd = [sys.executable, "-m", "emb.cluster.gpu_check", *args]
+    else:
+        cmd = fake_gpu_command(gpus, "emb.cluster.gpu_check", *args)
     return subprocess.run(cmd, env=venv_env(), capture_output=True, text=True, timeout=120)
 
 
@@ -47,3 +57,81 @@ def test_cpu_machine_asked_for_gpus_fails_before_training(tmp_path: Path) -> Non
     assert result.returncode == 1
     assert "expected 4 GPU(s) per node, found 0" in result.stderr
     assert not (tmp_path / "check.json").exists()
+
+
+def rule_gpus(*set_resources: str, argv: tuple[str, ...] = ("snakemake",)) -> list[str]:
+    """gpu_check's GPU options as the rule computes them from Snakemake's resource settings."""
+    settings = ResourceSettings(overwrite_resources=parse_set_resources(list(set_resources)))
+    return shlex.split(gpu_request(settings, argv=list(argv), environ={}))
+
+
+def test_rule_default_on_a_one_gpu_machine_passes(tmp_path: Path) -> None:
+    """The issue's first symptom: plain ``snakemake --cores N`` on a machine with one GPU."""
+    options = rule_gpus()
+    assert options == ["--gpus=auto"]
+    result = run_check(tmp_path, *options, "--processes", "1", "--threads", "1", gpus=1)
+    assert result.returncode == 0, result.stderr
+    report = json.loads((tmp_path / "check.json").read_text())
+    assert (report["gpus_expected"], report["gpus_found"]) == ("auto", 1)
+    assert report["devices"] == ["fake GPU 0"]
+
+
+def test_auto_refuses_more_processes_than_gpus(tmp_path: Path) -> None:
+    result = run_check(tmp_path, "--gpus=auto", "--processes", "2", "--threads", "1", gpus=1)
+    assert result.returncode == 1
+    assert "2 processes per node but 1 visible GPU(s)" in result.stderr
+    assert "cuda:1" in result.stderr
+
+
+def test_a_profile_setting_stays_strict_and_is_named(tmp_path: Path) -> None:
+    """A cluster profile sets the number: a node showing another count fails, naming the
+    setting and the profile in use (not one the user never named)."""
+    options = rule_gpus("gpu_check:gpus_per_node=2", argv=("snakemake", "--profile", "profiles/x"))
+    assert options[0] == "--gpus=2"
+    result = run_check(tmp_path, *options, "--processes", "2", "--threads", "1", gpus=1)
+    assert result.returncode == 1
+    line = result.stderr.strip().splitlines()[-1]
+    assert "expected 2 GPU(s) per node, found 1" in line
+    assert "gpu_check:gpus_per_node, set by the profile profiles/x or --set-resources" in line
+    assert not (tmp_path / "check.json").exists()
+
+
+def test_a_zero_setting_stays_strict_on_a_gpu_node(tmp_path: Path) -> None:
+    """slurm-localhost's gpus_per_node: 0 is a number the profile set, not auto."""
+    options = rule_gpus("gpu_check:gpus_per_node=0")
+    result = run_check(tmp_path, *options, "--processes", "1", "--threads", "1", gpus=1)
+    assert result.returncode == 1
+    assert "expected 0 GPU(s) per node, found 1" in result.stderr
+    assert "the profile or --set-resources" in result.stderr
+
+
+def test_a_non_integer_setting_is_refused() -> None:
+    with pytest.raises(ValueError, match="gpu_check:gpus_per_node: expected an integer >= 0"):
+        rule_gpus("gpu_check:gpus_per_node=auto")
+
+
+def rule_check_args(tmp_path: Path, *extra: str) -> list[str]:
+    """gpu_check's arguments in the rule's shell command, as ``snakemake -n -p`` prints it."""
+    shutil.copytree(REPO / "config", tmp_path / "config")
+    cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(tmp_path),
+           "-n", "-p", "--cores", "2", "results/gpu_check.json", *extra]  # fmt: skip
+    done = subprocess.run(
+        cmd, cwd=tmp_path, env=venv_env(), capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    shell = next(line for line in done.stdout.splitlines() if "emb.cluster.gpu_check" in line)
+    words = shlex.split(shell.split(">")[0])
+    return words[words.index("emb.cluster.gpu_check") + 1 : -1]  # less --out=
+
+
+def test_the_rule_expects_the_machines_gpus_unless_a_number_is_set(tmp_path: Path) -> None:
+    """Plain ``snakemake`` (the rule's default resources) passes on a one-GPU machine; a number
+    set with --set-resources (as a profile sets it) is checked strictly and named."""
+    default = rule_check_args(tmp_path / "default")
+    assert default[0] == "--gpus=auto"
+    assert run_check(tmp_path, *default, gpus=1).returncode == 0
+    strict = rule_check_args(tmp_path / "set", "--set-resources", "gpu_check:gpus_per_node=2")
+    result = run_check(tmp_path, *strict, gpus=1)
+    assert result.returncode == 1
+    assert "expected 2 GPU(s) per node, found 1" in result.stderr
+    assert "set by the profile or --set-resources" in result.stderr

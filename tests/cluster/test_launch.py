@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, venv_env
+from fake_gpus import fake_gpu_command
 
-from emb.cluster.launch import Launch, c10d_port, command, environment, rule_options
+from emb.cluster.launch import NPROC_ENV, Launch, c10d_port, command, environment, rule_options
 from emb.cluster.retries import earlier_failure, record_failure
 from emb.cluster.supervise import (
     EX_TEMPFAIL,
@@ -253,3 +254,41 @@ def test_a_stop_with_a_checkpoint_or_a_success_leaves_no_failure_record(tmp_path
     record_failure(record, 1, 3)
     assert earlier_failure(record, 2) == (3, earlier_failure(record, 2)[1])
     assert earlier_failure(record, 1) is None and not record.exists()
+
+
+@pytest.mark.parametrize(
+    "module", ["emb.training.train", "emb.evaluation.evaluate", "emb.evaluation.predict"]
+)
+def test_more_processes_than_gpus_is_refused_before_torchrun(module: str) -> None:
+    """On a (faked) one-GPU machine, two processes would give rank 1 ``cuda:1`` and hang: the
+    launcher every stage starts through refuses in one line, exit 2, before starting anything."""
+    cmd = fake_gpu_command(1, "emb.cluster.launch", "--nproc-per-node", "2", "--", module)
+    done = subprocess.run(cmd, env=venv_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stdout == ""  # no "launch:" line: torchrun never started
+    assert done.stderr.splitlines() == [
+        "error: 2 processes per node but 1 visible GPU(s): rank 1 would get cuda:1, which does"
+        " not exist; use at most 1 (tasks_per_node, config launch.nproc_per_node or"
+        " --nproc-per-node)"
+    ]
+
+
+def test_processes_that_fit_the_gpus_launch() -> None:
+    cmd = fake_gpu_command(2, "emb.cluster.launch", "--nproc-per-node", "2", "--dry-run", "--",
+                           "emb.training.train")  # fmt: skip
+    done = subprocess.run(cmd, env=venv_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "--nproc_per_node=2" in done.stdout
+
+
+def test_each_srun_task_checks_its_own_gpus() -> None:
+    """Under srun (or a container) the node command runs in ``--supervise``: the check is there,
+    with the processes per node from the launch's environment."""
+    env = {**venv_env(), NPROC_ENV: "2"}
+    cmd = fake_gpu_command(1, "emb.cluster.launch", "--supervise", "--", "true")
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert "2 processes per node but 1 visible GPU(s)" in done.stderr
+    env[NPROC_ENV] = "1"
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr

@@ -4,13 +4,38 @@ never labelled, sharded or scored (no job beyond those of the training regions).
 from __future__ import annotations
 
 import math
+import os
+import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from test_profiles import cluster_env, dry_run, jobs_of
+import rasterio
+from test_profiles import REPO, cluster_env, dry_run, jobs_of
 from test_scale_dry_run import PREP_PER_JOB, many_regions, submitted
 
+from emb.cluster.resources import launched_mem_mb
+
 TRAINING = 10
+BIG = 4096  # pixels per side of the last (prediction-only) region's rasters
+
+
+def enlarge(raster: Path, side: int) -> None:
+    """Rewrite ``raster`` as a ``side`` x ``side`` sparse GeoTIFF (no block written: tiny on
+    disk) on the same grid origin, so that only its header says it is large."""
+    with rasterio.open(raster) as src:
+        profile = src.profile
+    profile.update(width=side, height=side, tiled=True, blockxsize=256, blockysize=256,
+                   sparse_ok=True)  # fmt: skip
+    with rasterio.open(raster, "w", **profile):
+        pass
+
+
+def mem_mb_of(job: dict[str, str]) -> int:
+    """The ``mem_mb`` of a listed job's resources line."""
+    return int(re.search(r"\bmem_mb=(\d+)", job["resources"]).group(1))
 
 
 def predict_only(table: Path, training: int) -> Path:
@@ -41,3 +66,29 @@ def test_a_thousand_prediction_only_regions_add_no_slurm_job(
     predict = [job for job in jobs_of(result.stdout) if job["rule"] == "predict"]
     assert all("results/regions.tsv" in job["shell"] for job in predict)
     assert "region=r0999" not in result.stdout  # no per-region job: only predict reads it
+
+
+def test_predict_asks_memory_for_the_largest_raster_it_maps_prediction_only_included(
+    tmp_path: Path,
+) -> None:
+    """Without a cluster profile (whose GPU jobs take a whole node), ``predict``'s ``mem_mb``
+    is the measured one; the largest raster is a prediction-only region's, which no other job
+    reads."""
+    table = predict_only(many_regions(tmp_path / "inputs", 4), 2)
+    for kind in ("aef", "tessera"):
+        enlarge(table.parent / "r0003" / f"{kind}.tif", BIG)
+    shutil.copytree(REPO / "config", tmp_path / "config")
+    cmd = ["snakemake", "-s", str(REPO / "Snakefile"), "-d", str(tmp_path), "-n", "--cores",
+           "2", "--config", f"regions={table}"]  # fmt: skip
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    result = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True,
+                            timeout=300)  # fmt: skip
+
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    predict = [job for job in jobs_of(result.stdout) if job["rule"] == "predict"]
+    assert predict, result.stdout[-3000:]
+    expected = {  # the demo's runs: AEF ones and TESSERA ones
+        launched_mem_mb("predict", 1, block=1024, pixels=BIG * BIG, source=source)
+        for source in ("aef", "tessera")
+    }
+    assert {mem_mb_of(job) for job in predict} == expected, [j["resources"] for j in predict]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -83,3 +85,15 @@ def test_the_local_slurm_node_is_sized_as_start_sh_sizes_it(tmp_path) -> None:
     assert node == {"cores": os.cpu_count(), "mem_mb": int(24683520 / 1024 * 0.85)}
     given = {"SLURM_LOCAL_CPUS": "3", "SLURM_LOCAL_MEM_MB": "5000"}
     assert local_node(given, meminfo=str(meminfo)) == {"cores": 3, "mem_mb": 5000}
+
+
+def test_start_sh_sizes_the_node_by_every_cpu_even_under_omp_num_threads_1() -> None:
+    """start.sh's own CPUS line, run with OMP_NUM_THREADS=1 exported (as a runner or a test
+    that sets it does), gives the cores local_node assumes: ``nproc`` alone would give 1."""
+    script = Path(__file__).parents[2] / "scripts" / "slurm" / "start.sh"
+    (line,) = [x for x in script.read_text().splitlines() if x.startswith("CPUS=")]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_LOCAL_")}
+    env["OMP_NUM_THREADS"] = "1"
+    out = subprocess.run(["bash", "-c", f'{line}\necho "$CPUS"'], env=env, check=True,
+                         capture_output=True, text=True).stdout  # fmt: skip
+    assert int(out) == local_node(env)["cores"] == os.cpu_count()

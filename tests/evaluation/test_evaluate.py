@@ -219,3 +219,26 @@ def test_class_map_levels_agree_with_hierarchy_targets(class_map) -> None:
     torch_targets = HierarchyTargets(load_class_map(CLASSES_CSV))(torch.from_numpy(l3).long())
     for level, values in class_map.levels(l3).items():
         assert (torch_targets[level].numpy() == values).all()
+
+
+def test_block_matrices_sum_to_the_test_matrix_and_bound_every_figure(evaluated) -> None:
+    """blocks.npz splits the exact counts by spatial block (they sum back to metrics.json's
+    matrices), and every figure sits inside its bootstrap interval."""
+    m = evaluated["metrics"]
+    with np.load(evaluated["out"] / "blocks.npz") as z:
+        ids = z["block_ids"]
+        for weights in m["weight_sets"]:
+            for level in LEVELS:
+                summed = z[f"{weights}_{level}"].sum(0)
+                np.testing.assert_array_equal(summed, np.array(m[weights][level]["confusion"]))
+    assert m["bootstrap"]["blocks"] == len(ids) > 1
+    assert m["bootstrap"]["method"] == "percentile" and "resamples" in m["provenance"]["bootstrap"]
+    assert m["bootstrap"]["reliable"] == (len(ids) >= 10)
+    for level in LEVELS:
+        for fig in ("oa", "miou", "f1"):
+            assert m[f"{fig}_{level}_lo"] <= m[f"{fig}_{level}"] <= m[f"{fig}_{level}_hi"]
+    t = evaluated["table"]
+    seen = t[t["support"] > 0]
+    assert (seen["iou_lo"] <= seen["iou"] + 1e-12).all() and (
+        seen["iou"] <= seen["iou_hi"] + 1e-12
+    ).all()

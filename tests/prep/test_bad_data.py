@@ -144,17 +144,12 @@ def test_raster_without_a_valid_tile_is_an_error(tiny_demo: TinyDemo, tmp_path: 
         )
 
 
-def test_tile_larger_than_raster_is_an_error_naming_both(tiny_demo, tmp_path) -> None:
-    with pytest.raises(TilingError, match=r"demo_a\.tif: tile_size 256 is larger than the raster"):
-        build_region(
-            "aef",
-            "demo_a",
-            tiny_demo.rasters["demo_a"]["aef"],
-            tiny_demo.labels[("aef", "demo_a")],
-            tmp_path,
-            TileSpec(256),
-            SplitSpec(),
-        )
+def test_tile_larger_than_raster_yields_a_padded_tile(tiny_demo, tmp_path) -> None:
+    index = build_region(
+        "aef", "demo_a", tiny_demo.rasters["demo_a"]["aef"],
+        tiny_demo.labels[("aef", "demo_a")], tmp_path, TileSpec(256), SplitSpec(2560.0),
+    )  # fmt: skip
+    assert sum(p["samples"] for p in index["splits"].values()) >= 1
 
 
 def test_failed_rebuild_leaves_the_previous_shards_untouched(tiny_demo, tmp_path) -> None:

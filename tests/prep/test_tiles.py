@@ -7,7 +7,15 @@ import rasterio
 from affine import Affine
 from conftest import TinyDemo
 
-from emb.prep.tiles import SplitSpec, TileSpec, blocks_of, plan_tiles
+from emb.classes import IGNORE
+from emb.prep.tiles import (
+    SplitSpec,
+    TileSpec,
+    blocks_of,
+    count_tiles,
+    label_coverage,
+    plan_tiles,
+)
 
 
 def test_tiles_of_different_splits_never_share_a_block(tiny_demo: TinyDemo) -> None:
@@ -33,3 +41,45 @@ def test_bottom_up_raster_tiles_and_splits_like_top_down() -> None:
     split_a = {blocks_of(t.window, top_down, 160.0)[0]: t.split for t in a}
     split_b = {blocks_of(t.window, bottom_up, 160.0)[0]: t.split for t in b}
     assert split_a == split_b and len(split_a) == 16
+
+
+def test_an_area_smaller_than_a_tile_yields_its_tile_padded_past_the_edge() -> None:
+    """25 x 17 px with 32-px tiles: one tile (no refusal), holding every labelled pixel."""
+    labels = np.zeros((17, 25), np.uint8)
+    transform = Affine(10, 0, 1000, 0, -10, 2240)  # the tile at row 0, column -4
+    tiles, _ = plan_tiles(labels, transform, "small", TileSpec(32), SplitSpec(1280.0))
+    assert len(tiles) == 1 and tiles[0].labelled == labels.size
+    assert label_coverage(labels, tiles)["all"]["share"] == 1.0
+    assert count_tiles(transform, 25, 17, TileSpec(32), SplitSpec(1280.0), region="small") == 1
+
+
+def test_tile_grid_is_anchored_to_the_crs_so_neighbours_line_up() -> None:
+    """Two rasters offset by 7 px in one CRS: their tiles' map origins lie on one grid, the
+    block edges, and every labelled pixel of each is in a kept tile."""
+    spec, tile_spec = SplitSpec(block_m=320.0, seed=1), TileSpec(16, min_valid=0.0)
+    origins = set()
+    for x0 in (0.0, 70.0):
+        transform = Affine(10, 0, x0, 0, -10, 1000)
+        labels = np.zeros((50, 45), np.uint8)
+        tiles, _ = plan_tiles(labels, transform, "r", tile_spec, spec)
+        assert label_coverage(labels, tiles)["all"]["share"] == 1.0
+        for t in tiles:
+            x, y = transform @ (t.col, t.row)
+            origins.add((x % 160.0, y % 160.0))
+            bx, by = t.block.rpartition(":")[2].split(",")
+            assert t.block.startswith("r:") and (int(bx), int(by)) in blocks_of(
+                t.window, transform, 320.0
+            )
+    assert origins == {(0.0, 0.0)}
+
+
+def test_count_tiles_names_an_area_with_no_tile_at_min_valid() -> None:
+    """A labelled footprint of 3 x 3 px cannot fill 25% of a 16-px tile: 0 tiles."""
+    valid = np.zeros((40, 40), bool)
+    valid[5:8, 5:8] = True
+    transform = Affine(10, 0, 0, 0, -10, 400)
+    assert count_tiles(transform, 40, 40, TileSpec(16), SplitSpec(160.0), valid) == 0
+    valid[:, :] = True
+    assert count_tiles(transform, 40, 40, TileSpec(16), SplitSpec(160.0), valid) > 0
+    labels = np.where(valid, 0, IGNORE).astype(np.uint8)
+    assert plan_tiles(labels, transform, "", TileSpec(16), SplitSpec(160.0))[0]

@@ -37,7 +37,7 @@ from rasterio.warp import calculate_default_transform, reproject
 from rasterio.warp import transform as warp_points
 
 from emb.prep.demo_region import DEMO_REGIONS, write_region
-from emb.rasters import AEF_NODATA, dequantize_aef, quantize_tessera
+from emb.rasters import AEF_NODATA, quantize_tessera
 
 # NASS ships the national CDL in this projection as WKT with no EPSG code (it is EPSG:5070's).
 NASS_ALBERS = CRS.from_wkt(
@@ -144,7 +144,10 @@ def aef_float(ground: Ground) -> tuple[np.ndarray, np.ndarray, Affine, CRS]:
     0; and the int8 values it came from (north-up, -128 where masked)."""
     q, profile = read(ground.aef)
     q, transform = north_up(q, profile["transform"])
-    return dequantize_aef(q).astype(np.float64), q, transform, profile["crs"]
+    # the AEF documentation's de-quantization, written out here (not the package's own)
+    values = (q.astype(np.float64) / 127.5) ** 2 * np.sign(q)
+    values[q == AEF_NODATA] = 0.0
+    return values, q, transform, profile["crs"]
 
 
 def aef_ee_export(ground: Ground, dest: Path, dtype: str = "float32",

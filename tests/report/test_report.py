@@ -107,3 +107,65 @@ def test_every_l3_class_takes_an_official_colour_of_one_of_its_own_codes(class_m
         assert tuple(colours[l3]) == official_palette()[code]
     by_name = dict(zip(class_map.l3_names, codes, strict=True))
     assert by_name["open_water"] == 111 and by_name["developed"] == 121 and by_name["corn"] == 1
+
+
+def blocks_run(root: Path, run: str, source: str, arch: str, ids: list[str], right: float) -> str:
+    """A run's metrics.json and blocks.npz (3 classes, ``right`` share of pixels correct)."""
+    from emb.evaluation.bootstrap import BootstrapSettings
+    from emb.evaluation.evaluate import interval_record, write_blocks
+    from emb.metrics import scores_from_confusion
+
+    rng = np.random.default_rng(len(run))
+    stacks = {"raw": {}}
+    for lv in LEVELS:
+        ok = rng.binomial(100, right, size=(len(ids), 3))
+        cms = np.zeros((len(ids), 3, 3), dtype=np.int64)
+        for c in range(3):
+            cms[:, c, c], cms[:, c, (c + 1) % 3] = ok[:, c], 100 - ok[:, c]
+        stacks["raw"][lv] = cms
+    settings = BootstrapSettings(resamples=200)
+    record = {"epoch": 1, "samples": len(ids), "weights": "raw", "weight_sets": ["raw"],
+              "source": source, "arch": arch,
+              "bootstrap": {**settings.record(), "blocks": len(ids), "reliable": len(ids) >= 10,
+                            "note": f"{len(ids)} test blocks"}}  # fmt: skip
+    record["raw"] = {lv: scores_from_confusion(stacks["raw"][lv].sum(0)) for lv in LEVELS}
+    for lv in LEVELS:
+        record["raw"][lv].pop("per_class")
+        for f in ("oa", "miou", "f1"):
+            record[f"{f}_{lv}"] = record["raw"][lv][f]
+    record.update({k: v for k, v in interval_record(stacks, "raw", settings).items()
+                   if k != "per_weights"})  # fmt: skip
+    out = root / run
+    out.mkdir()
+    write_blocks(out / "blocks.npz", ids, stacks)
+    (out / "metrics.json").write_text(json.dumps(record))
+    return str(out / "metrics.json")
+
+
+def test_summary_pairs_runs_on_shared_blocks_and_says_why_not(tmp_path: Path) -> None:
+    """Intervals in summary.csv; TESSERA - AEF (SegFormer) and SegFormer - DeepLab (AEF) are
+    paired on their shared blocks; TESSERA DeepLab was scored elsewhere: not paired, and why."""
+    here, there = [f"r1_b{i}" for i in range(12)], [f"r9_b{i}" for i in range(12)]
+    runs = {"aef_segformer": ("aef", "segformer", here, 0.9),
+            "tessera_segformer": ("tessera", "segformer", here, 0.6),
+            "aef_deeplab": ("aef", "deeplab", here, 0.9),
+            "tessera_deeplab": ("tessera", "deeplab", there, 0.6)}  # fmt: skip
+    paths = [blocks_run(tmp_path, run, *spec) for run, spec in runs.items()]
+    out, pairs, html = tmp_path / "summary.csv", tmp_path / "pairs.csv", tmp_path / "s.html"
+    summary_main(["--runs", *runs, "--metrics", *paths, "--out", str(out), "--pairs", str(pairs),
+                  "--html", str(html), "--png", str(tmp_path / "s.png")])  # fmt: skip
+    table = pd.read_csv(out).set_index("run")
+    assert (table["miou_l3_lo"] <= table["miou_l3"]).all()
+    assert (table["miou_l3"] <= table["miou_l3_hi"]).all() and (table["blocks"] == 12).all()
+    p = pd.read_csv(pairs)
+    te = p[(p["pair"] == "TESSERA - AEF (SegFormer)") & (p["figure"] == "oa")]
+    assert len(te) == 3 and (te["hi"] < 0).all() and (te["blocks"] == 12).all()
+    assert te["sentence"].str.contains(": distinguishable on this test split").all()
+    arch = p[(p["pair"] == "SegFormer - DeepLab (AEF)") & (p["level"] == "l3")]
+    assert len(arch) == 3
+    for label in ("TESSERA - AEF (DeepLab)", "SegFormer - DeepLab (TESSERA)"):
+        (why,) = p.loc[p["pair"] == label, "sentence"]
+        assert "not paired" in why and "no test block in common" in why
+    page = html.read_text()
+    assert page.index("Paired comparisons") < page.index("Test-split metrics")
+    assert "can support" in page

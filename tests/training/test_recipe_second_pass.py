@@ -175,6 +175,8 @@ def test_run_files_say_what_their_inputs_are() -> None:
     for run in ("aef_deeplab", "aef_segformer"):
         text = (REPO / f"config/train/{run}.yaml").read_text()
         assert "mean/std from results/stats" not in text, run
+        config = run_file(run)
+        assert (config.data.normalize, config.model.input_norm) == (False, True), run
 
 
 def test_the_cuda_image_asks_for_the_slurm_plugin_the_package_does() -> None:

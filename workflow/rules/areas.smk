@@ -2,10 +2,11 @@
 # planned over config collections: at parse time (workflow/rules/common.smk) and joined the
 # regions table. Rule areas writes their VRTs (no pixel copies); rule fetch_tiles downloads
 # the tiles a collection with a url lacks. Both run where Snakemake runs: a login node has
-# the internet that compute nodes often lack, and writing VRTs takes seconds.
+# the internet that compute nodes often lack, and writing VRTs takes seconds. TESSERA tiles
+# given as geotessera .npy are converted to GeoTIFFs here first, once per tile.
 import json
 
-from emb.areas.config import fetched_markers, plan_inputs
+from emb.areas.workflow import fetched_markers, npy_inputs, npy_outputs, plan_inputs
 
 if AREAS:
 
@@ -18,8 +19,10 @@ if AREAS:
             areas=config["areas"],
             collections=plan_inputs(config["collections"]),
             fetched=fetched_markers(config["collections"]),
+            npy=npy_inputs(AREAS),
         output:
             vrts=AREA_VRTS,
+            tessera_tiles=npy_outputs(AREAS),
             table="results/areas/regions.tsv",
         log:
             "logs/areas/areas.log",

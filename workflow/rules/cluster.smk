@@ -12,7 +12,7 @@ from emb.cluster.fit import FitError, Node, Request, check_fits, largest_group_f
 
 def raster_pixels(source, region):
     """Pixels of the region's raster of ``source`` (0 for a demo raster not made yet)."""
-    return RASTER_PIXELS.get(REGIONS.loc[region, source], 0)
+    return RASTER_PIXELS.get(TABLE.cell(region, source), 0)
 
 
 def region_mem_mb(stage):
@@ -53,7 +53,9 @@ def launched_mem_mb(stage):
         source = RUN_SOURCE[wildcards.run]
         # predict maps the prediction-only regions too; evaluate reads the training ones
         regions = (
-            mapped_regions_of(source) if stage == "predict" else regions_of(source)
+            TABLE.mapped_regions(source)
+            if stage == "predict"
+            else TABLE.training_regions(source)
         )
         pixels = max((raster_pixels(source, r) for r in regions), default=0)
         return measured.launched_mem_mb(

@@ -1,4 +1,6 @@
-# Validation, the parsed tables and the input functions. Runs before any job starts.
+# Validation, the parsed tables and the input functions; runs before any job starts. The
+# decisions live in tested code: the regions table's answers in emb.prep.region_table, the
+# runs' configs in emb.training.train_config, the profile's checks in emb.cluster.profile.
 import os
 import re
 import shlex
@@ -10,31 +12,32 @@ from snakemake.exceptions import WorkflowError
 from snakemake.settings.types import DeploymentMethod
 from snakemake.utils import validate
 
-from emb.training.config import ConfigError
-from emb.training.train_config import resolve
-from emb.prep.demo_region import DEMO_REGIONS
-from emb.cluster.launch import rule_options
-from emb.cluster.profile import (
-    ProfileError,
-    check_runtime,
-    positive_number,
-    predict_minutes,
-)
-from emb.prep.region_rows import PREDICT, RegionsError, check_predict_only
-from emb.prep.regions import check_regions, read_regions
-from emb.rasters import SOURCES
 from emb.areas import AreasError
-from emb.areas.config import empty_regions, plan_from_config, planned_footprints
+from emb.areas.workflow import empty_regions, plan_from_config, planned_footprints
+from emb.cluster import profile
+from emb.cluster.launch import rule_options
+from emb.prep.demo_region import DEMO_REGIONS
+from emb.prep.region_rows import (
+    PREDICT,
+    RegionsError,
+    check_predict_only,
+    is_predict_only,
+)
+from emb.prep.region_table import RegionTable
+from emb.prep.regions import check_regions, read_regions
 from emb.prep.tessera_npy import find_triple
+from emb.training import train_config
+from emb.training.config import ConfigError
 
 validate(config, "../schemas/config.schema.yaml")
 
+
+# The regions: the table's rows, then those planned from config areas: over tile collections
+# (workflow/rules/areas.smk writes their VRTs; the planner has checked their tiles).
 try:
     REGIONS = read_regions(config["regions"]) if config["regions"] else empty_regions()
 except (ValueError, KeyError, OSError) as err:  # RegionsError, pandas, decoding
     raise WorkflowError(f"regions table {config['regions']}: {err}") from None
-# Areas (workflow/rules/areas.smk): the regions planned from config areas: over the tile
-# collections join the table; rule areas writes their VRTs, the planner checks their tiles.
 try:
     AREAS = plan_from_config(config)
 except AreasError as err:
@@ -60,149 +63,69 @@ try:
 except RegionsError as err:
     raise WorkflowError(str(err)) from None
 RASTER_PIXELS = CHECKS.pixels
-# the areas' VRTs, not written yet: their parts' extents
-RASTER_PIXELS.update(AREAS.pixels() if AREAS else {})
-
-RUNS = config["runs"]
-TRAIN_SCHEMA = str(Path(workflow.basedir) / "workflow/schemas/train.schema.yaml")
-DEMO_OVERLAY = "config/train/demo.yaml"
+if AREAS:  # the areas' VRTs, not written yet: their parts' extents
+    RASTER_PIXELS.update(AREAS.pixels())
+TABLE = RegionTable(REGIONS, generated=DEMO_FILES)
 
 
+# The profile: GPU rules on a GPU partition.
 def profile_resource(rule, name):
-    """A resource of ``rule`` as the profile sets it (set-resources, default-resources), or
-    None: read while the workflow is parsed, so its files are checked before any job."""
-    settings = workflow.resource_settings
-    for given in (
-        settings.overwrite_resources.get(rule, {}),
-        settings.default_resources or {},
-    ):
-        if name in given:
-            return getattr(given[name], "raw", given[name])
-    return None
-
-
-def wants_gpus(rule):
-    """The profile gives ``rule`` GPUs (gpus_per_node, a gpu gres or --gpus in slurm_extra)."""
-    gpus = profile_resource(rule, "gpus_per_node")
-    gres = str(profile_resource(rule, "gres") or "")
-    extra = str(profile_resource(rule, "slurm_extra") or "")
-    return bool(
-        isinstance(gpus, int) and gpus > 0 or "gpu" in gres or "--gpus" in extra
-    )
-
-
-def check_gpu_partitions():
-    """A rule asking for GPUs on the profile's default partition (its CPU partition) would wait
-    in a queue that has no GPU, or be refused by sbatch after the earlier jobs ran."""
-    default = (workflow.resource_settings.default_resources or {}).get(
-        "slurm_partition"
-    )
-    cpu = getattr(default, "raw", default)
-    for rule, given in workflow.resource_settings.overwrite_resources.items():
-        partition = profile_resource(rule, "slurm_partition")
-        if cpu and partition == cpu and wants_gpus(rule):
-            raise WorkflowError(
-                f"profile: rule {rule} asks for GPUs on partition {partition!r}, the profile's "
-                f"CPU partition (default-resources); expected a GPU partition in its "
-                f"set-resources"
-            )
-
-
-def run_source(run):
-    """The run's ``data.source``, from its own file (what decides the demo overlay)."""
-    files = [Path("config/train/defaults.yaml"), Path(f"config/train/{run}.yaml")]
-    try:
-        return resolve(files, [], Path(TRAIN_SCHEMA))["data"]["source"]
-    except (ConfigError, FileNotFoundError, WorkflowError) as err:
-        raise WorkflowError(f"train config of run {run!r}: {err}") from None
-
-
-def is_demo_data(source):
-    """Every region with a ``source`` raster is a synthesized demo region."""
-    return DEMO_DATA[source]
-
-
-def data_settings(source, section):
-    """config[section] (tiles, splits, shards) for ``source``'s regions: the schema's full-size
-    values for your own data, the demo's small ones (demo: overlay:) for the demo data only,
-    as the demo's training overlay is applied."""
-    settings = dict(config[section])
-    if is_demo_data(source):
-        settings.update(config["demo"]["overlay"].get(section, {}))
-    return settings
-
-
-def train_config_files(run):
-    """defaults <- run <- the demo overlay (demo data only) <- train_overlays <- the profile's
-    cluster overlay (its ``train_config: train_overlay`` resource)."""
-    demo = [DEMO_OVERLAY] if is_demo_data(RUN_SOURCE[run]) else []
-    cluster = profile_resource("train_config", "train_overlay")
-    files = [
-        "config/train/defaults.yaml",
-        f"config/train/{run}.yaml",
-        *demo,
-        *config["train_overlays"],
-        *([str(cluster)] if cluster else []),
-    ]
-    # A file listed twice (the demo overlay in train_overlays too) is merged once.
-    return list(dict.fromkeys(files))
-
-
-def resolved_train_config(run):
-    """The run's config as the train_config job will resolve it: every file checked against
-    the schema (errors name the file and the key) before any job starts."""
-    try:
-        return resolve(
-            [Path(f) for f in train_config_files(run)], [], Path(TRAIN_SCHEMA)
-        )
-    except (ConfigError, FileNotFoundError, WorkflowError) as err:
-        raise WorkflowError(f"train config of run {run!r}: {err}") from None
-
-
-SPLIT_COLUMN = REGIONS["split"] if "split" in REGIONS else pd.Series("", REGIONS.index)
-# per source, once: input functions run for every job of a 1,000-region DAG
-NONE = pd.Series(False, REGIONS.index)
-HAS = {s: REGIONS[s] != "" if s in REGIONS else NONE for s in SOURCES}
-MAPPED_REGIONS = {s: list(REGIONS.index[HAS[s]]) for s in SOURCES}
-TRAINING_REGIONS = {
-    s: list(REGIONS.index[HAS[s] & (SPLIT_COLUMN != PREDICT)]) for s in SOURCES
-}
-
-
-def regions_of(source):
-    """The training regions with a ``source`` raster: labelled, tiled, sharded and scored."""
-    return TRAINING_REGIONS[source]
-
-
-def mapped_regions_of(source):
-    """Every region a run of ``source`` maps: the training regions and the prediction-only
-    ones (split predict: mapped, never labelled or scored)."""
-    return MAPPED_REGIONS[source]
-
-
-DEMO_DATA = {
-    s: bool(regions_of(s))
-    and all(REGIONS.loc[r, s] in DEMO_FILES for r in regions_of(s))
-    for s in SOURCES
-}
-
-
-check_gpu_partitions()
-RUN_SOURCE = {run: run_source(run) for run in RUNS}
+    return profile.profile_resource(workflow.resource_settings, rule, name)
 
 
 try:
-    check_predict_only(REGIONS, Path(config["regions"] or config["areas"]), RUN_SOURCE)
-except RegionsError as err:
+    profile.check_gpu_partitions(workflow.resource_settings)
+except profile.ProfileError as err:
     raise WorkflowError(str(err)) from None
-RUN_CONFIG = {run: resolved_train_config(run) for run in RUNS}
-for run, cfg in RUN_CONFIG.items():
-    if cfg["data"]["source"] != RUN_SOURCE[run]:
-        raise WorkflowError(
-            f"train config of run {run!r}: data.source: expected the run file's "
-            f"{RUN_SOURCE[run]!r} (config/train/{run}.yaml), found "
-            f"{cfg['data']['source']!r} after the overlays {train_config_files(run)[2:]}"
+
+
+# The runs: each one's source (its own file), then its config as train_config will resolve
+# it. The schema is named relative to the project when it lies inside: an input holding the
+# checkout's absolute path would rerun every train_config once the project is moved.
+RUNS = config["runs"]
+SCHEMA = Path(workflow.basedir) / "workflow/schemas/train.schema.yaml"
+TRAIN_SCHEMA = str(
+    SCHEMA if os.path.relpath(SCHEMA).startswith("..") else os.path.relpath(SCHEMA)
+)
+DEMO_OVERLAY = "config/train/demo.yaml"
+CLUSTER_OVERLAY = profile_resource("train_config", "train_overlay")
+try:
+    RUN_SOURCE = {run: train_config.run_source(run, Path(TRAIN_SCHEMA)) for run in RUNS}
+    check_predict_only(REGIONS, Path(config["regions"] or config["areas"]), RUN_SOURCE)
+    RUN_FILES = {
+        run: train_config.run_config_files(
+            run,
+            [
+                *([DEMO_OVERLAY] if TABLE.is_demo_data(RUN_SOURCE[run]) else []),
+                *config["train_overlays"],
+                *([str(CLUSTER_OVERLAY)] if CLUSTER_OVERLAY else []),
+            ],
         )
+        for run in RUNS
+    }
+    RUN_CONFIG = {
+        run: train_config.resolve_run(
+            run, RUN_FILES[run], Path(TRAIN_SCHEMA), RUN_SOURCE[run]
+        )
+        for run in RUNS
+    }
+except (ConfigError, RegionsError) as err:
+    raise WorkflowError(str(err)) from None
+
+
+# Prediction jobs' minutes, from their regions' megapixels (refused beyond the partition's).
+try:
+    PREDICT_MINUTES = {
+        run: profile.predict_runtime(
+            workflow.resource_settings,
+            f"rule predict of run {run}",
+            TABLE.megapixels_mapped(RUN_SOURCE[run], RASTER_PIXELS),
+            len(TABLE.mapped_regions(RUN_SOURCE[run])),
+        )
+        for run in RUNS
+    }
+except profile.ProfileError as err:
+    raise WorkflowError(str(err)) from None
 
 
 def one_of(names):
@@ -216,31 +139,31 @@ wildcard_constraints:
     run=one_of(RUNS),
 
 
-def is_tessera_npy(path):
-    """geotessera's native tile (.npy + scales + landmask), converted by rule tessera_npy."""
-    return str(path).lower().endswith(".npy")
+# Input functions and params: one-liners over the objects above.
+def train_config_files(run):
+    return RUN_FILES[run]
 
 
-def job_raster(region, source):
-    """The raster the jobs read for a region's ``source`` cell: the cell's own file, or the
-    GeoTIFF a geotessera .npy tile is converted into."""
-    path = REGIONS.loc[region, source]
-    if source == "tessera" and is_tessera_npy(path):
-        return f"results/converted/tessera/{region}.tif"
-    return path
+def data_settings(source, section):
+    """config[section] (tiles, splits, shards) for ``source``'s regions: the schema's values
+    for your own data, the demo's small ones (demo: overlay:) for the demo data only."""
+    demo = (
+        config["demo"]["overlay"].get(section, {}) if TABLE.is_demo_data(source) else {}
+    )
+    return {**config[section], **demo}
 
 
 def get_emb(wildcards):
-    return job_raster(wildcards.region, wildcards.source)
+    return TABLE.job_raster(wildcards.region, wildcards.source)
 
 
 def get_tessera_npy(wildcards):
     """The .npy tile's three files as inputs: a changed scales or landmask file reruns it."""
-    triple = find_triple(REGIONS.loc[wildcards.region, "tessera"])
+    npy = find_triple(TABLE.cell(wildcards.region, "tessera"))
     return {
-        "npy": str(triple.embedding),
-        "scales": str(triple.scales),
-        "landmask": str(triple.landmask),
+        "npy": str(npy.embedding),
+        "scales": str(npy.scales),
+        "landmask": str(npy.landmask),
     }
 
 
@@ -250,23 +173,12 @@ def write_jobs_table(path, log, rows):
     Path(log).write_text(f"wrote {path}: {rows.count(chr(10)) - 1} regions\n")
 
 
-def jobs_table_rows():
-    """The regions table as the jobs read it (results/regions.tsv): converted rasters in
-    place of .npy tiles."""
-    table = REGIONS.copy()
-    for region in table.index:
-        for source in SOURCES:
-            if table.loc[region, source]:
-                table.loc[region, source] = job_raster(region, source)
-    return table
-
-
 def get_cdl(wildcards):
-    return REGIONS.loc[wildcards.region, "cdl"]
+    return TABLE.cell(wildcards.region, "cdl")
 
 
 def get_split(wildcards):
-    return REGIONS.loc[wildcards.region, "split"] or "auto"
+    return TABLE.split(wildcards.region) or "auto"
 
 
 def split_group(wildcards):
@@ -282,21 +194,13 @@ def split_group(wildcards):
 def get_region_indexes(wildcards):
     return [
         f"results/shards/{wildcards.source}/{region}/index.json"
-        for region in regions_of(wildcards.source)
+        for region in TABLE.training_regions(wildcards.source)
     ]
 
 
 def loader_workers(wildcards):
-    """The most reader threads per rank any run of this source asks for, cluster overlay
-    included (the manifest's shard-count check)."""
-    return max(
-        [
-            c["train"]["num_workers"]
-            for c in RUN_CONFIG.values()
-            if c["data"]["source"] == wildcards.source
-        ],
-        default=0,
-    )
+    """Reader threads per rank for the manifest's shard-count check."""
+    return train_config.loader_workers(RUN_CONFIG.values(), wildcards.source)
 
 
 def training_ranks(wildcards):
@@ -318,6 +222,57 @@ def get_run_inputs(wildcards):
         "manifest": f"results/shards/{source}/manifest.json",
         "stats": f"results/stats/{source}/stats.json",
     }
+
+
+def predict_runtime(wildcards):
+    return PREDICT_MINUTES[wildcards.run]
+
+
+def get_run_rasters(wildcards):
+    """The embedding rasters of every region the run maps (prediction-only ones included)."""
+    source = RUN_SOURCE[wildcards.run]
+    return [TABLE.job_raster(r, source) for r in TABLE.mapped_regions(source)]
+
+
+def get_run_cdls(wildcards):
+    return TABLE.labelled_cdls(RUN_SOURCE[wildcards.run])
+
+
+def predict_options(wildcards):
+    """predict's options from config predict:, shell-quoted."""
+    cfg = config["predict"]
+    options = [
+        f"--overlap={cfg['overlap']}",
+        f"--block={cfg['block']}",
+        f"--batch-size={cfg['batch_size']}",
+        *([f"--tile={cfg['tile']}"] if cfg.get("tile") else []),
+        *(["--with-probabilities"] if cfg["probabilities"] else []),
+    ]
+    return shlex.join(options)
+
+
+def map_category(wildcards):
+    """The report's section of a region's map: scored regions, or the prediction-only ones."""
+    if is_predict_only(TABLE.split(wildcards.region)):
+        return "Maps, unscored (prediction-only regions)"
+    return "Maps"
+
+
+def map_labels(wildcards):
+    """The report's labels of a map: run, region and whether it was ever scored."""
+    only = is_predict_only(TABLE.split(wildcards.region))
+    scored = f"no (split {PREDICT})" if only else "test tiles"
+    return {"run": wildcards.run, "region": wildcards.region, "scored": scored}
+
+
+def report_targets():
+    """What the report shows beyond the summary: maps, curves, data manifests."""
+    sources = sorted(set(RUN_SOURCE.values()))
+    return [
+        *expand("results/maps/{run}", run=RUNS),
+        *expand("results/runs/{run}/curves.png", run=RUNS),
+        *expand("results/data/{source}.{ext}", source=sources, ext=["png", "html"]),
+    ]
 
 
 # Software: with `--sdm conda` every rule runs in envs/emb.yaml (emb's dependencies) and finds
@@ -351,110 +306,3 @@ def launch_options(wildcards, resources):
         dict(resources.items()), CONTAINER, workflow.deployment_settings.apptainer_args
     )
 
-
-CPU_MPX_PER_MINUTE = 3  # one CPU thread (bench/predict.py: 0.06 megapixels/s)
-
-
-def predict_runtime_of(run):
-    """Minutes the run's prediction job asks for, from its regions' megapixels and the
-    profile's ``mpx_per_minute`` per process (a CPU thread's rate without one); refused when
-    more than the profile's ``max_runtime`` (the partition's limit)."""
-    rate = profile_resource("predict", "mpx_per_minute")
-    limit = profile_resource("predict", "max_runtime")
-    processes = profile_resource("predict", "nodes") or 1
-    processes *= profile_resource("predict", "tasks_per_node") or 1
-    source = RUN_SOURCE[run]
-    regions = mapped_regions_of(source)
-    megapixels = (
-        sum(RASTER_PIXELS.get(REGIONS.loc[r, source], 0) for r in regions) / 1e6
-    )
-    try:
-        rate = (
-            CPU_MPX_PER_MINUTE
-            if rate is None
-            else positive_number(rate, "mpx_per_minute", "predict")
-        )
-        limit = (
-            None if limit is None else positive_number(limit, "max_runtime", "predict")
-        )
-        minutes = predict_minutes(megapixels, rate, processes)
-        check_runtime(
-            minutes,
-            limit,
-            f"rule predict of run {run}",
-            f"{len(regions)} regions, {megapixels:.0f} megapixels at {rate:g} megapixels/min "
-            f"on each of {processes} processes",
-            "give predict more nodes (set-resources: predict: nodes) or split the regions table",
-        )
-    except ProfileError as err:
-        raise WorkflowError(str(err)) from None
-    return minutes
-
-
-PREDICT_MINUTES = {run: predict_runtime_of(run) for run in RUNS}
-
-
-def predict_runtime(wildcards):
-    return PREDICT_MINUTES[wildcards.run]
-
-
-def get_run_rasters(wildcards):
-    """The embedding rasters of every region the run maps (prediction-only ones included)."""
-    source = RUN_SOURCE[wildcards.run]
-    return [job_raster(region, source) for region in mapped_regions_of(source)]
-
-
-def get_run_cdls(wildcards):
-    source = RUN_SOURCE[wildcards.run]
-    return [
-        REGIONS.loc[region, "cdl"]
-        for region in mapped_regions_of(source)
-        if REGIONS.loc[region, "cdl"]
-    ]
-
-
-def predict_options(wildcards):
-    """predict's options from config predict:, shell-quoted."""
-    cfg = config["predict"]
-    options = [
-        f"--overlap={cfg['overlap']}",
-        f"--block={cfg['block']}",
-        f"--batch-size={cfg['batch_size']}",
-    ]
-    if cfg.get("tile"):
-        options.append(f"--tile={cfg['tile']}")
-    if cfg["probabilities"]:
-        options.append("--with-probabilities")
-    return shlex.join(options)
-
-
-def is_predict_only(region):
-    return region in REGIONS.index and SPLIT_COLUMN[region] == PREDICT
-
-
-def map_category(wildcards):
-    """The report's section of a region's map: scored regions, or the prediction-only ones."""
-    if is_predict_only(wildcards.region):
-        return "Maps, unscored (prediction-only regions)"
-    return "Maps"
-
-
-def map_labels(wildcards):
-    """The report's labels of a map: run, region and whether it was ever scored."""
-    scored = "no (split predict)" if is_predict_only(wildcards.region) else "test tiles"
-    return {"run": wildcards.run, "region": wildcards.region, "scored": scored}
-
-
-def map_targets():
-    """Every run's folder of maps (one per region that has the run's source)."""
-    return expand("results/maps/{run}", run=RUNS)
-
-
-def report_targets():
-    """What the report shows beyond the summary: maps, curves, data manifests."""
-    sources = sorted(set(RUN_SOURCE.values()))
-    return [
-        *map_targets(),
-        *expand("results/runs/{run}/curves.png", run=RUNS),
-        *expand("results/data/{source}.{ext}", source=sources, ext=["png", "html"]),
-    ]

@@ -16,7 +16,7 @@ rule tessera_npy:
         mem_mb=lambda wildcards, attempt: 600 * 2 ** (attempt - 1),
         runtime=30,
     params:
-        year=lambda wildcards: REGIONS.loc[wildcards.region, "year"],
+        year=lambda wildcards: TABLE.cell(wildcards.region, "year"),
     shell:
         "python -m emb.prep.tessera_npy --npy={input.npy:q} --out={output:q}"
         " --year={params.year:q} > {log:q} 2>&1"
@@ -30,7 +30,7 @@ rule regions_table:
     log:
         "logs/regions_table.log",
     params:
-        rows=lambda wildcards: jobs_table_rows().to_csv(sep="\t", index=False),
+        rows=lambda wildcards: TABLE.jobs_table().to_csv(sep="\t", index=False),
     run:
         write_jobs_table(output[0], log[0], params.rows)
 

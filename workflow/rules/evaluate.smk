@@ -4,6 +4,7 @@ rule evaluate:
         classes=config["classes"],
     output:
         metrics="results/eval/{run}/metrics.json",
+        blocks="results/eval/{run}/blocks.npz",  # per-block confusions (the bootstrap's unit)
         per_class=report(
             "results/eval/{run}/per_class.csv",
             caption="../report/per_class.rst",

@@ -1,6 +1,7 @@
 rule summary:
     input:
         metrics=expand("results/eval/{run}/metrics.json", run=RUNS),
+        blocks=expand("results/eval/{run}/blocks.npz", run=RUNS),  # paired comparisons
     output:
         csv=report(
             "results/summary.csv",
@@ -19,6 +20,12 @@ rule summary:
             caption="../report/summary_figure.rst",
             category="Summary",
             labels={"figure": "all runs side by side"},
+        ),
+        pairs=report(
+            "results/pairs.csv",
+            caption="../report/pairs.rst",
+            category="Summary",
+            labels={"figure": "paired comparisons (CSV)"},
         ),
         provenance=report(
             "results/provenance.html",
@@ -42,7 +49,7 @@ rule summary:
     shell:
         "python -m emb.report.summary --runs {params.runs:q} --metrics {input.metrics:q}"
         " --out={output.csv:q} --html={output.html:q} --png={output.png:q}"
-        " --provenance={output.provenance:q} --histories {params.histories:q} > {log:q} 2>&1"
+        " --provenance={output.provenance:q} --pairs={output.pairs:q} --histories {params.histories:q} > {log:q} 2>&1"
 
 
 rule curves:

@@ -29,8 +29,13 @@ rule train_config:
 
 
 # Which GPUs and CPUs a job step really gets, in the same form as train (the profiles give both
-# rules the same resources). Locally it records the machine; on a cluster it fails before a
-# training job starts on a fraction of its node.
+# rules the same resources). gpus_per_node set by the profile or --set-resources is checked
+# strictly (the cluster profiles); left at the rule's default (0, an integer for the SLURM
+# plugin) the check expects whatever the machine has, so a local GPU run just works. More
+# processes per node than visible GPUs fails either way.
+from emb.cluster.gpu_check import gpu_request
+
+
 rule gpu_check:
     output:
         "results/gpu_check.json",
@@ -52,9 +57,10 @@ rule gpu_check:
         gpus_per_node=0,
     params:
         launch=launch_options,
+        gpus=lambda wildcards: gpu_request(workflow.resource_settings),
     shell:
         "python -m emb.cluster.launch --per-node {params.launch} -- emb.cluster.gpu_check"
-        " --gpus={resources.gpus_per_node:q} --processes={resources.tasks_per_node:q}"
+        " {params.gpus} --processes={resources.tasks_per_node:q}"
         " --threads={resources.cpus_per_task:q} --out={output:q} > {log:q} 2>&1"
 
 

@@ -21,9 +21,10 @@ from shapely.geometry.base import BaseGeometry
 
 from emb.areas import AreasError
 from emb.areas.geo import WGS84, gpkg_wkb, reproject
+from emb.prep.region_rows import PREDICT
 
 NAME = re.compile(r"^[a-z0-9_][a-z0-9_-]*$")  # as region ids (regions.schema.yaml)
-SPLITS = ("auto", "train", "val", "test", "predict")
+SPLITS = ("auto", "train", "val", "test", PREDICT)
 SUFFIXES = {
     ".gpkg": "gpkg",
     ".geojson": "geojson",
@@ -83,7 +84,13 @@ def read_areas(path: str | Path) -> list[Area]:
 
 def _checked(path: Path, records: list[dict], default_crs: CRS) -> list[Area]:
     areas, seen = [], set()
-    for rec in records:
+    for i, rec in enumerate(records, start=1):
+        if "area" not in rec:
+            found = sorted(k for k in rec if k != "geometry")
+            raise AreasError(
+                f"{path}: feature {i}: no 'area' property (it names the regions "
+                f"{{area}}_{{zone}}): expected properties area, year [, split], found {found}"
+            )
         name = str(rec.get("area") or "")
         where = f"{path}: area {name!r}"
         if not NAME.match(name):
@@ -105,10 +112,16 @@ def _checked(path: Path, records: list[dict], default_crs: CRS) -> list[Area]:
         seen.add((name, year))
         crs = rec.get("crs") or default_crs
         geometry = rec["geometry"]
+        if geometry is not None and not geometry.is_empty and not geometry.is_valid:
+            # Refused, not repaired: a self-intersecting ring has no one inside (a bow-tie's
+            # lobes cancel), and which ground the user meant is theirs to say.
+            raise AreasError(
+                f"{where}: an invalid polygon: {shapely.is_valid_reason(geometry)} "
+                f"(coordinates in {crs.to_string()}): expected rings that do not cross "
+                "themselves; fix the polygon (e.g. split a bow-tie into two polygons)"
+            )
         if geometry is None or geometry.is_empty or geometry.area == 0:
             raise AreasError(f"{where}: expected a polygon, found an empty or zero-area geometry")
-        if not geometry.is_valid:
-            geometry = shapely.make_valid(geometry)
         areas.append(Area(name, year, split, _to_wgs84(where, geometry, crs), crs.to_string()))
     return areas
 
@@ -157,7 +170,11 @@ def _read_gpkg(path: Path) -> tuple[list[dict], CRS]:
         for values in cursor:
             rec = dict(zip(names, values, strict=True))
             blob = rec.pop(column)
-            rec["geometry"] = shapely.from_wkb(gpkg_wkb(blob)) if blob else None
+            try:
+                rec["geometry"] = shapely.from_wkb(gpkg_wkb(blob)) if blob else None
+            except shapely.errors.ShapelyError as err:
+                where = _feature(len(records) + 1, rec)
+                raise AreasError(f"{path}: {where}: cannot read its geometry: {err}") from None
             records.append(rec)
     return records, crs
 
@@ -184,10 +201,15 @@ def _read_geojson(path: Path) -> tuple[list[dict], CRS]:
     if named:
         crs = CRS.from_user_input(named)
     records = []
-    for feature in features:
+    for i, feature in enumerate(features, start=1):
         rec = dict(feature.get("properties") or {})
         geometry = feature.get("geometry")
-        rec["geometry"] = shapely.from_geojson(json.dumps(geometry)) if geometry else None
+        try:
+            rec["geometry"] = shapely.from_geojson(json.dumps(geometry)) if geometry else None
+        except shapely.errors.ShapelyError as err:
+            raise AreasError(
+                f"{path}: {_feature(i, rec)}: cannot read its geometry: {err}"
+            ) from None
         records.append(rec)
     return records, crs
 
@@ -205,11 +227,20 @@ def _read_parquet(path: Path) -> tuple[list[dict], CRS]:
         raise AreasError(f"{path}: geometry encoding {info['encoding']!r}: expected WKB")
     crs = CRS.from_user_input(info["crs"]) if info.get("crs") else CRS.from_user_input("OGC:CRS84")
     frame = table.drop([column]).to_pandas()
-    geometries = shapely.from_wkb(table.column(column).to_numpy(zero_copy_only=False))
     records = frame.to_dict("records")
-    for rec, geometry in zip(records, geometries, strict=True):
-        rec["geometry"] = geometry
+    blobs = table.column(column).to_numpy(zero_copy_only=False)
+    for i, (rec, blob) in enumerate(zip(records, blobs, strict=True), start=1):
+        try:
+            rec["geometry"] = shapely.from_wkb(blob)
+        except shapely.errors.ShapelyError as err:
+            where = _feature(i, rec)
+            raise AreasError(f"{path}: {where}: cannot read its geometry: {err}") from None
     return records, crs
+
+
+def _feature(i: int, rec: dict) -> str:
+    """A feature as messages name it: its number in the file and its area, when it has one."""
+    return f"feature {i} (area {rec['area']!r})" if "area" in rec else f"feature {i}"
 
 
 BBOX = ("west", "south", "east", "north")

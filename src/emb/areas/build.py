@@ -16,6 +16,7 @@ from emb import cli
 from emb.areas.plan import plan_areas
 from emb.areas.vrt import write_mosaic
 from emb.io import atomic_path
+from emb.prep.tessera_npy import convert, find_triple
 from emb.progress import Progress
 
 log = logging.getLogger(__name__)
@@ -24,6 +25,12 @@ log = logging.getLogger(__name__)
 def build(areas: Path, collections: dict, table: Path) -> list[Path]:
     """Every VRT of the plan, then the table; returns the VRTs written."""
     plan = plan_areas(areas, collections)
+    stale = [t for t in plan.converted() if t.header is None]
+    for tile in stale:  # geotessera .npy tiles: converted once (again when the .npy changes)
+        convert(find_triple(tile.npy), tile.path)
+        log.info("converted %s -> %s", tile.npy, tile.path)
+    if stale:
+        plan = plan_areas(areas, collections)  # their headers, read and checked
     written = []
     mosaics = [m for r in plan.regions for m in r.mosaics.values()]
     with Progress(len(mosaics), "VRTs", "areas", log) as progress:

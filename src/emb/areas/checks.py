@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import shapely
 from pyproj import CRS
@@ -11,16 +11,19 @@ from rasterio.errors import RasterioIOError
 
 from emb.areas import AreasError
 from emb.areas.areas_file import Area
-from emb.areas.geo import WGS84, reproject
-from emb.areas.index import AEF_YEARS, AefIndex
-from emb.areas.tiffhead import read_header
+from emb.areas.geo import DENSIFY_DEG, WGS84, reproject
+from emb.areas.index import AEF_YEARS, TESSERA_YEARS, AefIndex, Tile
+from emb.areas.tiffhead import Header, read_header
+from emb.prep.footprints import utm_epsg
+from emb.rasters import BANDS, DTYPES
 
-if TYPE_CHECKING:
-    from emb.areas.plan import Tile
-
-EXPECT = {"aef": (64, ("int8",)), "tessera": (128, ("float32", "float64"))}
 GAP_M2 = 100.0  # an uncovered piece larger than one 10 m pixel is a gap
-DENSIFY_DEG = 0.01  # edge pieces (degrees) before a WGS84 piece goes into metres
+# A tile's dtypes: rasters.DTYPES, but AEF tiles are the public int8 COGs (a float AEF is an
+# export of a whole region, given as a table row, never a collection's tile).
+TILE_DTYPES = {"aef": ("int8",), "tessera": DTYPES["tessera"]}
+assert set(TILE_DTYPES["aef"]) <= set(DTYPES["aef"])
+# A year in a file name (NASS names its CDL files and tiles by year: 2024_30m_cdls, CDL_2024_...).
+NAME_YEAR = re.compile(r"(?<![0-9])((?:19|20)[0-9]{2})(?![0-9])")
 
 
 def check_no_overlap(file: Path, areas: list[Area]) -> None:
@@ -43,7 +46,8 @@ def check_no_overlap(file: Path, areas: list[Area]) -> None:
                     )
 
 
-def check_year(where: str, year: int, aef: AefIndex | None) -> None:
+def check_aef_year(where: str, year: int, aef: AefIndex | None) -> None:
+    """The area's year is one the AEF products and the index hold."""
     if aef is None:
         return
     years = aef.years
@@ -54,22 +58,33 @@ def check_year(where: str, year: int, aef: AefIndex | None) -> None:
         )
 
 
-def check_tile(where: str, source: str, tile: Tile, listed_in, fetching: bool) -> None:
-    """The file against what the index promises: present, its CRS, size, bands and type."""
+def check_tessera_year(where: str, year: int) -> None:
+    """A year geotessera has no tiles of is not a coverage gap: no download would fill it."""
+    if year not in TESSERA_YEARS:
+        raise AreasError(
+            f"{where}: year {year} is outside the TESSERA products' years "
+            f"({TESSERA_YEARS[0]}-{TESSERA_YEARS[-1]}): choose a year they cover"
+        )
+
+
+def check_tile(
+    where: str, source: str, tile: Tile, listed_in: object, fetching: bool
+) -> Header | None:
+    """The file against what the index promises: present, its CRS, size, extent, bands and
+    type. Returns its header (None: absent, left to the fetch); the planner keeps it."""
     if not tile.path.exists():
         if fetching:
-            return
+            return None
         raise AreasError(
             f"{listed_in}: {where}: lists {tile.key}, not in the folder ({tile.path} not "
             f"found): download it (or set collections.{source}.url and let the workflow fetch it)"
         )
     try:
-        tile.header = read_header(tile.path)
+        h = read_header(tile.path)
     except RasterioIOError as err:
         raise AreasError(
             f"{tile.path}: {where}: cannot read the tile as a raster ({err})"
         ) from None
-    h = tile.header
     if h.crs is None or f"EPSG:{h.epsg}" != tile.crs:
         raise AreasError(
             f"{tile.path}: {where}: CRS {h.crs.to_string() if h.crs else None}, but "
@@ -80,12 +95,36 @@ def check_tile(where: str, source: str, tile: Tile, listed_in, fetching: bool) -
             f"{tile.path}: {where}: {h.width} x {h.height} pixels, but {listed_in} gives its "
             f"extent as {tile.size[0]} x {tile.size[1]} pixels (a partial or other file)"
         )
-    bands, dtypes = EXPECT[source]
+    if tile.bounds is not None:
+        half = abs(h.transform.a) / 2
+        if max(abs(a - b) for a, b in zip(h.bounds, tile.bounds, strict=True)) > half:
+            raise AreasError(
+                f"{tile.path}: {where}: its header places it at west, south, east, north "
+                f"{_extent(h.bounds)}, but {listed_in} gives {_extent(tile.bounds)} (more than "
+                "half a pixel apart): the file is not the tile its index row describes"
+            )
+    bands, dtypes = BANDS[source], TILE_DTYPES[source]
     if h.count != bands or h.dtype not in dtypes:
         raise AreasError(
             f"{tile.path}: {where}: {h.count} bands of {h.dtype}, expected {bands} bands of "
             f"{' or '.join(dtypes)} ({source})"
         )
+    return h
+
+
+def check_cdl_tile_year(where: str, header: Header, year: int) -> None:
+    """A CDL tile whose name carries another year than the area's (as NASS names them):
+    embeddings of one year labelled with the crops of another."""
+    found = NAME_YEAR.findall(header.path.name)
+    if found and str(year) not in found:
+        raise AreasError(
+            f"{header.path}: {where}: a CDL tile of {found[0]} (its name), but the area is of "
+            f"{year}: expected the CDL tiles of {year} in this folder"
+        )
+
+
+def _extent(bounds: tuple[float, float, float, float]) -> str:
+    return "(" + ", ".join(f"{v:.1f}" for v in bounds) + ")"
 
 
 def check_gap(where: str, product: str, listed_in, part, boxes, crs: CRS) -> None:
@@ -111,8 +150,7 @@ def _km2(geom) -> float:
     """Area of a WGS84 geometry in km2 (in its local UTM zone's metres; messages only)."""
     if geom.is_empty:
         return 0.0
-    lon, lat = geom.centroid.x, geom.centroid.y
-    utm = CRS.from_epsg((32600 if lat >= 0 else 32700) + min(60, int((lon + 180) // 6) + 1))
+    utm = CRS.from_epsg(utm_epsg(geom.centroid.x, geom.centroid.y))
     return reproject(geom, WGS84, utm, step=DENSIFY_DEG).area / 1e6
 
 

@@ -3,7 +3,6 @@ the GeoPackage geometry blob (read with sqlite3, so no OGR binding is needed).""
 
 from __future__ import annotations
 
-import math
 import struct
 
 import numpy as np
@@ -11,8 +10,10 @@ import shapely
 from pyproj import CRS, Transformer
 from shapely.geometry.base import BaseGeometry
 
+from emb.prep.footprints import UTM_ZONE_DEG, utm_zone_epsg, utm_zone_number
+
 WGS84 = CRS.from_epsg(4326)
-ZONE_WIDTH = 6.0  # degrees of longitude per UTM zone
+DENSIFY_DEG = 0.01  # edge pieces (degrees) before a WGS84 geometry goes into metres
 
 
 def zone_name(number: int, north: bool) -> str:
@@ -22,8 +23,7 @@ def zone_name(number: int, north: bool) -> str:
 
 def zone_epsg(zone: str) -> int:
     """WGS 84 / UTM EPSG code of a zone name (``14N`` -> 32614)."""
-    number, hemisphere = int(zone[:-1]), zone[-1].upper()
-    return (32600 if hemisphere == "N" else 32700) + number
+    return utm_zone_epsg(int(zone[:-1]), zone[-1].upper() == "N")
 
 
 def zone_of_crs(crs: CRS) -> str | None:
@@ -34,23 +34,18 @@ def zone_of_crs(crs: CRS) -> str | None:
     return zone_name(epsg % 100, epsg < 32700)
 
 
-def zone_of_lon(lon: float) -> int:
-    """Zone number holding a longitude (zone 60 includes 180 E)."""
-    return min(60, int(math.floor((lon + 180.0) / ZONE_WIDTH)) + 1)
-
-
 def zone_box(zone: str) -> BaseGeometry:
     """The zone's extent in WGS84 degrees (standard zones; north: latitude >= 0)."""
     number, north = int(zone[:-1]), zone[-1].upper() == "N"
-    west = -180.0 + (number - 1) * ZONE_WIDTH
-    return shapely.box(west, 0.0 if north else -90.0, west + ZONE_WIDTH, 90.0 if north else 0.0)
+    west = -180.0 + (number - 1) * UTM_ZONE_DEG
+    return shapely.box(west, 0.0 if north else -90.0, west + UTM_ZONE_DEG, 90.0 if north else 0.0)
 
 
 def zones_of(bounds: tuple[float, float, float, float]) -> list[str]:
     """Every zone a WGS84 bounding box meets, west to east, north before south."""
     west, south, east, north = bounds
     zones = []
-    for number in range(zone_of_lon(west), zone_of_lon(east) + 1):
+    for number in range(utm_zone_number(west), utm_zone_number(east) + 1):
         if north > 0 or south >= 0:
             zones.append(zone_name(number, True))
         if south < 0:

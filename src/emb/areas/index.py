@@ -42,8 +42,22 @@ AEF_COLUMNS = (
 )
 AEF_RESOLUTION = 10.0  # metres per pixel of every AEF COG
 AEF_YEARS = range(2017, 2026)  # the annual products published so far
+TESSERA_YEARS = range(2017, 2026)  # geotessera v1.1's years (2017-2025)
 TESSERA_STEP = 0.1  # degrees per geotessera tile side
 ZONE_DIR = re.compile(r"^\d{1,2}[NS]$")
+
+
+@dataclass
+class Tile:
+    """One file a VRT lists: where it is (or will be, once fetched) and what it must be."""
+
+    path: Path
+    key: str  # its path under the collection's base URL
+    crs: str  # "EPSG:32614"
+    size: tuple[int, int] | None = None  # (width, height) the index promises
+    header: Header | None = None  # read when the file exists
+    bounds: tuple[float, float, float, float] | None = None  # the index's extent, in ``crs``
+    npy: Path | None = None  # geotessera's .npy the tile is converted from (rule areas)
 
 
 @dataclass
@@ -205,6 +219,13 @@ def tessera_key(year: int, lon: float, lat: float) -> str:
     """geotessera's GeoTIFF layout: ``{year}/grid_{lon}_{lat}/grid_{lon}_{lat}_{year}.tiff``."""
     name = tessera_name(lon, lat)
     return f"{year}/{name}/{name}_{year}.tiff"
+
+
+def tessera_npy_path(folder: Path, year: int, lon: float, lat: float) -> Path:
+    """geotessera's download layout of a tile's embedding ``.npy`` (scales beside it, the
+    landmask under ``global_0.1_degree_tiff_all/``): emb.prep.tessera_npy reads it."""
+    name = tessera_name(lon, lat)
+    return folder / "global_0.1_degree_representation" / str(year) / name / f"{name}.npy"
 
 
 def read_tessera_registry(file: str | Path) -> set[tuple[int, int, int]]:

@@ -22,33 +22,34 @@ from shapely.geometry.base import BaseGeometry
 
 from emb.areas import AreasError
 from emb.areas.areas_file import read_areas
-from emb.areas.checks import check_gap, check_no_overlap, check_tile, check_year, raise_gap
-from emb.areas.geo import WGS84, reproject, zone_box, zone_epsg, zones_of
+from emb.areas.checks import (
+    check_aef_year,
+    check_cdl_tile_year,
+    check_gap,
+    check_no_overlap,
+    check_tessera_year,
+    check_tile,
+    raise_gap,
+)
+from emb.areas.geo import DENSIFY_DEG, WGS84, reproject, zone_box, zone_epsg, zones_of
 from emb.areas.index import (
     AEF_RESOLUTION,
     AefIndex,
+    Tile,
     aef_local_path,
     cdl_tiles,
     read_aef_index,
     read_tessera_registry,
     tessera_cells,
     tessera_key,
+    tessera_npy_path,
 )
-from emb.areas.tiffhead import Header, read_header
+from emb.areas.tiffhead import read_header
+from emb.prep.region_rows import PREDICT
+from emb.prep.tessera_npy import TesseraNpyError, check_triple, find_triple
 
 OUT = "resources/areas"  # where the VRTs go: resources/areas/{region}/{source}.vrt
-DENSIFY_DEG = 0.01  # edge pieces (degrees) before an area part goes into its UTM zone
-
-
-@dataclass
-class Tile:
-    """One file a VRT lists: where it is (or will be, once fetched) and what it must be."""
-
-    path: Path
-    key: str  # its path under the collection's base URL
-    crs: str  # "EPSG:32614"
-    size: tuple[int, int] | None = None  # (width, height) the index promises
-    header: Header | None = None  # read when the file exists
+NPY_OUT = f"{OUT}/tessera_tiles"  # geotessera .npy tiles as GeoTIFFs, once per tile
 
 
 @dataclass
@@ -60,6 +61,11 @@ class Mosaic:
     crs: str
     tiles: list[Tile]
     cutline: BaseGeometry | None  # the part in ``crs`` (None: no mask, a CDL)
+
+    def resolution(self) -> float:
+        """Metres per pixel: its first read tile's, else AEF's (tiles not fetched yet)."""
+        header = next((t.header for t in self.tiles if t.header is not None), None)
+        return abs(header.transform.a) if header is not None else AEF_RESOLUTION
 
 
 @dataclass
@@ -75,7 +81,9 @@ class RegionPlan:
 
 
 @dataclass
-class Plan:
+class AreaPlan:
+    """The regions of the areas file (not a training plan): what the workflow builds."""
+
     regions: list[RegionPlan]
 
     def rows(self) -> pd.DataFrame:
@@ -113,11 +121,21 @@ class Plan:
             for m in r.mosaics.values():
                 if m.cutline is None:
                     continue
-                header = next((t.header for t in m.tiles if t.header is not None), None)
-                res = abs(header.transform.a) if header is not None else AEF_RESOLUTION
+                res = m.resolution()
                 w, s, e, n = m.cutline.bounds
                 sizes[m.vrt] = (math.ceil((e - w) / res) + 1) * (math.ceil((n - s) / res) + 1)
         return sizes
+
+    def converted(self) -> list[Tile]:
+        """TESSERA tiles given as geotessera ``.npy``, each once: rule areas writes their
+        GeoTIFFs (under :data:`NPY_OUT`) before the VRTs that list them."""
+        seen: dict[Path, Tile] = {}
+        for r in self.regions:
+            m = r.mosaics.get("tessera")
+            for t in m.tiles if m else ():
+                if t.npy is not None:
+                    seen.setdefault(t.path, t)
+        return list(seen.values())
 
     def missing(self, source: str) -> list[Tile]:
         """Tiles of ``source`` not in the folder yet (what a fetch downloads), once each."""
@@ -125,7 +143,7 @@ class Plan:
         for r in self.regions:
             m = r.mosaics.get(source)
             for t in m.tiles if m else ():
-                if t.header is None and not t.path.exists():
+                if t.header is None and t.npy is None and not t.path.exists():
                     seen.setdefault(t.path, t)
         return list(seen.values())
 
@@ -135,7 +153,7 @@ def tiles_vrt(vrt: str) -> str:
     return vrt[: -len(".vrt")] + "_tiles.vrt"
 
 
-def plan_areas(areas_file: str | Path, collections: Mapping) -> Plan:
+def plan_areas(areas_file: str | Path, collections: Mapping) -> AreaPlan:
     """The plan of every area of ``areas_file`` over ``collections`` (the config's
     ``collections:``). Raises :class:`AreasError` on the first bad input. Where a collection
     has a ``url``, tiles its index lists but the folder lacks are left to the fetch rule
@@ -152,7 +170,7 @@ def plan_areas(areas_file: str | Path, collections: Mapping) -> Plan:
     names = [a.name for a in areas]
     for area in areas:
         where = f"{areas_file}: area {area.name!r} ({area.year})"
-        check_year(where, area.year, aef)
+        check_aef_year(where, area.year, aef)
         for zone in zones_of(area.geometry.bounds):
             part = area.geometry.intersection(zone_box(zone))
             if part.is_empty or part.area == 0:
@@ -179,6 +197,7 @@ def plan_areas(areas_file: str | Path, collections: Mapping) -> Plan:
                     "aef", f"{out}/aef.vrt", utm.to_string(), tiles, part_utm
                 )
             if "tessera" in sources:
+                check_tessera_year(where, area.year)
                 tiles = _tessera_tiles(
                     where_zone,
                     zone,
@@ -192,10 +211,10 @@ def plan_areas(areas_file: str | Path, collections: Mapping) -> Plan:
                 plan.mosaics["tessera"] = Mosaic(
                     "tessera", f"{out}/tessera.vrt", utm.to_string(), tiles, part_utm
                 )
-            if "cdl" in sources and area.split != "predict":
+            if "cdl" in sources and area.split != PREDICT:
                 _plan_cdl(where_zone, plan, out, sources["cdl"])
             regions.append(plan)
-    return Plan(regions)
+    return AreaPlan(regions)
 
 
 def _aef_tiles(
@@ -212,8 +231,9 @@ def _aef_tiles(
             round((rec.utm_east - rec.utm_west) / AEF_RESOLUTION),
             round((rec.utm_north - rec.utm_south) / AEF_RESOLUTION),
         )
-        tile = Tile(path, key, str(rec.crs), size)
-        check_tile(where, "aef", tile, index.file, fetching)
+        extent = (rec.utm_west, rec.utm_south, rec.utm_east, rec.utm_north)
+        tile = Tile(path, key, str(rec.crs), size, bounds=extent)
+        tile.header = check_tile(where, "aef", tile, index.file, fetching)
         tiles.append(tile)
     return tiles
 
@@ -235,8 +255,13 @@ def _tessera_tiles(
         key = tessera_key(year, lon, lat)
         listed = registry is None or (year, round(lon * 100), round(lat * 100)) in registry
         tile = Tile(folder / key, key, crs)
+        npy = tessera_npy_path(folder, year, lon, lat)
+        if not tile.path.exists() and npy.exists():
+            tiles.append(_npy_tile(where, npy, key, crs))
+            continue
         if listed and (tile.path.exists() or (fetching and registry is not None)):
-            check_tile(where, "tessera", tile, collection.get("registry") or folder, fetching)
+            listed_in = collection.get("registry") or folder
+            tile.header = check_tile(where, "tessera", tile, listed_in, fetching)
             tiles.append(tile)
         elif listed and registry is not None:
             raise AreasError(
@@ -249,6 +274,25 @@ def _tessera_tiles(
         gap = shapely.intersection(part, shapely.union_all(absent))
         raise_gap(where, "TESSERA", collection.get("registry") or folder, gap)
     return tiles
+
+
+def _npy_tile(where: str, npy: Path, key: str, crs: str) -> Tile:
+    """A geotessera ``.npy`` tile, checked (its three files, shapes, CRS) and planned as the
+    GeoTIFF rule areas converts it to; read as such once it exists."""
+    try:
+        facts = check_triple(find_triple(npy))
+    except (TesseraNpyError, FileNotFoundError) as err:
+        raise AreasError(f"{npy}: {where}: not a geotessera tile: {err}") from None
+    if f"EPSG:{facts.crs.to_epsg()}" != crs:
+        raise AreasError(
+            f"{npy}: {where}: its landmask is in {facts.crs.to_string()}, but the tile's cell "
+            f"is in {crs}"
+        )
+    tile = Tile(Path(NPY_OUT) / key, key, crs, (facts.width, facts.height), npy=npy)
+    tile.bounds = tuple(facts.bounds)
+    if tile.path.exists() and tile.path.stat().st_mtime >= npy.stat().st_mtime:
+        tile.header = check_tile(where, "tessera", tile, npy, fetching=False)
+    return tile
 
 
 def _plan_cdl(where: str, plan: RegionPlan, out: str, collection: Mapping) -> None:
@@ -267,6 +311,8 @@ def _plan_cdl(where: str, plan: RegionPlan, out: str, collection: Mapping) -> No
         boxes = shapely.box(*zip(*(h.bounds for h in headers), strict=True))
         keep = shapely.intersects(boxes, part) & ~shapely.touches(boxes, part)
         chosen = [h for h, k in zip(headers, keep, strict=True) if k]
+        for header in chosen:
+            check_cdl_tile_year(where, header, plan.year)
         check_gap(where, "CDL", path, part, boxes[keep], CRS.from_user_input(crs))
         tiles = [Tile(h.path, h.path.name, crs.to_string(), header=h) for h in chosen]
         plan.mosaics["cdl"] = Mosaic("cdl", f"{out}/cdl.vrt", crs.to_string(), tiles, None)

@@ -4,18 +4,27 @@ Snakemake's SLURM plugin wraps jobs in ``srun`` steps, and a job asking for two 
 seen to get one inside the step (snakemake-executor-plugin-slurm issue #459). Run through the
 launcher in the same form as ``train`` (same resources, same ``srun``), this costs a minute and
 fails loudly where training would otherwise run on a fraction of the node.
+
+What it expects: the number of GPUs the profile (or ``--set-resources``) gives ``gpu_check``'s
+``gpus_per_node``, strictly, as the cluster profiles do; without such a setting (a local run:
+the rule's own default) whatever the machine shows (``--gpus auto``), so a workstation with a
+GPU just works. Either way, more processes per node than visible GPUs is refused (a rank would
+get a ``cuda:N`` that does not exist).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import shutil
 import socket
 import subprocess
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from emb.cluster.profile import ResourceSettings, profile_resource
 from emb.io import write_json
 
 VISIBILITY_VARS = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES",
@@ -26,17 +35,84 @@ class DeviceMismatch(RuntimeError):
     """The step sees other devices than were requested."""
 
 
-def check_devices(gpus_expected: int, gpus_found: int, cpus_expected: int, cpus_found: int) -> None:
-    """Raise when the step sees a different GPU count, or fewer CPUs, than requested."""
+RULE_DEFAULT = "the rule's default (none set: whatever the machine has)"
+CPU_HINT = "cpus_per_task (config launch.threads, or the profile's gpu_check:cpus_per_task)"
+
+
+def check_devices(
+    gpus_expected: int | None,
+    gpus_found: int,
+    cpus_expected: int,
+    cpus_found: int,
+    *,
+    processes: int = 1,
+    source: str = RULE_DEFAULT,
+) -> None:
+    """Raise when the step sees another GPU count than requested (``None``: any count), more
+    processes than GPUs on a GPU machine, or fewer CPUs than requested.
+
+    ``source`` names where ``gpus_expected`` came from, so the message points at the setting
+    that set it (never at a profile that is not in use)."""
     problems = []
-    if gpus_found != gpus_expected:
-        problems.append(f"expected {gpus_expected} GPU(s) per node, found {gpus_found}")
-    if cpus_found < cpus_expected:
-        problems.append(f"expected at least {cpus_expected} CPU(s), found {cpus_found}")
-    if problems:
-        raise DeviceMismatch(
-            "; ".join(problems) + " (check the profile's gres/--gpus-per-node and cpus_per_task)"
+    if gpus_expected is not None and gpus_found != gpus_expected:
+        problems.append(
+            f"expected {gpus_expected} GPU(s) per node, found {gpus_found}"
+            f" (the number is gpu_check:gpus_per_node, set by {source}; make it {gpus_found}"
+            " or run where the GPUs are)"
         )
+    elif gpus_found and processes > gpus_found:
+        problems.append(too_many_processes(processes, gpus_found))
+    if cpus_found < cpus_expected:
+        problems.append(
+            f"expected at least {cpus_expected} CPU(s), found {cpus_found} (check {CPU_HINT})"
+        )
+    if problems:
+        raise DeviceMismatch("; ".join(problems))
+
+
+def too_many_processes(processes: int, gpus: int) -> str:
+    """The one line every stage prints when a node runs more processes than it has GPUs."""
+    return (
+        f"{processes} processes per node but {gpus} visible GPU(s): rank {gpus} would get"
+        f" cuda:{gpus}, which does not exist; use at most {gpus} (tasks_per_node, config"
+        " launch.nproc_per_node or --nproc-per-node)"
+    )
+
+
+def gpu_request(
+    settings: ResourceSettings,
+    rule: str = "gpu_check",
+    argv: Sequence[str] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> str:
+    """``gpu_check``'s options for the GPUs ``rule`` expects: ``--gpus=N`` and where N was
+    set when the profile or ``--set-resources`` sets ``gpus_per_node``, else ``--gpus=auto``.
+
+    Read from Snakemake's resource settings, not the rule's resources: the rule keeps the
+    integer 0 there (the SLURM plugin is never handed anything else), and a value the profile
+    set is told apart from the rule's own default."""
+    gpus = profile_resource(settings, rule, "gpus_per_node")
+    if gpus is None:
+        return "--gpus=auto"
+    if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 0:
+        raise ValueError(f"resource {rule}:gpus_per_node: expected an integer >= 0, found {gpus!r}")
+    argv = sys.argv if argv is None else argv
+    environ = os.environ if environ is None else environ
+    profile = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--profile"), None)
+    profile = profile or environ.get("SNAKEMAKE_PROFILE")
+    where = (
+        f"the profile {profile} or --set-resources" if profile else "the profile or --set-resources"
+    )
+    return shlex.join([f"--gpus={gpus}", f"--source={where}"])
+
+
+def expected_gpus(value: str) -> int | None:
+    """``--gpus``: an integer >= 0, or ``auto`` (None: what the machine has)."""
+    if value == "auto":
+        return None
+    if not value.isdigit():
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0 or auto, found {value!r}")
+    return int(value)
 
 
 def smi_listing() -> list[str]:
@@ -50,7 +126,10 @@ def smi_listing() -> list[str]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--gpus", type=int, required=True, help="GPUs per node requested")
+    parser.add_argument(
+        "--gpus", type=expected_gpus, required=True, help="GPUs per node requested, or auto"
+    )
+    parser.add_argument("--source", default=RULE_DEFAULT, help="where --gpus was set")
     parser.add_argument("--processes", type=int, default=1, help="processes per node")
     parser.add_argument("--threads", type=int, default=1, help="CPU threads per process")
     parser.add_argument("--out", type=Path, required=True, help="report (written on node 0)")
@@ -61,7 +140,8 @@ def main(argv: list[str] | None = None) -> None:
     cpus = len(os.sched_getaffinity(0))
     report = {
         "host": socket.gethostname(),
-        "gpus_expected": args.gpus,
+        "gpus_expected": "auto" if args.gpus is None else args.gpus,
+        "gpus_source": args.source,
         "gpus_found": found,
         "devices": [torch.cuda.get_device_name(i) for i in range(found)],
         "cpus_expected": args.processes * args.threads,
@@ -71,7 +151,10 @@ def main(argv: list[str] | None = None) -> None:
     }
     print(report)
     try:
-        check_devices(args.gpus, found, report["cpus_expected"], cpus)
+        check_devices(
+            args.gpus, found, report["cpus_expected"], cpus,
+            processes=args.processes, source=args.source,
+        )  # fmt: skip
     except DeviceMismatch as err:
         print(f"error: {report['host']}: {err}", file=sys.stderr)
         sys.exit(1)

@@ -19,6 +19,12 @@ inside an srun task, directly otherwise): SIGUSR1 is ignored in the command and 
 whole process tree, SIGTERM/SIGINT to the command itself. The trainer then checkpoints at its
 next step and exits 75; the launcher exits 75 when the command failed after writing
 ``--checkpoint`` during this launch (stopped early, resumable), so Snakemake's retry resumes it.
+
+GPUs: more processes per node than the node's visible GPUs is refused in one line (exit 2)
+before torchrun starts, where the node command runs (here, or in each srun task / container):
+rank N would otherwise get a ``cuda:N`` that does not exist and hang. ``train``, ``evaluate``
+and ``predict`` all start through here. On a machine without GPUs the processes share the
+CPUs and any number is allowed.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from emb.cli import ERROR_FILE_ENV
+from emb.cluster.gpu_check import too_many_processes
 from emb.cluster.retries import earlier_failure, errors_file, record_failure
 from emb.cluster.slurm import SlurmError, first_node, job_end_time
 from emb.cluster.supervise import EX_TEMPFAIL, LaunchError, resumable_exit, supervise
@@ -44,6 +51,7 @@ from emb.cluster.supervise import EX_TEMPFAIL, LaunchError, resumable_exit, supe
 RENDEZVOUS = ("auto", "standalone", "c10d")
 LAUNCH_ID_ENV = "EMB_LAUNCH_ID"  # unique per launch: a retry's ranks never meet an earlier one's
 C10D_BASE_PORT = 29400
+NPROC_ENV = "EMB_NPROC_PER_NODE"  # processes per node, for the GPU check in each srun task
 
 
 @dataclass(frozen=True)
@@ -166,6 +174,25 @@ def rule_options(
     return shlex.join(options)
 
 
+def visible_gpus() -> int:
+    """GPUs this process sees (CUDA and ROCm builds alike); torch is imported only here."""
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def check_processes_fit(nproc: int, gpus: int) -> None:
+    """Refuse more processes per node than visible GPUs on a GPU machine."""
+    if gpus and nproc > gpus:
+        raise LaunchError(too_many_processes(nproc, gpus))
+
+
+def check_node(nproc: int) -> None:
+    """The GPU check where the node command runs (one process needs none: it takes cuda:0)."""
+    if nproc > 1:
+        check_processes_fit(nproc, visible_gpus())
+
+
 def c10d_port(job_id: str | None) -> int:
     """A port per SLURM job, so two jobs sharing a node do not meet in one rendezvous."""
     return C10D_BASE_PORT + (int(job_id) % 10000 if job_id and job_id.isdigit() else 0)
@@ -223,12 +250,18 @@ def prepare(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[list[
     cmd = command(launch, args.command[0], args.command[1:], endpoint, job_id or "local")
     env = environment(launch, env)
     env[LAUNCH_ID_ENV] = uuid.uuid4().hex
+    env[NPROC_ENV] = str(1 if launch.per_node else launch.nproc_per_node)
     return cmd, env
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    if args.supervise:  # inside an srun task: run the node command
+    if args.supervise:  # inside an srun task (or container): check the GPUs, run the command
+        try:
+            check_node(int(os.environ.get(NPROC_ENV, "1")))
+        except LaunchError as err:
+            print(f"error: {socket.gethostname()}: {err}", file=sys.stderr)
+            sys.exit(2)
         sys.exit(supervise(args.command))
     started = time.time()
     record = args.failure_record
@@ -238,6 +271,8 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(earlier[0])
     try:
         cmd, env = prepare(args, os.environ)
+        if not (args.srun or args.container or args.per_node):  # the node command runs here
+            check_node(args.nproc_per_node)
         if record:
             record.parent.mkdir(parents=True, exist_ok=True)
             env[ERROR_FILE_ENV] = str(errors_file(record))  # why it failed, for a retry

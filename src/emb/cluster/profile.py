@@ -18,6 +18,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from contextlib import suppress
 from pathlib import Path
+from typing import Protocol
 
 DRY_RUN_FLAGS = ("--dry-run", "--dryrun")
 
@@ -114,6 +115,74 @@ def check_runtime(minutes: int, limit: float | None, job: str, work: str, fix: s
             f"profile: {job}: {work} needs about {minutes} min, more than the partition's limit "
             f"max_runtime={limit:g} min; {fix}"
         )
+
+
+class ResourceSettings(Protocol):
+    """What the workflow reads of Snakemake's ``workflow.resource_settings``: the profile's
+    ``set-resources`` (rule -> name -> value) and ``default-resources``."""
+
+    overwrite_resources: Mapping[str, Mapping[str, object]]
+    default_resources: Mapping[str, object] | None
+
+
+def profile_resource(settings: ResourceSettings, rule: str, name: str) -> object:
+    """A resource of ``rule`` as the profile sets it (set-resources, else default-resources),
+    or None: read while the workflow is parsed, so the profile is checked before any job."""
+    for given in (settings.overwrite_resources.get(rule, {}), settings.default_resources or {}):
+        if name in given:
+            return getattr(given[name], "raw", given[name])  # Snakemake's Resource or a value
+    return None
+
+
+def wants_gpus(settings: ResourceSettings, rule: str) -> bool:
+    """The profile gives ``rule`` GPUs (gpus_per_node, a gpu gres or --gpus in slurm_extra)."""
+    gpus = profile_resource(settings, rule, "gpus_per_node")
+    gres = str(profile_resource(settings, rule, "gres") or "")
+    extra = str(profile_resource(settings, rule, "slurm_extra") or "")
+    return bool(isinstance(gpus, int) and gpus > 0 or "gpu" in gres or "--gpus" in extra)
+
+
+def check_gpu_partitions(settings: ResourceSettings) -> None:
+    """A rule asking for GPUs on the profile's default partition (its CPU partition) would wait
+    in a queue that has no GPU, or be refused by sbatch after the earlier jobs ran."""
+    default = (settings.default_resources or {}).get("slurm_partition")
+    cpu = getattr(default, "raw", default)
+    for rule in settings.overwrite_resources:
+        partition = profile_resource(settings, rule, "slurm_partition")
+        if cpu and partition == cpu and wants_gpus(settings, rule):
+            raise ProfileError(
+                f"profile: rule {rule} asks for GPUs on partition {partition!r}, the profile's "
+                f"CPU partition (default-resources); expected a GPU partition in its "
+                f"set-resources"
+            )
+
+
+CPU_MPX_PER_MINUTE = 3  # one CPU thread (bench/predict.py: 0.06 megapixels/s)
+
+
+def predict_runtime(settings: ResourceSettings, job: str, megapixels: float, regions: int) -> int:
+    """Minutes a prediction job of ``regions`` regions (``megapixels`` in all) asks for, at the
+    profile's ``mpx_per_minute`` per process (a CPU thread's rate without one) on predict's
+    nodes x tasks_per_node processes; refused when more than the profile's ``max_runtime``
+    (the partition's limit). ``job`` names it in the error."""
+    rate = profile_resource(settings, "predict", "mpx_per_minute")
+    limit = profile_resource(settings, "predict", "max_runtime")
+    processes = profile_resource(settings, "predict", "nodes") or 1
+    processes *= profile_resource(settings, "predict", "tasks_per_node") or 1  # type: ignore[operator]
+    rate = (
+        CPU_MPX_PER_MINUTE if rate is None else positive_number(rate, "mpx_per_minute", "predict")
+    )
+    limit = None if limit is None else positive_number(limit, "max_runtime", "predict")
+    minutes = predict_minutes(megapixels, rate, int(processes))  # type: ignore[arg-type]
+    check_runtime(
+        minutes,
+        limit,
+        job,
+        f"{regions} regions, {megapixels:.0f} megapixels at {rate:g} megapixels/min "
+        f"on each of {processes} processes",
+        "give predict more nodes (set-resources: predict: nodes) or split the regions table",
+    )
+    return minutes
 
 
 def local_node(env: Mapping[str, str] | None = None, meminfo: str = "/proc/meminfo") -> dict:

@@ -8,7 +8,12 @@ The top-level ``miou_l3``, ``f1_l1``, ``oa_l2``, ... keys (what ``summary.csv`` 
 those of the weights ``ema.select_best_by`` chose the checkpoint by (raw without EMA).
 
 Outputs: ``metrics.json``, ``per_class.csv`` (one row per weight set, level and class),
-``confusion_l{1,2,3}.png`` (row-normalized) and ``iou.png`` (per-class IoU bars).
+``confusion_l{1,2,3}.png`` (row-normalized), ``iou.png`` (per-class IoU bars) and
+``blocks.npz`` (the same counts per spatial block: ``meta.json`` ``block``, else the tile).
+Every figure gets a 95% interval from a bootstrap over those blocks
+(:mod:`emb.evaluation.bootstrap`): ``miou_l3_lo``/``_hi`` next to ``miou_l3``, ``intervals``
+per weight set, ``iou_lo``/``iou_hi`` in ``per_class.csv``, and ``bootstrap`` (settings,
+number of blocks, and a plain note where fewer than 10 make the intervals unreliable).
 
 Run under torchrun (the launcher, as training), every rank scores its own shards and the
 confusion matrices are summed across ranks: exact integers, so the figures do not depend on the
@@ -18,6 +23,7 @@ number of processes. Rank 0 writes the outputs.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
 import os
@@ -31,11 +37,19 @@ import torch.distributed as dist
 
 from emb import cli
 from emb.classes import ClassMap, load_class_map
+from emb.evaluation.bootstrap import BootstrapSettings, block_intervals, tile_blocks
 from emb.evaluation.inference import Inference, inference
 from emb.evaluation.runs import LEVELS, RunError, TrainedRun, open_run
 from emb.io import atomic_path, write_json
 from emb.loading.batches import LoaderSpec, eval_batches, shard_sample_counts, shards_for_rank
-from emb.metrics import empty_confusions, scores_from_confusion, sum_over_ranks, update
+from emb.loading.sidecar import index_shard
+from emb.metrics import (
+    empty_confusions,
+    per_sample_confusions,
+    scores_from_confusion,
+    sum_over_ranks,
+    update,
+)
 from emb.prep.manifest import read_manifest
 from emb.progress import Progress
 from emb.provenance import digest_file, provenance
@@ -56,9 +70,15 @@ def confusion_matrices(
     run_on: Inference | None = None,
     rank: int = 0,
     world: int = 1,
+    blocks: dict | None = None,
 ) -> dict[str, dict[str, np.ndarray]]:
     """{weights: {level: (n, n) int64}} over every sample of ``shards``, read once, summed over
-    the ``world`` ranks (each reads its own shards)."""
+    the ``world`` ranks (each reads its own shards).
+
+    When ``blocks`` is a dict it is filled with {block id: {weights: {level: (n, n)}}}: the
+    same counts split by spatial block (:func:`emb.evaluation.bootstrap.tile_blocks`), for the
+    block bootstrap. Eval batches come in the shards' file order, so the keys are known.
+    """
     run_on = run_on or Inference(torch.device("cpu"))
     device = run_on.device
     dequantize = run.dequantize().to(device)
@@ -68,16 +88,76 @@ def confusion_matrices(
     spec = LoaderSpec(run.cfg.data.source, run.cfg.model.in_dim, batch_size)
     mine = shards_for_rank(shards, rank, world)
     progress = Progress(sum(shard_samples[s] for s in mine), "tiles", f"{run.name} test", log)
+    block_of = tile_blocks(mine) if blocks is not None else {}
+    keys = iter([s.key for url in mine for s in index_shard(url)] if blocks is not None else [])
+    mine_blocks: dict = {}
     for batch in eval_batches(shards, spec, rank, world, shard_samples):
         progress.advance(len(batch["emb"]))
+        batch_blocks = [block_of.get(k, k) for k in itertools.islice(keys, len(batch["emb"]))]
         x, y = dequantize({k: v.to(device) for k, v in batch.items()})
         x, targets = run_on.inputs(x), targets_of(y)
         for name, model in models.items():
             with run_on.autocast():
                 logits = model(x)
             update(cms[name], logits, targets)
+            if blocks is not None:
+                _add_blocks(mine_blocks, name, batch_blocks, per_sample_confusions(logits, targets))
     progress.done()
+    if blocks is not None:
+        _merge_blocks(blocks, mine_blocks)
     return {name: sum_over_ranks(per_level) for name, per_level in cms.items()}
+
+
+def _add_blocks(acc: dict, weights: str, ids: list[str], per_sample: dict) -> None:
+    """Add each sample's matrices to its block's in ``acc`` (numpy, on the host)."""
+    host = {lv: cm.cpu().numpy() for lv, cm in per_sample.items()}
+    for i, block in enumerate(ids):
+        levels = acc.setdefault(block, {}).setdefault(weights, {})
+        for lv, cm in host.items():
+            levels[lv] = levels[lv] + cm[i] if lv in levels else cm[i].copy()
+
+
+def _merge_blocks(out: dict, mine: dict) -> None:
+    """Every rank's blocks summed into ``out`` (a block may span the shards of two ranks)."""
+    parts = [mine]
+    if dist.is_available() and dist.is_initialized():
+        parts = [None] * dist.get_world_size()
+        dist.all_gather_object(parts, mine)
+    for part in parts:
+        for block, sets in part.items():
+            for weights, levels in sets.items():
+                into = out.setdefault(block, {}).setdefault(weights, {})
+                for lv, cm in levels.items():
+                    into[lv] = into[lv] + cm if lv in into else cm.copy()
+
+
+def block_stacks(blocks: dict) -> tuple[list[str], dict[str, dict[str, np.ndarray]]]:
+    """(sorted block ids, {weights: {level: (B, n, n) int64}}) of a per-block dict."""
+    ids = sorted(blocks)
+    first = blocks[ids[0]]
+    return ids, {
+        w: {lv: np.stack([blocks[b][w][lv] for b in ids]) for lv in first[w]} for w in first
+    }
+
+
+def interval_record(stacks: dict, selected: str, settings: BootstrapSettings) -> dict:
+    """metrics.json ``intervals``: {weights: {level: {oa_lo, oa_hi, miou_lo, ...}}}, the
+    selected weights' bounds also flat (``miou_l3_lo``) next to the figures."""
+    out: dict = {"per_weights": {}}
+    for w, levels in stacks.items():
+        out["per_weights"][w] = {}
+        for lv, cms in levels.items():
+            iv = block_intervals(cms, settings)
+            out["per_weights"][w][lv] = {
+                k: (v.tolist() if isinstance(v, np.ndarray) and v.ndim else float(v))
+                for k, v in iv.items()
+                if k not in ("blocks", "reliable")
+            }
+    for lv in LEVELS:
+        for fig in FIGURES:
+            for end in ("lo", "hi"):
+                out[f"{fig}_{lv}_{end}"] = out["per_weights"][selected][lv][f"{fig}_{end}"]
+    return out
 
 
 def class_names(cmap: ClassMap) -> dict[str, tuple[str, ...]]:
@@ -103,8 +183,11 @@ def metrics_record(cms: dict[str, dict[str, np.ndarray]], selected: str) -> dict
     return record
 
 
-def per_class_table(cms: dict[str, dict[str, np.ndarray]], cmap: ClassMap) -> pd.DataFrame:
-    """One row per (weights, level, class): support, predicted, IoU, F1, precision, recall."""
+def per_class_table(
+    cms: dict[str, dict[str, np.ndarray]], cmap: ClassMap, intervals: dict | None = None
+) -> pd.DataFrame:
+    """One row per (weights, level, class): support, predicted, IoU (with ``iou_lo``/``iou_hi``
+    from ``intervals`` when given), F1, precision, recall."""
     names = class_names(cmap)
     parts = []
     for name, levels in cms.items():
@@ -121,6 +204,10 @@ def per_class_table(cms: dict[str, dict[str, np.ndarray]], cmap: ClassMap) -> pd
                     **{k: pc[k] for k in ("iou", "f1", "precision", "recall")},
                 }
             )
+            if intervals is not None:
+                iv = intervals[name][level]
+                frame.insert(frame.columns.get_loc("iou") + 1, "iou_lo", iv["iou_lo"])
+                frame.insert(frame.columns.get_loc("iou") + 2, "iou_hi", iv["iou_hi"])
             parts.append(frame)
     return pd.concat(parts, ignore_index=True)
 
@@ -134,10 +221,13 @@ def evaluate(
     run_on: Inference | None = None,
     rank: int = 0,
     world: int = 1,
+    settings: BootstrapSettings | None = None,
 ) -> tuple[dict, pd.DataFrame, dict[str, np.ndarray]]:
     """Score a run's checkpoint on ``split`` of its manifest.
 
     Returns (metrics.json record, per-class table, {level: confusion of the selected weights}).
+    The record's ``_blocks`` (block ids, {weights: {level: (B, n, n)}}) is what
+    :func:`write_blocks` stores; it is not part of metrics.json.
     """
     cmap = load_class_map(classes)
     run = open_run(run_dir, cmap, classes, checkpoint_name)
@@ -145,9 +235,11 @@ def evaluate(
     manifest = read_manifest(manifest_path, splits=(split,))
     run.check_in_dim(int(manifest["in_dim"]), str(manifest_path))
     part = manifest["splits"][split]
+    blocks: dict = {}
     cms = confusion_matrices(
-        run, part["shards"], shard_sample_counts(part), cmap, batch_size, run_on, rank, world
-    )
+        run, part["shards"], shard_sample_counts(part), cmap, batch_size, run_on, rank, world,
+        blocks,
+    )  # fmt: skip
     empty = [lv for lv, cm in cms[run.selected].items() if cm.sum() == 0]
     if empty:
         raise RunError(f"{manifest_path}: split {split!r} has no labelled pixel to score")
@@ -157,6 +249,8 @@ def evaluate(
         "epoch": run.epoch,
         "split": split,
         "samples": part["samples"],
+        "source": run.cfg.data.source,
+        "arch": run.cfg.model.arch,
         **metrics_record(cms, run.selected),
         "provenance": provenance(
             config_digest=run.trained_with.get("config_digest"),
@@ -166,7 +260,28 @@ def evaluate(
         ),
         "trained_with": run.trained_with,
     }
-    return record, per_class_table(cms, cmap), cms[run.selected]
+    settings = settings or BootstrapSettings()
+    ids, stacks = block_stacks(blocks)
+    intervals = interval_record(stacks, run.selected, settings)
+    reliable = len(ids) >= settings.min_blocks
+    record["bootstrap"] = {
+        **settings.record(),
+        "unit": "spatial block (meta.json 'block'; the tile where a sample has none)",
+        "blocks": len(ids),
+        "reliable": reliable,
+        "note": (
+            f"{len(ids)} test blocks: 95% intervals resample blocks"
+            if reliable
+            else f"only {len(ids)} test blocks (< {settings.min_blocks}): the intervals are "
+            "unreliable (too few independent units to know the spread)"
+        ),
+    }
+    record.update({k: v for k, v in intervals.items() if k != "per_weights"})
+    record["intervals"] = intervals["per_weights"]
+    record["provenance"]["bootstrap"] = settings.record()
+    table = per_class_table(cms, cmap, intervals["per_weights"])
+    record["_blocks"] = (ids, stacks)
+    return record, table, cms[run.selected]
 
 
 def write_figures(
@@ -189,19 +304,37 @@ def write_figures(
     return [*written, path]
 
 
+def write_blocks(path: Path, ids: list[str], stacks: dict) -> None:
+    """``blocks.npz``: ``block_ids`` (B,) str and ``{weights}_{level}`` (B, n, n) int64, the
+    per-block confusion matrices the summary pairs runs by."""
+    arrays = {f"{w}_{lv}": cms for w, levels in stacks.items() for lv, cms in levels.items()}
+    with atomic_path(path) as tmp, open(tmp, "wb") as fh:
+        np.savez_compressed(fh, block_ids=np.array(ids, dtype=str), **arrays)
+
+
+def read_blocks(path: Path, weights: str, level: str) -> dict[str, np.ndarray]:
+    """{block id: (n, n)} of one weight set and level from a ``blocks.npz``."""
+    with np.load(path) as z:
+        key = f"{weights}_{level}"
+        if key not in z:
+            raise RunError(f"{path}: no {key!r} array (has {sorted(z.files)})")
+        return dict(zip(z["block_ids"].tolist(), z[key], strict=True))
+
+
 def evaluate_ranks(
     args: argparse.Namespace, rank: int, world: int, local_rank: int | None
 ) -> tuple[dict, pd.DataFrame, dict[str, np.ndarray]]:
     """:func:`evaluate` on this rank's device, in a process group when there are several."""
     cmap = load_class_map(args.classes)
-    loop = open_run(args.run_dir, cmap, args.classes, args.checkpoint).cfg.train
-    run_on = inference(loop.precision, loop.channels_last, args.threads, local_rank)
+    cfg = open_run(args.run_dir, cmap, args.classes, args.checkpoint).cfg
+    loop = cfg.train
+    run_on = inference(loop.precision, loop.channels_last, args.threads, local_rank, cfg.model.arch)
     if world > 1:
         backend = "nccl" if run_on.device.type == "cuda" else "gloo"
         dist.init_process_group(backend, timeout=timedelta(seconds=loop.collective_timeout_s))
     return evaluate(
         args.run_dir, args.classes, args.split, args.checkpoint, args.batch_size, run_on,
-        rank, world,
+        rank, world, BootstrapSettings(resamples=args.resamples, seed=args.seed),
     )  # fmt: skip
 
 
@@ -215,6 +348,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out-dir", type=Path, required=True, help="results/eval/{run}")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--threads", type=int, default=1, help="CPU threads per process")
+    parser.add_argument("--resamples", type=int, default=1000, help="block-bootstrap resamples")
+    parser.add_argument("--seed", type=int, default=0, help="block-bootstrap seed")
     args = parser.parse_args(argv)
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     local = int(os.environ["LOCAL_RANK"]) if "LOCAL_RANK" in os.environ else None
@@ -225,6 +360,8 @@ def main(argv: list[str] | None = None) -> None:
             dist.destroy_process_group()
     if rank != 0:
         return
+    ids, stacks = record.pop("_blocks")
+    write_blocks(args.out_dir / "blocks.npz", ids, stacks)
     write_figures(args.out_dir, record, table, cms, load_class_map(args.classes))
     with atomic_path(args.out_dir / "per_class.csv") as tmp:
         table.to_csv(tmp, index=False)

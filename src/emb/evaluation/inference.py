@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from emb.training.config import resolve_channels_last
 from emb.training.trainer import autocast
 
 _CLAIMS: list = []  # open lock files: a claim lasts as long as the process
@@ -64,17 +65,23 @@ def claim_gpu(count: int, lock_dir: Path | None = None) -> int | None:
 
 
 def inference(
-    precision: str, channels_last: bool, threads: int, local_rank: int | None = None
+    precision: str,
+    channels_last: bool | str,
+    threads: int,
+    local_rank: int | None = None,
+    arch: str = "",
 ) -> Inference:
-    """The device this process uses, with the run's precision there.
+    """The device this process uses, with the run's precision and memory format there.
 
     ``local_rank`` (under torchrun) picks the GPU; otherwise a free one is claimed. CPU
-    processes run on ``threads`` threads in fp32.
+    processes run on ``threads`` threads in fp32. ``channels_last`` is the run's setting,
+    resolved for this device and the run's ``arch`` as training resolves it.
     """
     if torch.cuda.is_available():
         index = local_rank if local_rank is not None else claim_gpu(torch.cuda.device_count())
         device = torch.device("cuda", index if index is not None else 0)
         torch.cuda.set_device(device)
-        return Inference(device, precision, channels_last)
+        hip = bool(torch.version.hip)
+        return Inference(device, precision, resolve_channels_last(channels_last, arch, "cuda", hip))
     torch.set_num_threads(max(1, threads))
-    return Inference(torch.device("cpu"), "fp32", channels_last)
+    return Inference(torch.device("cpu"), "fp32", resolve_channels_last(channels_last, arch, "cpu"))

@@ -251,7 +251,7 @@ def main(argv: list[str] | None = None) -> None:
     cmap = load_class_map(args.classes)
     run = open_run(args.run_dir, cmap, args.classes, args.checkpoint)
     loop = run.cfg.train
-    run_on = inference(loop.precision, loop.channels_last, args.threads, local)
+    run_on = inference(loop.precision, loop.channels_last, args.threads, local, run.cfg.model.arch)
     spec = PredictSpec(args.tile or default_tile(run), args.overlap, args.block, args.batch_size)
     spec.check(2 ** (len(run.cfg.model.widths) + 1))
     if args.regions is None:

@@ -29,11 +29,18 @@ class BatchReader:
     """Reads a list of samples into one compact batch; one reader per thread (open files)."""
 
     def __init__(
-        self, in_dim: int, pool: BufferPool | None = None, arrays: Sequence[str] | None = None
+        self,
+        in_dim: int,
+        pool: BufferPool | None = None,
+        arrays: Sequence[str] | None = None,
+        tile_size: int | None = None,
     ) -> None:
         """``arrays``: the arrays to read, each required; by default a training sample's
-        ``emb`` and ``label`` (required) and ``scale`` (where the shard has one)."""
+        ``emb`` and ``label`` (required) and ``scale`` (where the shard has one).
+        ``tile_size`` (the manifest's): headers claiming another tile shape or dtype are
+        refused before any buffer is sized from them (a forged header cannot ask for GiBs)."""
         self.in_dim = in_dim
+        self.tile_size = tile_size
         self.pool = SHARED_POOL if pool is None else pool
         self.arrays = arrays
         self._files: dict[str, BinaryIO] = {}
@@ -68,6 +75,8 @@ class BatchReader:
             raise ShardError(
                 f"{where}: emb.npy has in_dim {emb.shape[0]}, manifest says {self.in_dim}"
             )
+        if self.tile_size is not None:
+            check_tile_header(sample, self.in_dim, self.tile_size)
         if "scale" in names and scale is not None and scale.shape[-2:] != emb.shape[1:]:
             raise ShardError(
                 f"{where}: scale.npy is {list(scale.shape)}, emb.npy {list(emb.shape)}: "
@@ -98,6 +107,21 @@ class BatchReader:
         for fh in self._files.values():
             fh.close()
         self._files.clear()
+
+
+def check_tile_header(sample: SampleAt, in_dim: int, tile_size: int) -> None:
+    """Refuse a sample whose ``emb``/``label`` headers are not the manifest's tile: compared
+    before anything is allocated from the header's claim."""
+    t = tile_size
+    want = {"emb": ((in_dim, t, t), np.dtype(np.int8)), "label": ((t, t), np.dtype(np.uint8))}
+    for name, (shape, dtype) in want.items():
+        at = sample.arrays.get(name)
+        if at is not None and (tuple(at.shape), at.dtype) != (shape, dtype):
+            raise ShardError(
+                f"{sample.url}: sample {sample.key}: {name}.npy header claims "
+                f"{at.dtype}{list(at.shape)}, the manifest's tile is {dtype}{list(shape)} "
+                "(a corrupt shard: rebuild it)"
+            )
 
 
 class _Failed:

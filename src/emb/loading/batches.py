@@ -48,6 +48,7 @@ class LoaderSpec:
     num_workers: int = 0
     shuffle_buffer: int = 256
     seed: int = 0
+    tile_size: int | None = None  # the manifest's: bounds what shard headers may claim
 
 
 class _ShardIndex:
@@ -102,7 +103,7 @@ def _worker_batches(
     order: Iterator[tuple[SampleAt, int]], spec: LoaderSpec, train: bool, skip: int = 0
 ) -> Iterator[dict]:
     """Batches of one worker; the first ``skip`` are drawn (order, codes) but never read."""
-    reader = BatchReader(spec.in_dim)
+    reader = BatchReader(spec.in_dim, tile_size=spec.tile_size)
     try:
         while chunk := list(itertools.islice(order, spec.batch_size)):
             if skip:

@@ -26,7 +26,7 @@ import torch
 
 from emb import cli
 from emb.io import atomic_path, write_json
-from emb.loading.batch_reader import BatchReader, round_robin
+from emb.loading.batch_reader import BatchReader, check_tile_header, round_robin
 from emb.loading.shard_index import SampleAt, ShardError
 from emb.loading.sidecar import index_shard
 from emb.prep.manifest import read_manifest
@@ -71,6 +71,7 @@ def channel_stats(
     shard_keys: list[list[str]] | None = None,
     threads: int | None = None,
     in_dim: int | None = None,
+    tile_size: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray, dict]:
     """(D,) float32 mean and std over the sampled tiles, and a record of what was sampled.
 
@@ -80,7 +81,8 @@ def channel_stats(
     read by one thread ahead of ``threads`` summing threads (default: torch's thread count).
     The result depends on neither ``threads`` nor which tiles had stored moments.
     ``in_dim`` (the manifest's) bounds what the tiles' headers claim before anything is
-    allocated from them, as the loader does.
+    allocated from them, as the loader does; with ``tile_size`` (the manifest's) so are
+    their tile shape and dtype.
     """
     if shard_keys is None:
         shard_keys = [[s.key for s in index_shard(shard)] for shard in shards]
@@ -96,6 +98,8 @@ def channel_stats(
                 f"{sample.url}: sample {sample.key}: emb.npy has in_dim {_in_dim(sample)}, "
                 f"the manifest says {in_dim}"
             )
+        if tile_size is not None:
+            check_tile_header(sample, dim, tile_size)
     progress = Progress(len(sampled), "tiles", f"{source} channel stats", log)
     parts = _stored_moments(sampled, dim, progress)
     missing = [i for i, s in enumerate(sampled) if "moments" not in s.arrays]
@@ -103,7 +107,7 @@ def channel_stats(
         _warn_missing([sampled[i] for i in missing])
     if missing:
         tiles = [sampled[i] for i in missing]
-        parts[missing] = _moments_from_tiles(source, tiles, dim, threads, progress)
+        parts[missing] = _moments_from_tiles(source, tiles, dim, threads, progress, tile_size)
     progress.done()
     pixels, mean, m2 = merge_moments(parts)
     if pixels == 0:
@@ -210,11 +214,16 @@ def _warn_missing(samples: list[SampleAt]) -> None:
 
 
 def _moments_from_tiles(
-    source: str, sampled: list[SampleAt], dim: int, threads: int | None, progress: Progress
+    source: str,
+    sampled: list[SampleAt],
+    dim: int,
+    threads: int | None,
+    progress: Progress,
+    tile_size: int | None = None,
 ) -> np.ndarray:
     """(N, 3, D) moments computed from the tiles' arrays, read in a thread ahead of the sums."""
     names = ("emb",) if source == "aef" else ("emb", "scale")
-    reader = BatchReader(dim, arrays=names)
+    reader = BatchReader(dim, arrays=names, tile_size=tile_size)
     tiles = round_robin([_read_tiles(reader, sampled, names)], depth=3)
     workers = threads or torch.get_num_threads()
     summed = _in_threads(lambda t: tile_moments(source, t), tiles, workers)
@@ -278,6 +287,7 @@ def main(argv: list[str] | None = None) -> None:
         mean, std, record = channel_stats(
             manifest["source"], train["shards"], args.n_tiles, args.seed,
             train.get("shard_keys"), args.threads, manifest.get("in_dim"),
+            manifest.get("tile_size"),
         )  # fmt: skip
     except (StatsError, ShardError) as err:
         raise type(err)(f"{args.manifest}: {err}") from err

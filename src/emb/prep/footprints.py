@@ -69,10 +69,23 @@ def _to(src: CRS, dst: CRS, xy: np.ndarray) -> np.ndarray:
     return np.column_stack([xs, ys])
 
 
+UTM_ZONE_DEG = 6.0  # degrees of longitude per UTM zone
+
+
+def utm_zone_number(lon: float) -> int:
+    """The UTM zone number holding a longitude (zone 60 includes 180 E): the one place the
+    zone arithmetic lives (areas' zone names and EPSG codes use it too)."""
+    return min(60, max(1, math.floor((lon + 180.0) / UTM_ZONE_DEG) + 1))
+
+
+def utm_zone_epsg(number: int, north: bool) -> int:
+    """The EPSG code of WGS 84 / UTM zone ``number`` (north: 326xx, south: 327xx)."""
+    return (32600 if north else 32700) + number
+
+
 def utm_epsg(lon: float, lat: float) -> int:
     """The EPSG code of the WGS 84 UTM zone holding (lon, lat)."""
-    zone = min(60, max(1, math.floor((lon + 180.0) / 6.0) + 1))
-    return (32600 if lat >= 0 else 32700) + zone
+    return utm_zone_epsg(utm_zone_number(lon), lat >= 0)
 
 
 def _centre_lonlat(crs: CRS, transform: Affine, shape: tuple[int, int]) -> tuple[float, float]:

@@ -79,6 +79,9 @@ def merge_indexes(indexes: list[dict], paths: list[Path]) -> dict:
         for split, reasons in idx["dropped"].items():
             dropped.setdefault(split, Counter()).update(reasons)
     manifest["dropped_unassigned"] = dict(dropped.get("unassigned", {}))
+    manifest["label_coverage"] = {
+        idx["region"]: idx["label_coverage"] for idx in indexes if "label_coverage" in idx
+    }
     manifest["splits"] = {}
     for split in SPLITS:
         parts = [idx["splits"][split] for idx in indexes]

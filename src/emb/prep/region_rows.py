@@ -75,15 +75,16 @@ def where_in(path: Path, row: int, region: str, column: str) -> str:
 CDL_FILE_YEAR = re.compile(r"(?<![0-9])([0-9]{4})_(?:10|30)m_cdls", re.IGNORECASE)
 
 
-def is_predict_only(rec: pd.Series) -> bool:
-    return rec.get("split", "") == PREDICT
+def is_predict_only(split: str) -> bool:
+    """A row of this split is mapped, never labelled or scored."""
+    return split == PREDICT
 
 
 def check_predict_only(table: pd.DataFrame, path: Path, run_sources: dict[str, str]) -> None:
     """A prediction-only row is there to be mapped: some run (``run_sources``: run -> source)
     must have one of its sources."""
     for row, (region, rec) in enumerate(table.iterrows(), start=1):
-        if not is_predict_only(rec):
+        if not is_predict_only(rec.get("split", "")):
             continue
         sources = [s for s in SOURCES if rec.get(s, "")]
         if not set(sources) & set(run_sources.values()):
@@ -99,19 +100,19 @@ def check_row_kind(rec: pd.Series, where: str) -> None:
     """A training row needs its labels; a prediction-only row must not name any (which one
     did the user mean?)."""
     cdl = rec.get("cdl", "")
-    if is_predict_only(rec) and cdl:
+    if is_predict_only(rec.get("split", "")) and cdl:
         raise RegionsError(
             f"{where}: a prediction-only row (split {PREDICT!r}) names a CDL ({shown(cdl)}): "
             f"expected an empty cdl cell to map without labels, or another split to train on it"
         )
-    if not is_predict_only(rec) and not cdl:
+    if not is_predict_only(rec.get("split", "")) and not cdl:
         raise RegionsError(
             f"{where}: no CDL for a training row (split {rec.get('split', '') or 'auto'!r}): "
             f"expected a CDL raster, or split {PREDICT!r} to map this region without labels"
         )
 
 
-def check_year(file: str, tags: dict[str, str], column: str, year: str, where: str) -> None:
+def check_file_year(file: str, tags: dict[str, str], column: str, year: str, where: str) -> None:
     """A file whose own year contradicts the row's: embeddings of one year labelled with the
     CDL of another."""
     tags = {k.upper(): v for k, v in tags.items()}

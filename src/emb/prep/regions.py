@@ -31,18 +31,19 @@ from emb.prep.footprints import (
     group_extent,
 )
 from emb.prep.region_rows import (
-    PREDICT,
     RegionsError,
+    check_file_year,
     check_row_kind,
     check_unique_ids,
     check_versions,
-    check_year,
+    is_predict_only,
     read_regions,
     shown,
     where_in,
 )
 from emb.rasters import (
     BANDS,
+    DTYPES,
     SOURCES,
     product_tags,
 )
@@ -55,13 +56,6 @@ def _overlaps(a: tuple, b: tuple) -> bool:
     return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
 
 
-# What each column's raster must hold. AEF comes as int8 (the public COGs) or as float
-# (Earth Engine exports, de-quantized: quantized back on ingest, emb.rasters.shard_arrays).
-DTYPES = {
-    "aef": ("int8", "float32", "float64"),
-    "tessera": ("float32", "float64"),
-    "cdl": ("uint8", "uint16"),
-}
 LABEL_SAMPLE = 1024  # CDL pixels per side read (decimated) to find labels over an embedding
 
 
@@ -133,7 +127,7 @@ def check_regions(
             where = where_in(path, row, region, column)
             raster = opened[column] = _open_checked(file, column, where)
             checks.pixels[file] = raster.shape[0] * raster.shape[1]
-            check_year(file, raster.tags, column, str(rec.get("year", "")), where)
+            check_file_year(file, raster.tags, column, str(rec.get("year", "")), where)
             if column in SOURCES:
                 _check_not_seen(raster, column, str(rec.get("year", "")), where, seen)
                 checks.product_tags[file] = product_tags(raster.tags)
@@ -150,7 +144,8 @@ def check_regions(
         listed[source].extend(prints)
     check_versions(checks.product_tags, listed)  # prediction-only rows too: one version
     for source, everything in listed.items():
-        prints = [f for f in everything if f.split != PREDICT]  # mapping trained ground is fine
+        # mapping trained ground is fine
+        prints = [f for f in everything if not is_predict_only(f.split)]
         try:
             keys = ground_groups(prints)
         except FootprintError as err:

@@ -32,9 +32,17 @@ from emb.loading.buffer_pool import BufferPool
 from emb.loading.sidecar import sidecar_path
 from emb.prep.moments import moments_array, stores_moments, tile_moments
 from emb.prep.shard_writer import Payload, TarShard, encode_npy, write_shards
-from emb.prep.tiles import SPLITS, SplitSpec, Tile, TileSpec, TilingError, plan_tiles
+from emb.prep.tiles import (
+    SPLITS,
+    SplitSpec,
+    Tile,
+    TileSpec,
+    TilingError,
+    label_coverage,
+    plan_tiles,
+)
 from emb.progress import Progress
-from emb.rasters import BANDS, product_tags, shard_arrays
+from emb.rasters import BANDS, embedding_nodata, product_tags, shard_arrays
 
 __all__ = ["TarShard", "build_region", "encode_npy", "tile_samples", "write_shards"]
 T = TypeVar("T")
@@ -72,9 +80,18 @@ def tile_samples(
     pool = BufferPool(keep=4)
     dtype = np.dtype(emb.dtypes[0])
 
+    fill = embedding_nodata(dtype, emb.nodata)
+    fill = 0 if fill is None else fill  # an all-zero vector is nodata for both sources
+    height, width = labels.shape
+
     def read(tile: Tile) -> tuple[Tile, np.ndarray]:
         out = pool.take((emb.count, tile.size, tile.size), dtype) if quantized else None
-        return tile, emb.read(window=tile.window, out=out)
+        inside = tile.row >= 0 and tile.col >= 0
+        inside = inside and tile.row + tile.size <= height and tile.col + tile.size <= width
+        if inside:
+            return tile, emb.read(window=tile.window, out=out)
+        # past the raster's edge: nodata there (a boundless read through a VRT; edge tiles only)
+        return tile, emb.read(window=tile.window, out=out, boundless=True, fill_value=fill)
 
     # Threads start on first use: AEF, which needs no quantization, never starts them.
     # closing(): the read-ahead thread has finished before the caller closes ``emb``, also
@@ -88,14 +105,14 @@ def tile_samples(
             q = pool.take(block.shape, np.dtype(np.int8)) if quantized else None
             where = f"{emb.name}: tile at row {tile.row}, column {tile.col}"
             arrays = shard_arrays(source, block, emb.nodata, q, quantizers.map, where)
-            end_row, end_col = tile.row + tile.size, tile.col + tile.size
-            arrays["label"] = labels[tile.row : end_row, tile.col : end_col]
+            arrays["label"] = tile_labels(labels, tile)
             if tile.split == "train" and stores_moments(source):  # what the statistics read
                 arrays["moments"] = moments_array(*tile_moments(source, arrays))
             meta = {
                 "region": region,
                 "source": source,
                 "window": [tile.col, tile.row, tile.size, tile.size],
+                "block": tile.block,
                 "crs": crs,
                 "transform": list(emb.window_transform(win))[:6],
             }
@@ -103,6 +120,16 @@ def tile_samples(
             sample.update({f"{name}.npy": encode_npy(a) for name, a in arrays.items()})
             sample["meta.json"] = (json.dumps(meta).encode(),)
             yield sample
+
+
+def tile_labels(labels: np.ndarray, tile: Tile) -> np.ndarray:
+    """The tile's (T, T) labels; pixels past the raster's edge are ``IGNORE``."""
+    out = np.full((tile.size, tile.size), IGNORE, labels.dtype)
+    r0, c0 = max(tile.row, 0), max(tile.col, 0)
+    r1, c1 = min(tile.row + tile.size, labels.shape[0]), min(tile.col + tile.size, labels.shape[1])
+    if r1 > r0 and c1 > c0:
+        out[r0 - tile.row : r1 - tile.row, c0 - tile.col : c1 - tile.col] = labels[r0:r1, c0:c1]
+    return out
 
 
 def _publish(staging: Path, out_dir: Path, index: dict, index_path: Path | None) -> None:
@@ -177,6 +204,7 @@ def build_region(
         "dtype": "int8",
         "split_group": split_spec.group or region,
         "dropped": {split: dict(reasons) for split, reasons in dropped.items()},
+        "label_coverage": label_coverage(labels, tiles),
         "splits": {},
     }
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -193,7 +221,7 @@ def build_region(
                 chosen = [t for t in tiles if t.split == split]
                 hist = np.zeros(N_L3, np.int64)
                 for t in chosen:
-                    patch = labels[t.row : t.row + t.size, t.col : t.col + t.size]
+                    patch = tile_labels(labels, t)
                     hist += np.bincount(patch[patch != IGNORE], minlength=N_L3)[:N_L3]
                 pattern = str(staging / f"{split}-%04d.tar")
                 with (
@@ -208,6 +236,8 @@ def build_region(
                     "samples": n,
                     "labelled_pixels": int(hist.sum()),
                     "class_hist": hist.tolist(),
+                    # sample key -> its split block (spatial-block bootstrap in evaluate)
+                    "blocks": {f"{region}_{t.row}_{t.col}": t.block for t in chosen},
                     "bytes_per_sample": sum(s["bytes"] for s in shards) / n if n else 0,
                 }
         _publish(staging, out_dir, index, index_path)

@@ -69,6 +69,7 @@ class Tile:
     size: int
     split: str
     labelled: int
+    block: str = ""  # "{split key}:{bx},{by}": the split block holding the tile's centre
 
     @property
     def window(self) -> Window:
@@ -78,15 +79,18 @@ class Tile:
 def tile_windows(
     height: int, width: int, spec: TileSpec, offset: tuple[int, int] = (0, 0)
 ) -> list[Window]:
-    """Row-major windows of ``spec.size`` at ``spec.stride`` from pixel ``offset`` (row, col)
-    that lie inside the raster."""
-    if spec.size > height or spec.size > width:
-        raise TilingError(f"tile_size {spec.size} is larger than the raster ({height}x{width})")
+    """Row-major windows of ``spec.size`` on the grid of stride ``spec.stride`` through pixel
+    ``offset`` (row, col) that meet the raster: rows and columns may be negative or reach past
+    its edge (read as nodata), so every pixel lies in some window."""
     stride = spec.stride or spec.size
+
+    def starts(first: int, n: int) -> range:  # the grid's first start with a pixel >= 0
+        return range(first + math.ceil((1 - spec.size - first) / stride) * stride, n, stride)
+
     return [
         Window(col, row, spec.size, spec.size)
-        for row in range(offset[0], height - spec.size + 1, stride)
-        for col in range(offset[1], width - spec.size + 1, stride)
+        for row in starts(offset[0], height)
+        for col in starts(offset[1], width)
     ]
 
 
@@ -181,26 +185,40 @@ def plan_tiles(
 
     ``fixed_split`` puts the whole region in one split (``regions.tsv`` column ``split``).
     """
+    kept, dropped, _ = _plan(labels, transform, region, tile_spec, split_spec, fixed_split)
+    return kept, dropped
+
+
+def _plan(
+    labels: np.ndarray,
+    transform: Affine,
+    region: str,
+    tile_spec: TileSpec,
+    split_spec: SplitSpec,
+    fixed_split: str | None = None,
+) -> tuple[list[Tile], dict[str, Counter[str]], dict]:
+    """:func:`plan_tiles` and the block -> split map it drew."""
     kept: list[Tile] = []
     dropped: dict[str, Counter[str]] = {name: Counter() for name in (*SPLITS, "unassigned")}
     stride = tile_spec.stride or tile_spec.size
+    size = tile_spec.size
     _check_block_m(split_spec.block_m, transform)
     offset = (0, 0) if fixed_split else block_aligned_offset(transform, stride, split_spec.block_m)
     windows = tile_windows(*labels.shape, tile_spec, offset)
     blocks = [b for win in windows for b in blocks_of(win, transform, split_spec.block_m)]
     if split_spec.extent is not None:  # one draw over the ground every year of it shares
         blocks += blocks_in(split_spec.extent, split_spec.block_m)
-    splits = assign_blocks(split_spec.group or region, blocks, split_spec)
+    key = split_spec.group or region
+    splits = assign_blocks(key, blocks, split_spec)
+    padded = np.pad(labels, size, constant_values=IGNORE)  # windows past the edge: no label
     for win in windows:
         split = fixed_split or window_split(win, transform, splits, split_spec)
         if split is None:
             dropped["unassigned"]["straddles_splits"] += 1
             continue
-        patch = labels[
-            win.row_off : win.row_off + win.height, win.col_off : win.col_off + win.width
-        ]
-        labelled = int((patch != IGNORE).sum())
-        if labelled < tile_spec.min_valid * patch.size:
+        r, c = win.row_off + size, win.col_off + size
+        labelled = int((padded[r : r + size, c : c + size] != IGNORE).sum())
+        if labelled < tile_spec.min_valid * size * size:
             dropped[split]["too_little_valid"] += 1
             continue
         if (
@@ -210,5 +228,64 @@ def plan_tiles(
         ):
             dropped[split]["within_buffer"] += 1
             continue
-        kept.append(Tile(win.row_off, win.col_off, tile_spec.size, split, labelled))
-    return kept, dropped
+        bx, by = _centre_block(win, transform, split_spec.block_m)
+        block = f"{key}:{bx},{by}"
+        kept.append(Tile(win.row_off, win.col_off, size, split, labelled, block))
+    return kept, dropped, splits
+
+
+def _centre_block(window: Window, transform: Affine, block_m: float) -> tuple[int, int]:
+    x, y = transform @ (window.col_off + window.width / 2, window.row_off + window.height / 2)
+    return math.floor(x / block_m), math.floor(y / block_m)
+
+
+def label_coverage(
+    labels: np.ndarray, tiles: list[Tile], fixed_split: str | None = None
+) -> dict[str, dict[str, float]]:
+    """Per split of the kept tiles: the region's labelled pixels inside some kept tile of that
+    split (``covered``, and ``share`` of all its labelled pixels); under ``"all"`` the same
+    for any kept tile, with ``labelled`` (the total). Why: a
+    grid that loses the edges of a small area is visible in the data report, not silent."""
+    covered = np.zeros(labels.shape, bool)
+    out: dict[str, dict[str, float]] = {}
+    total = int((labels != IGNORE).sum())
+    height, width = labels.shape
+    for split in SPLITS:
+        mask = np.zeros(labels.shape, bool)
+        for t in (t for t in tiles if t.split == split):
+            r0, c0 = max(t.row, 0), max(t.col, 0)
+            mask[r0 : min(t.row + t.size, height), c0 : min(t.col + t.size, width)] = True
+        covered |= mask
+        part = int((mask & (labels != IGNORE)).sum())
+        out[split] = {"covered": part, "share": part / total if total else 0.0}
+    all_covered = int((covered & (labels != IGNORE)).sum())
+    out["all"] = {
+        "covered": all_covered,
+        "labelled": total,
+        "share": all_covered / total if total else 0.0,
+    }
+    return out
+
+
+def count_tiles(
+    transform: Affine,
+    width: int,
+    height: int,
+    tile_spec: TileSpec,
+    split_spec: SplitSpec,
+    valid: np.ndarray | None = None,
+    region: str = "",
+    fixed_split: str | None = None,
+) -> int:
+    """How many tiles a region of this raster grid would keep, before any job: ``valid`` is
+    its (height, width) label-valid footprint (True = labelled); without it the whole raster
+    extent counts as labelled. 0 means the area has no tile at ``min_valid``."""
+    labels = np.zeros((height, width), np.uint8)
+    if valid is not None:
+        if valid.shape != (height, width):
+            raise TilingError(
+                f"valid footprint: expected shape ({height}, {width}), found {valid.shape}"
+            )
+        labels[~valid] = IGNORE
+    kept, _ = plan_tiles(labels, transform, region, tile_spec, split_spec, fixed_split)
+    return len(kept)

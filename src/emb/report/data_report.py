@@ -4,6 +4,7 @@ figure and as HTML tables for the report."""
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 from pathlib import Path
 
@@ -37,6 +38,40 @@ def split_table(manifest: dict) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def region_coverage(manifest: dict) -> dict[str, dict]:
+    """Per region, its index's ``label_coverage`` (the manifest's own where it carries them,
+    else the ``index.json`` beside each region's shards); regions built before it: absent."""
+    if "label_coverage" in manifest:
+        return dict(manifest["label_coverage"])
+    found: dict[str, dict] = {}
+    folders = dict.fromkeys(Path(p).parent for part in manifest["splits"].values()
+                            for p in part["shards"])  # fmt: skip
+    for folder in folders:
+        index_path = folder / "index.json"
+        if index_path.is_file():
+            index = json.loads(index_path.read_text())
+            if "label_coverage" in index:
+                found[index["region"]] = index["label_coverage"]
+    return found
+
+
+def coverage_table(manifest: dict) -> pd.DataFrame:
+    """One row per region and split: the share of the region's labelled pixels that lie in a
+    kept tile (of that split; ``all``: of any split). Why: pixels outside every tile are
+    neither trained nor evaluated on, and a small area can lose many of them."""
+    rows = [
+        {
+            "region": region,
+            "split": split,
+            "labelled_pixels_in_tiles": part["covered"],
+            "share": round(part["share"], 4),
+        }
+        for region, coverage in sorted(region_coverage(manifest).items())
+        for split, part in coverage.items()
+    ]
+    return pd.DataFrame(rows, columns=["region", "split", "labelled_pixels_in_tiles", "share"])
+
+
 def class_table(manifest: dict, l3_names: tuple[str, ...]) -> pd.DataFrame:
     """Labelled pixels per L3 class (rows) and split (columns), classes present anywhere."""
     table = pd.DataFrame({split: part["class_hist"] for split, part in manifest["splits"].items()})
@@ -58,13 +93,14 @@ def main(argv: list[str] | None = None) -> None:
     manifest = read_manifest(args.manifest)
     names = load_class_map(args.classes).l3_names
     plots.save(plots.data_figure(manifest, names), args.png)
-    page = plots.html_page(
-        f"{manifest['source']} data",
-        [
-            (f"{manifest['source']}: tiles per split", split_table(manifest)),
-            (f"{manifest['source']}: labelled pixels per L3 class", class_table(manifest, names)),
-        ],
-    )
+    tables = [
+        (f"{manifest['source']}: tiles per split", split_table(manifest)),
+        (f"{manifest['source']}: labelled pixels per L3 class", class_table(manifest, names)),
+    ]
+    coverage = coverage_table(manifest)
+    if len(coverage):  # shards built before the coverage was recorded have none
+        tables.append((f"{manifest['source']}: share of labelled pixels in a kept tile", coverage))
+    page = plots.html_page(f"{manifest['source']} data", tables)
     with atomic_path(args.html) as tmp:
         tmp.write_text(page)
     log.info("wrote %s and %s", args.png, args.html)

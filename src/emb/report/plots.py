@@ -86,14 +86,16 @@ def iou_figure(per_class: pd.DataFrame, title: str) -> Figure:
     )  # fmt: skip
     for ax, level in zip(axes[:, 0], LEVELS, strict=True):
         rows = present[present["level"] == level].sort_values("iou")
-        ax.barh(rows["class_name"], rows["iou"], color="tab:blue")
+        xerr = _err(rows, "iou")
+        ax.barh(rows["class_name"], rows["iou"], color="tab:blue", xerr=xerr, capsize=2)
         for y, (iou, support) in enumerate(zip(rows["iou"], rows["support"], strict=True)):
             ax.text(min(iou, 1.0) + 0.01, y, f"{iou:.2f} (n={support:,})", va="center", fontsize=7)
         ax.set_xlim(0, 1.25)
         ax.set_xticks(np.linspace(0, 1, 6))
         ax.set_ylabel(level.upper())
         ax.tick_params(axis="y", labelsize=8)
-    axes[-1, 0].set_xlabel("IoU (n = reference pixels)")
+    ci = " ; bars: 95% block-bootstrap interval" if "iou_lo" in present else ""
+    axes[-1, 0].set_xlabel(f"IoU (n = reference pixels){ci}")
     axes[0, 0].set_title(title, fontsize=9)
     fig.tight_layout()
     return fig
@@ -150,6 +152,18 @@ def curves_figure(history: pd.DataFrame, title: str) -> Figure:
     return fig
 
 
+def _err(rows: pd.DataFrame, column: str) -> np.ndarray | None:
+    """(2, n) distances to the ``{column}_lo``/``_hi`` bounds for error bars; None without
+    them (older metrics), and 0 where a bound is missing."""
+    lo, hi = f"{column}_lo", f"{column}_hi"
+    if lo not in rows or hi not in rows:
+        return None
+    v = rows[column].to_numpy(float)
+    below = v - pd.to_numeric(rows[lo], errors="coerce").to_numpy(float)
+    above = pd.to_numeric(rows[hi], errors="coerce").to_numpy(float) - v
+    return np.nan_to_num(np.clip(np.stack([below, above]), 0, None))
+
+
 def summary_figure(summary: pd.DataFrame) -> Figure:
     """All runs side by side: mIoU, macro-F1 and OA per level (grouped bars, one per run)."""
     figures = (("miou", "mIoU"), ("f1", "macro-F1"), ("oa", "overall accuracy"))
@@ -161,13 +175,21 @@ def summary_figure(summary: pd.DataFrame) -> Figure:
             row = summary[summary["run"] == run].iloc[0]
             values = [row[f"{key}_{lv}"] for lv in LEVELS]
             pos = np.arange(len(LEVELS)) + (i - (len(runs) - 1) / 2) * width
-            bars = ax.bar(pos, values, width, label=run)
+            frame = pd.DataFrame(
+                {
+                    "v": row[f"{key}_{lv}"],
+                    **{f"v_{e}": row.get(f"{key}_{lv}_{e}") for e in ("lo", "hi")},
+                }
+                for lv in LEVELS
+            )
+            bars = ax.bar(pos, values, width, label=run, yerr=_err(frame, "v"), capsize=2)
             ax.bar_label(bars, fmt="%.2f", fontsize=7)
         ax.set_xticks(range(len(LEVELS)), [lv.upper() for lv in LEVELS])
         ax.set_title(label)
         ax.set_ylim(0, 1.05)
     axes[0].legend(fontsize=8)
-    fig.suptitle("test split, all runs")
+    ci = "; error bars: 95% block-bootstrap intervals" if any("_lo" in c for c in summary) else ""
+    fig.suptitle(f"test split, all runs{ci}")
     fig.tight_layout()
     return fig
 

@@ -28,12 +28,12 @@ from emb.models import build_model
 from emb.provenance import digest_config, digest_file, digest_stats, provenance
 from emb.training import checkpoint
 from emb.training.checkpointer import Checkpointer
-from emb.training.config import ConfigError, TrainConfig
+from emb.training.config import ConfigError, TrainConfig, resolve_channels_last
 from emb.training.distributed import any_rank, barrier, wrap_model
 from emb.training.ema import ModelEma
 from emb.training.loss import HierarchyTargets, MultiHeadLoss, class_weights_from_histogram
 from emb.training.plan import Plan, build_plan, validation_steps
-from emb.training.run_inputs import build_manifest, stats_dir
+from emb.training.run_inputs import read_checked_manifest, stats_dir
 from emb.training.run_log import KeyRecord, RunLog
 from emb.training.schedule import replan, warmup_cosine
 from emb.training.start import begin
@@ -96,14 +96,18 @@ def build_trainer(
     torch.manual_seed(cfg.train.seed)
     plain = build_model(cfg.model).to(device)
     loop = cfg.train
+    channels_last = resolve_channels_last(
+        loop.channels_last, cfg.model.arch, device.type, bool(torch.version.hip)
+    )
     model = wrap_model(
-        plain, world, device, channels_last=loop.channels_last, compile=loop.compile,
+        plain, world, device, channels_last=channels_last, compile=loop.compile,
         compile_memory_budget=loop.compile_memory_budget,
     )  # fmt: skip
     ema = ModelEma(plain, cfg.ema.decay, cfg.ema.warmup) if cfg.ema.enabled else None
+    # fused on GPUs: one kernel for every parameter (issue 31); CPUs keep the default
     opt = torch.optim.AdamW(
         model.parameters(), lr=plan.lr, weight_decay=cfg.optimizer.weight_decay,
-        betas=tuple(cfg.optimizer.betas),
+        betas=tuple(cfg.optimizer.betas), fused=True if device.type == "cuda" else None,
     )  # fmt: skip
     sched = warmup_cosine(
         opt, cfg.schedule.warmup_steps, plan.total, plan.lr, cfg.schedule.min_lr,
@@ -125,7 +129,7 @@ def build_trainer(
         ema=ema,
         nonfinite_policy=loop.nonfinite_policy,
         max_nonfinite_in_row=loop.max_nonfinite_in_row,
-        channels_last=loop.channels_last,
+        channels_last=channels_last,
     )
     return trainer, ema
 
@@ -136,7 +140,7 @@ def build_loop(
 ) -> Loop:  # fmt: skip
     """Everything the loop needs, checked, then started as :mod:`emb.training.start` decides
     (resumed, fresh or fine-tuned); files are written only after that."""
-    manifest = build_manifest(cfg)
+    manifest = read_checked_manifest(cfg)
     cfg = build_config(cfg, manifest.get("tile_size"), run_dir)
     train, val = manifest["splits"]["train"], manifest["splits"]["val"]
     plan = build_plan(cfg, train["samples"], world)
@@ -149,7 +153,7 @@ def build_loop(
             config_digest=digest_config(cfg.resolved),
             manifest_digest=digest_file(cfg.data.manifest),
             stats_digest=digest_stats(stats_dir(cfg)), device=device,
-        ),
+        ) | {"channels_last": str(trainer.memory_format == torch.channels_last).lower()},
     }  # fmt: skip
     checkpointer = Checkpointer(
         run_dir, rank, trainer, ema, position, identity,
@@ -168,7 +172,7 @@ def build_loop(
                      (position.epoch, position.batch))  # fmt: skip
     spec = LoaderSpec(
         cfg.data.source, cfg.model.in_dim, plan.batch, cfg.train.num_workers,
-        cfg.train.shuffle_buffer, cfg.train.seed,
+        cfg.train.shuffle_buffer, cfg.train.seed, tile_size=manifest.get("tile_size"),
     )  # fmt: skip
     val_batches = partial(eval_batches, val["shards"], spec, rank, world, shard_sample_counts(val))
     stop.validation_steps = validation_steps(val, plan, world)

@@ -9,7 +9,7 @@ from emb.prep.manifest import read_manifest
 from emb.training.config import ConfigError, TrainConfig
 
 
-def build_manifest(cfg: TrainConfig) -> dict:
+def read_checked_manifest(cfg: TrainConfig) -> dict:
     """The run's manifest, checked against the model and with every shard present (before a
     start can set an earlier run aside)."""
     manifest = read_manifest(Path(cfg.data.manifest))

@@ -51,6 +51,16 @@ class StepResult:
     pixels: int = 0
 
 
+def model_is_channels_last(model: nn.Module) -> bool:
+    """Whether the model's 4-D weights were put in channels_last (inputs must follow them)."""
+    return any(
+        p.dim() == 4
+        and not p.is_contiguous()
+        and p.is_contiguous(memory_format=torch.channels_last)
+        for p in model.parameters()
+    )
+
+
 class Trainer:
     """A model's optimization state: steps, skips, EMA, and the validation pass."""
 
@@ -70,7 +80,7 @@ class Trainer:
         ema: ModelEma | None = None,
         nonfinite_policy: str = "skip",
         max_nonfinite_in_row: int = 5,
-        channels_last: bool = False,
+        channels_last: bool | str = "auto",
     ) -> None:
         check_grad_scaler(precision, grad_scaler)
         self.model, self.loss_fn, self.targets = model, loss_fn, targets
@@ -79,6 +89,8 @@ class Trainer:
         self.precision, self.grad_clip, self.ema = precision, grad_clip, ema
         self.scaler = torch.amp.GradScaler(device.type) if grad_scaler else None
         self.nonfinite_policy, self.max_nonfinite_in_row = nonfinite_policy, max_nonfinite_in_row
+        if channels_last == "auto":  # the format the model was put in (wrap_model)
+            channels_last = model_is_channels_last(model)
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
         self.step = 0  # optimizer steps applied
         self.skipped = 0  # steps skipped for non-finite gradients

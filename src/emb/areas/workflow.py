@@ -9,8 +9,7 @@ import pandas as pd
 from affine import Affine
 from rasterio.crs import CRS
 
-from emb.areas.index import AEF_RESOLUTION
-from emb.areas.plan import Plan, plan_areas
+from emb.areas.plan import AreaPlan, plan_areas
 from emb.prep.footprints import Footprint
 
 COLUMNS = ("region", "year", "aef", "tessera", "cdl", "split")
@@ -21,7 +20,7 @@ def empty_regions() -> pd.DataFrame:
     return pd.DataFrame(columns=list(COLUMNS), dtype=str).set_index("region", drop=False)
 
 
-def plan_from_config(config: Mapping) -> Plan | None:
+def plan_from_config(config: Mapping) -> AreaPlan | None:
     """The plan of ``config["areas"]`` over ``config["collections"]``; None when areas are off."""
     if not config.get("areas"):
         return None
@@ -37,6 +36,16 @@ def fetched_markers(collections: Mapping | None) -> list[str]:
     ]
 
 
+def npy_inputs(plan: AreaPlan | None) -> list[str]:
+    """The geotessera ``.npy`` tiles rule areas converts (a change reruns it)."""
+    return [str(t.npy) for t in plan.converted()] if plan else []
+
+
+def npy_outputs(plan: AreaPlan | None) -> list[str]:
+    """The GeoTIFFs rule areas converts them to (resources/areas/tessera_tiles/)."""
+    return [str(t.path) for t in plan.converted()] if plan else []
+
+
 def plan_inputs(collections: Mapping | None) -> list[str]:
     """The index and registry files a plan reads (a change reruns rule areas)."""
     collections = collections or {}
@@ -44,7 +53,7 @@ def plan_inputs(collections: Mapping | None) -> list[str]:
     return [f for f in (aef.get("index"), tessera.get("registry")) if f]
 
 
-def planned_footprints(plan: Plan, areas_file: str) -> dict[str, list[Footprint]]:
+def planned_footprints(plan: AreaPlan, areas_file: str) -> dict[str, list[Footprint]]:
     """Per source, the ground each masked VRT holds (its part, in its CRS): what the
     table's checks compare with every other region (overlap in one year, one split draw
     for the years of one ground), before the VRTs exist."""
@@ -53,8 +62,7 @@ def planned_footprints(plan: Plan, areas_file: str) -> dict[str, list[Footprint]
         for source, m in r.mosaics.items():
             if m.cutline is None or source == "cdl":
                 continue
-            header = next((t.header for t in m.tiles if t.header is not None), None)
-            res = abs(header.transform.a) if header is not None else AEF_RESOLUTION
+            res = m.resolution()
             w, _, _, n = m.cutline.bounds
             where = f"{areas_file}: area {r.area!r} ({r.year}, zone {r.zone}), {source}"
             prints.setdefault(source, []).append(
