@@ -2,7 +2,7 @@
 
 Builds per-block confusion matrices of the real class counts (L1, L2, L3) for 1,000 blocks and
 two weight sets (raw, ema), as evaluate holds them, and times
-``emb.evaluation.evaluate.interval_record`` (every figure's interval, 1,000 resamples), best of
+``emb.evaluation.block_scores.interval_record`` (every figure's interval, 1,000 resamples), best of
 ``--repeats``.
 
 - bootstrap_s: seconds for all levels and both weight sets (goal < 2 s).
@@ -20,8 +20,8 @@ import time
 
 import numpy as np
 
+from emb.evaluation.block_scores import interval_record
 from emb.evaluation.bootstrap import BootstrapSettings
-from emb.evaluation.evaluate import interval_record
 from emb.metrics import NUM_CLASSES
 
 

@@ -82,9 +82,13 @@ def test_summary_holds_every_run_with_finite_metrics(finished_run: Path) -> None
     table = pd.read_csv(finished_run / "results" / "summary.csv")
     assert sorted(table["run"]) == sorted(RUNS)
     metric_cols = [c for c in table.columns if c.split("_")[0] in ("miou", "f1", "oa")]
-    assert len(metric_cols) == 9
+    figures = [c for c in metric_cols if not c.endswith(("_lo", "_hi"))]
+    assert len(figures) == 9 and len(metric_cols) == 27
     values = table[metric_cols].to_numpy().ravel()
     assert all(math.isfinite(v) and 0.0 <= v <= 1.0 for v in values)
+    for c in figures:  # each figure has its block-bootstrap interval
+        assert (table[f"{c}_lo"] <= table[f"{c}_hi"]).all(), c
+    assert "blocks" in table and (finished_run / "results" / "pairs.csv").is_file()
 
 
 def test_summary_shows_validation_and_test_side_by_side(finished_run: Path) -> None:

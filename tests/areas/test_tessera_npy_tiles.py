@@ -13,7 +13,8 @@ import rasterio
 from areas_collection import YEAR, Collection, make_collection
 
 from emb.areas.build import build
-from emb.areas.plan import NPY_OUT, plan_areas
+from emb.areas.plan import plan_areas
+from emb.areas.tessera_tiles import NPY_OUT
 
 
 def to_npy(tiff: Path, root: Path) -> tuple[Path, float]:

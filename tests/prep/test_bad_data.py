@@ -147,7 +147,8 @@ def test_raster_without_a_valid_tile_is_an_error(tiny_demo: TinyDemo, tmp_path: 
 def test_tile_larger_than_raster_yields_a_padded_tile(tiny_demo, tmp_path) -> None:
     index = build_region(
         "aef", "demo_a", tiny_demo.rasters["demo_a"]["aef"],
-        tiny_demo.labels[("aef", "demo_a")], tmp_path, TileSpec(256), SplitSpec(2560.0),
+        tiny_demo.labels[("aef", "demo_a")], tmp_path, TileSpec(256, min_valid=0.05),
+        SplitSpec(2560.0),
     )  # fmt: skip
     assert sum(p["samples"] for p in index["splits"].values()) >= 1
 

@@ -96,7 +96,10 @@ def test_data_tables_add_up_to_the_manifest(tiny_demo: TinyDemo, tmp_path: Path)
                   str(CLASSES_CSV), "--png", str(tmp_path / "d.png"),
                   "--html", str(tmp_path / "d.html")])  # fmt: skip
     html = (tmp_path / "d.html").read_text()
-    assert html.count("<table") == 2 and "soybeans" in html
+    # splits, classes, and the share of labelled pixels in a kept tile per region and split
+    assert html.count("<table") == 3 and "soybeans" in html
+    assert set(manifest["label_coverage"]) == {"demo_a", "demo_b"}
+    assert "share of labelled pixels in a kept tile" in html
 
 
 def test_every_l3_class_takes_an_official_colour_of_one_of_its_own_codes(class_map) -> None:
@@ -111,8 +114,8 @@ def test_every_l3_class_takes_an_official_colour_of_one_of_its_own_codes(class_m
 
 def blocks_run(root: Path, run: str, source: str, arch: str, ids: list[str], right: float) -> str:
     """A run's metrics.json and blocks.npz (3 classes, ``right`` share of pixels correct)."""
+    from emb.evaluation.block_scores import interval_record, write_blocks
     from emb.evaluation.bootstrap import BootstrapSettings
-    from emb.evaluation.evaluate import interval_record, write_blocks
     from emb.metrics import scores_from_confusion
 
     rng = np.random.default_rng(len(run))

@@ -305,4 +305,3 @@ def launch_options(wildcards, resources):
     return rule_options(
         dict(resources.items()), CONTAINER, workflow.deployment_settings.apptainer_args
     )
-

@@ -29,7 +29,6 @@ from emb.areas.checks import (
     check_no_overlap,
     check_tessera_year,
     check_tile,
-    raise_gap,
 )
 from emb.areas.geo import DENSIFY_DEG, WGS84, reproject, zone_box, zone_epsg, zones_of
 from emb.areas.index import (
@@ -39,17 +38,12 @@ from emb.areas.index import (
     aef_local_path,
     cdl_tiles,
     read_aef_index,
-    read_tessera_registry,
-    tessera_cells,
-    tessera_key,
-    tessera_npy_path,
 )
+from emb.areas.tessera_tiles import registry_of, tessera_tiles
 from emb.areas.tiffhead import read_header
 from emb.prep.region_rows import PREDICT
-from emb.prep.tessera_npy import TesseraNpyError, check_triple, find_triple
 
 OUT = "resources/areas"  # where the VRTs go: resources/areas/{region}/{source}.vrt
-NPY_OUT = f"{OUT}/tessera_tiles"  # geotessera .npy tiles as GeoTIFFs, once per tile
 
 
 @dataclass
@@ -165,7 +159,7 @@ def plan_areas(areas_file: str | Path, collections: Mapping) -> AreaPlan:
     if not ({"aef", "tessera"} & set(sources)):
         raise AreasError("collections: expected an aef or a tessera collection for the areas")
     aef = read_aef_index(sources["aef"]["index"]) if "aef" in sources else None
-    registry = _registry(sources.get("tessera"))
+    registry = registry_of(sources.get("tessera"))
     regions = []
     names = [a.name for a in areas]
     for area in areas:
@@ -198,7 +192,7 @@ def plan_areas(areas_file: str | Path, collections: Mapping) -> AreaPlan:
                 )
             if "tessera" in sources:
                 check_tessera_year(where, area.year)
-                tiles = _tessera_tiles(
+                tiles = tessera_tiles(
                     where_zone,
                     zone,
                     area.year,
@@ -238,63 +232,6 @@ def _aef_tiles(
     return tiles
 
 
-def _tessera_tiles(
-    where: str,
-    zone: str,
-    year: int,
-    part,
-    part_utm,
-    collection: Mapping,
-    registry: set | None,
-    fetching: bool,
-) -> list[Tile]:
-    folder = Path(collection["folder"])
-    crs = f"EPSG:{zone_epsg(zone)}"
-    tiles, absent = [], []
-    for lon, lat in tessera_cells(part):
-        key = tessera_key(year, lon, lat)
-        listed = registry is None or (year, round(lon * 100), round(lat * 100)) in registry
-        tile = Tile(folder / key, key, crs)
-        npy = tessera_npy_path(folder, year, lon, lat)
-        if not tile.path.exists() and npy.exists():
-            tiles.append(_npy_tile(where, npy, key, crs))
-            continue
-        if listed and (tile.path.exists() or (fetching and registry is not None)):
-            listed_in = collection.get("registry") or folder
-            tile.header = check_tile(where, "tessera", tile, listed_in, fetching)
-            tiles.append(tile)
-        elif listed and registry is not None:
-            raise AreasError(
-                f"{collection['registry']}: {where}: lists {key}, not in {folder}: download it "
-                "(or set collections.tessera.url and let the workflow fetch it)"
-            )
-        else:
-            absent.append(shapely.box(lon - 0.05, lat - 0.05, lon + 0.05, lat + 0.05))
-    if absent:
-        gap = shapely.intersection(part, shapely.union_all(absent))
-        raise_gap(where, "TESSERA", collection.get("registry") or folder, gap)
-    return tiles
-
-
-def _npy_tile(where: str, npy: Path, key: str, crs: str) -> Tile:
-    """A geotessera ``.npy`` tile, checked (its three files, shapes, CRS) and planned as the
-    GeoTIFF rule areas converts it to; read as such once it exists."""
-    try:
-        facts = check_triple(find_triple(npy))
-    except (TesseraNpyError, FileNotFoundError) as err:
-        raise AreasError(f"{npy}: {where}: not a geotessera tile: {err}") from None
-    if f"EPSG:{facts.crs.to_epsg()}" != crs:
-        raise AreasError(
-            f"{npy}: {where}: its landmask is in {facts.crs.to_string()}, but the tile's cell "
-            f"is in {crs}"
-        )
-    tile = Tile(Path(NPY_OUT) / key, key, crs, (facts.width, facts.height), npy=npy)
-    tile.bounds = tuple(facts.bounds)
-    if tile.path.exists() and tile.path.stat().st_mtime >= npy.stat().st_mtime:
-        tile.header = check_tile(where, "tessera", tile, npy, fetching=False)
-    return tile
-
-
 def _plan_cdl(where: str, plan: RegionPlan, out: str, collection: Mapping) -> None:
     path = Path(str(collection["path"]).format(year=plan.year))
     if not path.exists():
@@ -326,9 +263,3 @@ def _plan_cdl(where: str, plan: RegionPlan, out: str, collection: Mapping) -> No
         where, "CDL", path, part, [shapely.box(*header.bounds)], CRS.from_user_input(header.crs)
     )
     plan.cdl_file = str(path)
-
-
-def _registry(collection: Mapping | None) -> set | None:
-    if not collection or not collection.get("registry"):
-        return None
-    return read_tessera_registry(collection["registry"])

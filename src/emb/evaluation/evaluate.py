@@ -37,7 +37,16 @@ import torch.distributed as dist
 
 from emb import cli
 from emb.classes import ClassMap, load_class_map
-from emb.evaluation.bootstrap import BootstrapSettings, block_intervals, tile_blocks
+from emb.evaluation.block_scores import (
+    FIGURES,
+    add_blocks,
+    block_stacks,
+    interval_record,
+    merge_blocks,
+    write_blocks,
+)
+from emb.evaluation.bootstrap import BootstrapSettings, tile_blocks
+from emb.evaluation.figures import class_names, write_figures
 from emb.evaluation.inference import Inference, inference
 from emb.evaluation.runs import LEVELS, RunError, TrainedRun, open_run
 from emb.io import atomic_path, write_json
@@ -53,10 +62,8 @@ from emb.metrics import (
 from emb.prep.manifest import read_manifest
 from emb.progress import Progress
 from emb.provenance import digest_file, provenance
-from emb.report import plots
 from emb.training.loss import HierarchyTargets
 
-FIGURES = ("oa", "miou", "f1")
 log = logging.getLogger(__name__)
 
 
@@ -101,67 +108,11 @@ def confusion_matrices(
                 logits = model(x)
             update(cms[name], logits, targets)
             if blocks is not None:
-                _add_blocks(mine_blocks, name, batch_blocks, per_sample_confusions(logits, targets))
+                add_blocks(mine_blocks, name, batch_blocks, per_sample_confusions(logits, targets))
     progress.done()
     if blocks is not None:
-        _merge_blocks(blocks, mine_blocks)
+        merge_blocks(blocks, mine_blocks)
     return {name: sum_over_ranks(per_level) for name, per_level in cms.items()}
-
-
-def _add_blocks(acc: dict, weights: str, ids: list[str], per_sample: dict) -> None:
-    """Add each sample's matrices to its block's in ``acc`` (numpy, on the host)."""
-    host = {lv: cm.cpu().numpy() for lv, cm in per_sample.items()}
-    for i, block in enumerate(ids):
-        levels = acc.setdefault(block, {}).setdefault(weights, {})
-        for lv, cm in host.items():
-            levels[lv] = levels[lv] + cm[i] if lv in levels else cm[i].copy()
-
-
-def _merge_blocks(out: dict, mine: dict) -> None:
-    """Every rank's blocks summed into ``out`` (a block may span the shards of two ranks)."""
-    parts = [mine]
-    if dist.is_available() and dist.is_initialized():
-        parts = [None] * dist.get_world_size()
-        dist.all_gather_object(parts, mine)
-    for part in parts:
-        for block, sets in part.items():
-            for weights, levels in sets.items():
-                into = out.setdefault(block, {}).setdefault(weights, {})
-                for lv, cm in levels.items():
-                    into[lv] = into[lv] + cm if lv in into else cm.copy()
-
-
-def block_stacks(blocks: dict) -> tuple[list[str], dict[str, dict[str, np.ndarray]]]:
-    """(sorted block ids, {weights: {level: (B, n, n) int64}}) of a per-block dict."""
-    ids = sorted(blocks)
-    first = blocks[ids[0]]
-    return ids, {
-        w: {lv: np.stack([blocks[b][w][lv] for b in ids]) for lv in first[w]} for w in first
-    }
-
-
-def interval_record(stacks: dict, selected: str, settings: BootstrapSettings) -> dict:
-    """metrics.json ``intervals``: {weights: {level: {oa_lo, oa_hi, miou_lo, ...}}}, the
-    selected weights' bounds also flat (``miou_l3_lo``) next to the figures."""
-    out: dict = {"per_weights": {}}
-    for w, levels in stacks.items():
-        out["per_weights"][w] = {}
-        for lv, cms in levels.items():
-            iv = block_intervals(cms, settings)
-            out["per_weights"][w][lv] = {
-                k: (v.tolist() if isinstance(v, np.ndarray) and v.ndim else float(v))
-                for k, v in iv.items()
-                if k not in ("blocks", "reliable")
-            }
-    for lv in LEVELS:
-        for fig in FIGURES:
-            for end in ("lo", "hi"):
-                out[f"{fig}_{lv}_{end}"] = out["per_weights"][selected][lv][f"{fig}_{end}"]
-    return out
-
-
-def class_names(cmap: ClassMap) -> dict[str, tuple[str, ...]]:
-    return {"l1": cmap.l1_names, "l2": cmap.l2_names, "l3": cmap.l3_names}
 
 
 def metrics_record(cms: dict[str, dict[str, np.ndarray]], selected: str) -> dict:
@@ -282,43 +233,6 @@ def evaluate(
     table = per_class_table(cms, cmap, intervals["per_weights"])
     record["_blocks"] = (ids, stacks)
     return record, table, cms[run.selected]
-
-
-def write_figures(
-    out_dir: Path, record: dict, table: pd.DataFrame, cms: dict[str, np.ndarray], cmap: ClassMap
-) -> list[Path]:
-    """``confusion_l{1,2,3}.png`` and ``iou.png`` of the selected weights into ``out_dir``."""
-    names = class_names(cmap)
-    written = []
-    for level in LEVELS:
-        title = (
-            f"{record['run']} ({record['weights']} weights), {level.upper()}: "
-            f"OA {record[f'oa_{level}']:.3f}, mIoU {record[f'miou_{level}']:.3f}"
-        )
-        path = out_dir / f"confusion_{level}.png"
-        plots.save(plots.confusion_figure(cms[level], names[level], title), path)
-        written.append(path)
-    chosen = table[table["weights"] == record["weights"]]
-    path = out_dir / "iou.png"
-    plots.save(plots.iou_figure(chosen, f"{record['run']} ({record['weights']} weights)"), path)
-    return [*written, path]
-
-
-def write_blocks(path: Path, ids: list[str], stacks: dict) -> None:
-    """``blocks.npz``: ``block_ids`` (B,) str and ``{weights}_{level}`` (B, n, n) int64, the
-    per-block confusion matrices the summary pairs runs by."""
-    arrays = {f"{w}_{lv}": cms for w, levels in stacks.items() for lv, cms in levels.items()}
-    with atomic_path(path) as tmp, open(tmp, "wb") as fh:
-        np.savez_compressed(fh, block_ids=np.array(ids, dtype=str), **arrays)
-
-
-def read_blocks(path: Path, weights: str, level: str) -> dict[str, np.ndarray]:
-    """{block id: (n, n)} of one weight set and level from a ``blocks.npz``."""
-    with np.load(path) as z:
-        key = f"{weights}_{level}"
-        if key not in z:
-            raise RunError(f"{path}: no {key!r} array (has {sorted(z.files)})")
-        return dict(zip(z["block_ids"].tolist(), z[key], strict=True))
 
 
 def evaluate_ranks(

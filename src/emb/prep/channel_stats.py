@@ -15,9 +15,7 @@ import logging
 import math
 import os
 import warnings
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TypeVar
 
@@ -38,6 +36,7 @@ from emb.prep.moments import (
     tile_moments,
 )
 from emb.progress import Progress
+from emb.threads import in_threads
 
 __all__ = ["ALL", "StatsError", "channel_stats", "tile_moments"]
 T = TypeVar("T")
@@ -226,7 +225,7 @@ def _moments_from_tiles(
     reader = BatchReader(dim, arrays=names, tile_size=tile_size)
     tiles = round_robin([_read_tiles(reader, sampled, names)], depth=3)
     workers = threads or torch.get_num_threads()
-    summed = _in_threads(lambda t: tile_moments(source, t), tiles, workers)
+    summed = in_threads(lambda t: tile_moments(source, t), tiles, workers)
     try:
         parts = []
         for _, part in summed:  # in sample order
@@ -237,21 +236,6 @@ def _moments_from_tiles(
         summed.close()  # its threads finish first, then the reader's thread stops
         tiles.close()
         reader.close()
-
-
-def _in_threads(fn: Callable[[T], R], items: Iterable[T], workers: int) -> Iterator[tuple[T, R]]:
-    """(item, fn(item)) in order, up to ``workers`` computed at once (numpy's loops release
-    the GIL); at most ``workers`` items are held, however long ``items`` is."""
-    with ThreadPoolExecutor(max(workers, 1), "stats") as pool:
-        pending: deque = deque()
-        for item in items:
-            pending.append((item, pool.submit(fn, item)))
-            if len(pending) >= workers:
-                item, future = pending.popleft()
-                yield item, future.result()
-        while pending:
-            item, future = pending.popleft()
-            yield item, future.result()
 
 
 def _read_tiles(

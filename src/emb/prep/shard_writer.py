@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
-from emb.loading.sidecar import Member, npy_member, write_sidecar
+from emb import cli
+from emb.io import write_json
+from emb.loading.sidecar import Member, npy_member, sidecar_path, write_sidecar
 
 Payload = tuple[bytes | memoryview, ...]  # a tar member's bytes, as buffers written in turn
 NPY_HEAD = 4096  # bytes of a payload that hold its .npy header (as scan_shard reads them)
@@ -127,3 +130,34 @@ def write_shards(
             sink.abandon()
         raise
     return shards
+
+
+def publish_shards(staging: Path, out_dir: Path, index: dict, index_path: Path | None) -> None:
+    """Move the staged shards and sidecars under their final names, then the region index,
+    then drop shards of an older build.
+
+    Everything that can fail for want of space is written before the first rename, and
+    signals wait until the renames are done: neither a full disk nor a SIGTERM leaves half
+    the new shards beside half the old ones.
+    """
+    moves = []
+    for part in index["splits"].values():
+        for shard in part["shards"]:
+            staged = shard["path"]
+            shard["path"] = str(out_dir / Path(staged).name)
+            moves.append((staged, shard["path"]))
+    if index_path is not None:
+        write_json(staging / "index.json", index)
+    with cli.signals_deferred():
+        for staged, final in moves:
+            # The tar first: a crash in between leaves the old sidecar (or none) beside the
+            # new tar, which the loader refuses (size) or scans; never a sidecar without its tar.
+            os.replace(staged, final)
+            os.replace(sidecar_path(staged), sidecar_path(final))
+        if index_path is not None:
+            os.replace(staging / "index.json", index_path)
+    keep = {Path(final).name for _, final in moves}
+    for old in out_dir.glob("*-[0-9][0-9][0-9][0-9].tar"):
+        if old.name not in keep:
+            Path(sidecar_path(old)).unlink(missing_ok=True)
+            old.unlink()

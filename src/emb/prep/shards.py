@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -27,11 +26,10 @@ import rasterio
 
 from emb import cli
 from emb.classes import IGNORE, N_L3
-from emb.io import reading, write_json
+from emb.io import reading
 from emb.loading.buffer_pool import BufferPool
-from emb.loading.sidecar import sidecar_path
 from emb.prep.moments import moments_array, stores_moments, tile_moments
-from emb.prep.shard_writer import Payload, TarShard, encode_npy, write_shards
+from emb.prep.shard_writer import Payload, TarShard, encode_npy, publish_shards, write_shards
 from emb.prep.tiles import (
     SPLITS,
     SplitSpec,
@@ -43,6 +41,7 @@ from emb.prep.tiles import (
 )
 from emb.progress import Progress
 from emb.rasters import BANDS, embedding_nodata, product_tags, shard_arrays
+from emb.threads import read_ahead
 
 __all__ = ["TarShard", "build_region", "encode_npy", "tile_samples", "write_shards"]
 T = TypeVar("T")
@@ -52,21 +51,6 @@ log = logging.getLogger(__name__)
 
 class BandCountError(ValueError):
     """An embedding raster with another band count than its source has."""
-
-
-def read_ahead(items: Iterator[T]) -> Iterator[T]:
-    """``items``, each produced in a thread while the caller works on the one before.
-
-    File and GDAL reads and numpy's large-array loops release the GIL, so on two cores
-    reading the next tile overlaps encoding this one (bench/data.py). Memory holds at most
-    two items.
-    """
-    done = object()
-    with ThreadPoolExecutor(1, thread_name_prefix="read-ahead") as pool:
-        pending = pool.submit(next, items, done)
-        while (item := pending.result()) is not done:
-            pending = pool.submit(next, items, done)
-            yield item
 
 
 def tile_samples(
@@ -130,37 +114,6 @@ def tile_labels(labels: np.ndarray, tile: Tile) -> np.ndarray:
     if r1 > r0 and c1 > c0:
         out[r0 - tile.row : r1 - tile.row, c0 - tile.col : c1 - tile.col] = labels[r0:r1, c0:c1]
     return out
-
-
-def _publish(staging: Path, out_dir: Path, index: dict, index_path: Path | None) -> None:
-    """Move the staged shards and sidecars under their final names, then the region index,
-    then drop shards of an older build.
-
-    Everything that can fail for want of space is written before the first rename, and
-    signals wait until the renames are done: neither a full disk nor a SIGTERM leaves half
-    the new shards beside half the old ones.
-    """
-    moves = []
-    for part in index["splits"].values():
-        for shard in part["shards"]:
-            staged = shard["path"]
-            shard["path"] = str(out_dir / Path(staged).name)
-            moves.append((staged, shard["path"]))
-    if index_path is not None:
-        write_json(staging / "index.json", index)
-    with cli.signals_deferred():
-        for staged, final in moves:
-            # The tar first: a crash in between leaves the old sidecar (or none) beside the
-            # new tar, which the loader refuses (size) or scans; never a sidecar without its tar.
-            os.replace(staged, final)
-            os.replace(sidecar_path(staged), sidecar_path(final))
-        if index_path is not None:
-            os.replace(staging / "index.json", index_path)
-    keep = {Path(final).name for _, final in moves}
-    for old in out_dir.glob("*-[0-9][0-9][0-9][0-9].tar"):
-        if old.name not in keep:
-            Path(sidecar_path(old)).unlink(missing_ok=True)
-            old.unlink()
 
 
 def build_region(
@@ -240,7 +193,7 @@ def build_region(
                     "blocks": {f"{region}_{t.row}_{t.col}": t.block for t in chosen},
                     "bytes_per_sample": sum(s["bytes"] for s in shards) / n if n else 0,
                 }
-        _publish(staging, out_dir, index, index_path)
+        publish_shards(staging, out_dir, index, index_path)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     progress.done()

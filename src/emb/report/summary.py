@@ -62,7 +62,7 @@ def standard_pairs(metas: dict[str, dict]) -> list[tuple[str, str, str]]:
 def paired_comparisons(metas: dict[str, dict], blocks: dict[str, Path]) -> pd.DataFrame:
     """One row per (pair, level, figure): difference, interval, shared blocks, a sentence; or
     one row per pair that cannot be compared, saying why."""
-    from emb.evaluation.evaluate import read_blocks
+    from emb.evaluation.block_scores import read_blocks
 
     rows = []
     for label, a, b in standard_pairs(metas):
