@@ -21,7 +21,6 @@ import shutil
 import socket
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from emb.cluster.profile import ResourceSettings, profile_resource
@@ -82,8 +81,6 @@ def too_many_processes(processes: int, gpus: int) -> str:
 def gpu_request(
     settings: ResourceSettings,
     rule: str = "gpu_check",
-    argv: Sequence[str] | None = None,
-    environ: Mapping[str, str] | None = None,
 ) -> str:
     """``gpu_check``'s options for the GPUs ``rule`` expects: ``--gpus=N`` and where N was
     set when the profile or ``--set-resources`` sets ``gpus_per_node``, else ``--gpus=auto``.
@@ -96,13 +93,9 @@ def gpu_request(
         return "--gpus=auto"
     if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 0:
         raise ValueError(f"resource {rule}:gpus_per_node: expected an integer >= 0, found {gpus!r}")
-    argv = sys.argv if argv is None else argv
-    environ = os.environ if environ is None else environ
-    profile = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--profile"), None)
-    profile = profile or environ.get("SNAKEMAKE_PROFILE")
-    where = (
-        f"the profile {profile} or --set-resources" if profile else "the profile or --set-resources"
-    )
+    # A fixed text: a param naming the invoking process's profile would differ between the
+    # outer Snakemake and a job's inner one, and rerun gpu_check (and every training) each time.
+    where = "the profile or --set-resources"
     return shlex.join([f"--gpus={gpus}", f"--source={where}"])
 
 
