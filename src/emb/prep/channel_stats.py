@@ -17,7 +17,6 @@ import os
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TypeVar
 
 import numpy as np
 import torch
@@ -39,8 +38,6 @@ from emb.progress import Progress
 from emb.threads import in_threads
 
 __all__ = ["ALL", "StatsError", "channel_stats", "tile_moments"]
-T = TypeVar("T")
-R = TypeVar("R")
 ALL = "all"  # n_tiles: every training tile
 MOMENTS_DTYPE = np.dtype("<f8")
 log = logging.getLogger(__name__)
