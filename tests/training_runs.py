@@ -58,7 +58,7 @@ def train_here(config: Path, stop: StopRequest | None = None) -> dict:
 def interrupt(config: Path) -> int:
     """Start ``config`` in this process and stop it after its first step as SIGUSR1 would:
     an interrupted run (``last.pt`` written, not finished). Returns the step it stopped at."""
-    stop = StopRequest()
+    stop = StopRequest(check_every=1)  # at the first step boundary
     stop.signal = signal.SIGUSR1
     with pytest.raises(Stopped):
         train_here(config, stop)

@@ -1,11 +1,10 @@
 """Per-level segmentation figures: mIoU, macro-F1 and overall accuracy, one definition.
 
 Validation (the trainer, which picks ``best.pt``) and test evaluation compute them the same
-way: exact integer confusion matrices per level (``confusion_update``, torchmetrics' counts),
-summed over ranks
-(``sum_over_ranks``: integer sums, so any number of ranks gives the same matrix), and figures
-from the matrix alone (``scores_from_confusion``): macro averages over the classes present in
-the reference.
+way: exact integer confusion matrices per level (``confusion_update``, counted on the device
+and tested against torchmetrics' counts), summed over ranks (``sum_over_ranks``: integer
+sums, so any number of ranks gives the same matrix), and figures from the matrix alone
+(``scores_from_confusion``): macro averages over the classes present in the reference.
 """
 
 from __future__ import annotations
@@ -13,7 +12,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 import torch.distributed as dist
-from torchmetrics.functional.classification import multiclass_confusion_matrix
 
 from emb.classes import IGNORE, N_L1, N_L2, N_L3
 
@@ -58,11 +56,17 @@ def confusion_update(
     cm: torch.Tensor, pred: torch.Tensor, target: torch.Tensor, ignore: int = IGNORE
 ) -> None:
     """Add the counts of one batch to ``cm`` (n, n) int64 in place: rows = reference, columns =
-    prediction. Pixels whose target is ``ignore`` never count."""
-    counts = multiclass_confusion_matrix(
-        pred, target, cm.shape[0], ignore_index=ignore, validate_args=False
-    )
-    cm += counts.to(cm)
+    prediction. Pixels whose target is ``ignore`` never count.
+
+    A scatter-add into n * n + 1 bins (the last one takes the ignored pixels) rather than
+    torchmetrics' confusion matrix: its ``ignore_index`` mask and ``bincount`` each wait for
+    the GPU, once per batch, which a validation pass on the device must not (issue 31).
+    """
+    n = cm.shape[0]
+    code = torch.where(target != ignore, target * n + pred, n * n).reshape(-1)
+    counts = torch.zeros(n * n + 1, dtype=torch.int64, device=cm.device)
+    counts.scatter_add_(0, code, torch.ones_like(code))
+    cm += counts[:-1].view(n, n)
 
 
 def scores_from_confusion(cm: np.ndarray) -> dict:

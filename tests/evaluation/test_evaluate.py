@@ -170,6 +170,22 @@ def test_confusion_update_never_counts_ignored_pixels() -> None:
     assert cm.tolist() == [[1, 0, 0], [0, 0, 1], [0, 1, 1]]
 
 
+def test_confusion_update_counts_as_torchmetrics_does() -> None:
+    """The device-side counts (a scatter-add, issue 31) against torchmetrics' confusion matrix,
+    the field's reference, on 61 classes with ignored pixels."""
+    from torchmetrics.functional.classification import multiclass_confusion_matrix
+
+    g = torch.Generator().manual_seed(3)
+    target = torch.randint(0, 61, (4, 32, 32), generator=g)
+    target[torch.rand(4, 32, 32, generator=g) < 0.2] = 255
+    pred = torch.randint(0, 61, (4, 32, 32), generator=g)
+    cm = torch.zeros(61, 61, dtype=torch.int64)
+    confusion_update(cm, pred, target)
+    confusion_update(cm, pred, target)  # it adds
+    reference = multiclass_confusion_matrix(pred, target, 61, ignore_index=255)
+    assert torch.equal(cm, 2 * reference)
+
+
 def run_cli(run_dir: Path, out: Path) -> str:
     with pytest.raises(SystemExit) as exc:
         evaluate_main(["--run-dir", str(run_dir), "--classes", str(CLASSES_CSV),

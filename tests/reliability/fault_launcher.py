@@ -98,7 +98,7 @@ def inject_nonfinite(kind: str, rank: int, call: int, log: Path) -> None:
         finally:
             self.dequantize, self.loss_fn = dequantize, loss_fn
         record = {"call": self._calls, "injected": hit, "applied": result.applied,
-                  "grad_norm": str(result.grad_norm), "skipped": self.skipped,
+                  "grad_norm": str(float(result.grad_norm)), "skipped": self.skipped,
                   "before": before, "after": snapshot(self)}  # fmt: skip
         with open(log, "a") as fh:
             fh.write(json.dumps(record) + "\n")

@@ -137,9 +137,13 @@ def _two_ranks(rank: int, run_dir: str, config: str, samples: int, out: str) -> 
         trainer, _ = build_trainer(cfg, build_plan(cfg, samples, 2), [1] * 61, 2,
                                    torch.device("cpu"))  # fmt: skip
         log = RunLog(Path(run_dir), rank, cfg)
-        trainer.step = 2  # a logging step on both ranks
         losses = {"l1": 1.0 + rank, "l2": 2.0 + rank, "l3": 3.0 + 3 * rank}
-        log.step(StepResult(True, 4.0 + 4 * rank, losses, 1.0, 4, 4096), trainer, 0.1, 0.0, 1)
+        for step, shift in ((1, -2.0), (2, 2.0)):  # the line averages the steps since the last
+            trainer.step = step  # step 2 logs, on both ranks
+            parts = {lv: torch.tensor(v + shift) for lv, v in losses.items()}
+            result = StepResult(torch.tensor(True), torch.tensor(4.0 + 4 * rank + shift), parts,
+                                torch.tensor(1.0), 4, 4096)  # fmt: skip
+            log.step(result, trainer, 0.1, 0.0, 1)
         figures = {f"val_{m}_{lv}": 0.5 for m in ("miou", "f1", "oa") for lv in losses}
         log.validation({"val_loss": 1.0, **figures}, trainer, 1, 2.5)
         log.close()

@@ -134,5 +134,11 @@ def test_time_limit_stops_before_a_validation_that_would_run_past_it(
     assert done.returncode == EXIT_STOPPED, done.stdout[-2000:] + done.stderr[-2000:]
     reason = json.loads((run_dir / "ranks" / "rank0.stopped.json").read_text())["reason"]
     assert not (run_dir / "history.csv").exists(), reason  # no validation was started ...
-    left = re.match(r"deadline in (-?\d+) s \(step [\d.]+ s, validation ([\d.]+) s", reason)
-    assert left and 0 <= int(left.group(1)) < float(left.group(2)), reason  # ... for want of time
+    left = re.match(
+        r"deadline in (-?\d+) s \((\d+) steps of ([\d.]+) s to the next check, "
+        r"validation ([\d.]+) s", reason
+    )  # fmt: skip
+    assert left, reason
+    left_s, steps, step_s, val_s = (float(g) for g in left.groups())
+    assert 0 <= left_s < steps * step_s + val_s and val_s > steps * step_s, reason  # for want
+    # of time: the validation (which alone outlasts the check interval) would not have fitted

@@ -7,6 +7,7 @@ import copy
 import os
 import pickle
 import signal
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -63,7 +64,8 @@ def compact_batch(n: int, seed: int, size: int = 8, labelled: bool = True) -> di
 
 
 def make_trainer(model: nn.Module, class_map, lr: float = 1e-2, total: int = 50, **kw) -> Trainer:
-    optimizer = kw.pop("optimizer", torch.optim.AdamW)
+    # fused, as the loop builds it: the step skips on the device (an unfused one asks the host)
+    optimizer = kw.pop("optimizer", partial(torch.optim.AdamW, fused=True))
     opt = optimizer(model.parameters(), lr=lr)
     sched = warmup_cosine(opt, 3, total, lr, 1e-4, kw.pop("cooldown", 0))
     kw.setdefault("precision", "fp32")
@@ -91,7 +93,7 @@ def test_gradient_accumulation_4x8_equals_one_batch_of_32(class_map) -> None:
     micro = [{k: v[i : i + 8] for k, v in big.items()} for i in range(0, 32, 8)]
     r1, r4 = one.train_step([big]), four.train_step(micro)
     assert r1.applied and r4.applied and one.step == four.step == 1
-    assert r1.grad_norm == pytest.approx(r4.grad_norm, rel=1e-5)
+    assert float(r1.grad_norm) == pytest.approx(float(r4.grad_norm), rel=1e-5)
     for a, b in zip(one.model.parameters(), four.model.parameters(), strict=True):
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-7)
     assert one.scheduler.get_last_lr() == four.scheduler.get_last_lr()
@@ -159,7 +161,7 @@ def test_gradient_clipping_bounds_the_update_to_grad_clip(class_map, clip: float
     after = list(model.parameters())
     moved = torch.cat([(p.detach() - b).flatten() for p, b in zip(after, before, strict=True)])
     assert result.applied and 0.01 < result.grad_norm < 1e9
-    assert float(moved.norm()) == pytest.approx(lr * min(clip, result.grad_norm), rel=1e-4)
+    assert float(moved.norm()) == pytest.approx(lr * min(clip, float(result.grad_norm)), rel=1e-4)
 
 
 def test_bf16_has_no_grad_scaler_and_fp16_has_one(class_map) -> None:
@@ -224,7 +226,8 @@ def test_nonfinite_step_leaves_weights_bn_buffers_and_ema_untouched(class_map) -
     before, opt_before = state_of(trainer), copy.deepcopy(trainer.optimizer.state_dict())
     model.armed = True
     result = trainer.train_step([poisoned_batch()])
-    assert not result.applied and trainer.skipped == 1 and trainer.step == 1
+    assert not result.applied and trainer.skipped == 1
+    assert trainer.step == 2 and trainer.ema.updates == 1  # a step of the schedule, not the EMA's
     after = state_of(trainer)
     assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
     assert trainer.optimizer.state_dict()["state"][0]["step"] == opt_before["state"][0]["step"]
@@ -237,13 +240,18 @@ def test_nonfinite_policy_stop_and_too_many_in_a_row_raise(class_map) -> None:
     model = PoisonOnce(GroupNormNet())
     model.armed = True
     strict = make_trainer(model, class_map, nonfinite_policy="stop")
-    with pytest.raises(TrainingDiverged, match="nonfinite_policy is stop"):
-        strict.train_step([compact_batch(2, seed=0)])
+    strict.train_step([compact_batch(2, seed=0)])
+    with pytest.raises(TrainingDiverged, match="optimizer step 1: .*nonfinite_policy is stop"):
+        strict.state_dict()  # a diverged run is never saved
     lenient = make_trainer(model, class_map, max_nonfinite_in_row=3)
     lenient.train_step([compact_batch(2, seed=0)])
     lenient.train_step([compact_batch(2, seed=1)])
-    with pytest.raises(TrainingDiverged, match="3 non-finite steps in a row"):
-        lenient.train_step([compact_batch(2, seed=2)])
+    assert lenient.check_nonfinite().in_row == 2  # two in a row are allowed
+    lenient.train_step([compact_batch(2, seed=2)])
+    model.armed = False
+    lenient.train_step([compact_batch(2, seed=3)])  # decided on the device: read later ...
+    with pytest.raises(TrainingDiverged, match="optimizer step 3: .*3 non-finite steps in a row"):
+        lenient.check_nonfinite()  # ... and the run still stops, naming the step
 
 
 def test_validation_with_bn_batch_stats_leaves_running_stats_unchanged(class_map) -> None:
@@ -387,14 +395,14 @@ def test_stop_request_from_a_signal_and_from_a_deadline() -> None:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    timed = StopRequest(deadline=1000.0, margin_s=10.0)
+    timed = StopRequest(deadline=1000.0, margin_s=10.0, check_every=1)
     timed.record_step(5.0)
     assert timed.reason(now=980.0) is None  # 980 + 5 <= 990
     assert "deadline" in timed.reason(now=986.0)  # 986 + 5 > 990
 
 
 def test_the_deadline_budgets_the_validation_that_follows_the_next_step() -> None:
-    stop = StopRequest(deadline=1000.0, margin_s=10.0)
+    stop = StopRequest(deadline=1000.0, margin_s=10.0, check_every=1)
     stop.record_step(5.0)
     stop.validation_steps = 4  # before one is timed: about 4 steps (from the split's size)
     assert stop.reason(now=970.0) is None  # no validation ahead: 970 + 5 <= 990
@@ -402,3 +410,12 @@ def test_the_deadline_budgets_the_validation_that_follows_the_next_step() -> Non
     stop.record_validation(2.0)  # timed: the longest validation so far counts
     assert stop.reason(now=980.0, validation=True) is None  # 980 + 5 + 2 <= 990
     assert "deadline in 16 s" in stop.reason(now=984.0, validation=True)  # 984 + 5 + 2 > 990
+
+
+def test_the_deadline_covers_the_steps_until_the_next_check() -> None:
+    """The ranks agree on stopping every ``check_every`` steps: a check must stop when the
+    steps up to the next one would pass the deadline, not only the next step."""
+    stop = StopRequest(deadline=1000.0, margin_s=10.0, check_every=20)
+    stop.record_step(1.0)
+    assert stop.reason(now=960.0) is None  # 960 + 20 x 1 <= 990
+    assert "20 steps of 1.00 s to the next check" in stop.reason(now=975.0)  # 975 + 20 > 990

@@ -46,18 +46,20 @@ def augment_batch(batch: dict, codes: torch.Tensor) -> dict:
     """Each sample's flip/rot90 ``codes[i]`` applied to every (B, ..., T, T) tensor of ``batch``.
 
     Run on the device by :class:`Dequantize`: a transposing copy in a reader thread would
-    cost more than reading the tile, while on an accelerator it is cheap.
+    cost more than reading the tile, while on an accelerator it is cheap. ``codes`` stay on
+    the host (they choose which kernels to queue; reading them from a GPU would stall it).
     """
     out = dict(batch)
-    present = codes.tolist()
+    present = codes.numpy()  # a host tensor (numpy() refuses a device one)
     for name, t in batch.items():
         if name == "aug" or not isinstance(t, torch.Tensor) or t.dim() < 3:
             continue
         moved = t.clone()
-        for code in set(present):
+        for code in sorted(set(present.tolist())):
             if code == 0:
                 continue
-            idx = torch.tensor([i for i, c in enumerate(present) if c == code], device=t.device)
+            rows = torch.from_numpy(np.flatnonzero(present == code))
+            idx = rows.to(t.device, non_blocking=True)
             part = t.index_select(0, idx)
             part = part.flip(-1) if code >= 4 else part
             moved.index_copy_(0, idx, part.rot90(code % 4, (-2, -1)))

@@ -77,7 +77,7 @@ class Checkpointer:
 
     def after_step(self, result: StepResult) -> None:
         every = self.every_updates
-        if every and result.applied and self.trainer.step % every == 0:
+        if every and self.trainer.step % every == 0:
             self.save("last.pt")
 
     def after_validation(self, improved: bool) -> None:

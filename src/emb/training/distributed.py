@@ -24,22 +24,31 @@ def _reduce_flag(value: bool, op: dist.ReduceOp, device: torch.device) -> bool:
     return bool(flag.item() > 0)
 
 
-def all_ranks_agree(ok: bool, device: torch.device) -> bool:
-    """True only when ``ok`` is true on every rank."""
-    return _reduce_flag(ok, dist.ReduceOp.MIN, device)
-
-
 def any_rank(wants: bool, device: torch.device) -> bool:
     """True on every rank when ``wants`` is true on any rank (one small all-reduce)."""
     return _reduce_flag(wants, dist.ReduceOp.MAX, device)
 
 
 def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
-    """``values`` summed over ranks, in float64."""
+    """``values`` summed over ranks, in float64 (a host read: for logging steps)."""
     t = torch.tensor(values, dtype=torch.float64, device=device)
+    return all_reduce_tensor(t).tolist()
+
+
+def all_reduce_tensor(t: torch.Tensor) -> torch.Tensor:
+    """``t`` summed over ranks in place, left on the device (no host read)."""
     if is_distributed():
         dist.all_reduce(t)
-    return t.tolist()
+    return t
+
+
+def all_ranks_finite(value: torch.Tensor) -> torch.Tensor:
+    """A 0-d bool on the device: ``value`` is finite on every rank. No host read: the step
+    that uses it queues on without waiting (a MIN all-reduce of one flag)."""
+    flag = torch.isfinite(value.detach()).to(torch.float32).reshape(1)
+    if is_distributed():
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return flag[0] > 0
 
 
 @torch.no_grad()

@@ -28,24 +28,41 @@ class ModelEma:
         self.module = copy.deepcopy(unwrap(model)).eval()
         self.module.requires_grad_(False)
         self.decay, self.warmup = decay, warmup
-        self.updates = 0
+        device = next(self.module.parameters()).device
+        self._updates = torch.zeros((), dtype=torch.float64, device=device)  # counted on device
+
+    @property
+    def updates(self) -> int:
+        """Updates applied so far (a host read)."""
+        return int(self._updates)
+
+    @updates.setter
+    def updates(self, value: int) -> None:
+        self._updates.fill_(value)
 
     def current_decay(self) -> float:
-        """The decay of the next update: warmed up, or the fixed ``decay``."""
+        """The decay of the next update: warmed up, or the fixed ``decay`` (a host read)."""
+        return float(self._decay())
+
+    def _decay(self) -> torch.Tensor:
+        n = self._updates
         if not self.warmup:
-            return self.decay
-        return min(self.decay, (1 + self.updates) / (10 + self.updates))
+            return torch.full_like(n, self.decay)
+        return torch.clamp((1 + n) / (10 + n), max=self.decay)
 
     @torch.no_grad()
-    def update(self, model: nn.Module) -> None:
-        """Call after each optimizer step that changed ``model``."""
-        d = self.current_decay()
+    def update(self, model: nn.Module, applied: torch.Tensor | None = None) -> None:
+        """Call after each optimizer step; where ``applied`` (a 0-d bool on the device) is
+        false the weight is 0 and nothing changes (no host read either way)."""
+        weight = 1.0 - self._decay()
+        if applied is not None:
+            weight = torch.where(applied, weight, 0.0)
         source = unwrap(model)
         shadows, values = _pairs(self.module.parameters(), source.parameters())
         if shadows:
-            torch._foreach_lerp_(shadows, values, 1.0 - d)  # no_grad: no detach needed
+            _lerp_(shadows, values, weight.to(shadows[0].dtype))  # no_grad: no detach
         self.update_buffers(source)
-        self.updates += 1
+        self._updates += 1 if applied is None else applied.to(torch.float64)
 
     @torch.no_grad()
     def update_buffers(self, model: nn.Module) -> None:
@@ -61,6 +78,17 @@ class ModelEma:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.module.load_state_dict(state["ema"])
         self.updates = int(state["ema_updates"])
+
+
+def _lerp_(shadows: list[torch.Tensor], values: list[torch.Tensor], weight: torch.Tensor) -> None:
+    """``shadows += weight * (values - shadows)`` with a device weight, fused where PyTorch
+    takes a 0-d tensor weight (2.13 does), three fused ops where it does not."""
+    try:
+        torch._foreach_lerp_(shadows, values, weight)
+    except (TypeError, RuntimeError):
+        diff = torch._foreach_sub(values, shadows)
+        torch._foreach_mul_(diff, weight)
+        torch._foreach_add_(shadows, diff)
 
 
 def _pairs(

@@ -38,7 +38,7 @@ from emb.training.run_log import KeyRecord, RunLog
 from emb.training.schedule import replan, warmup_cosine
 from emb.training.start import begin
 from emb.training.stop import StopRequest
-from emb.training.trainer import Trainer
+from emb.training.trainer import Trainer, fused_adamw
 from emb.training.validator import Position, Validator
 
 
@@ -104,10 +104,11 @@ def build_trainer(
         compile_memory_budget=loop.compile_memory_budget,
     )  # fmt: skip
     ema = ModelEma(plain, cfg.ema.decay, cfg.ema.warmup) if cfg.ema.enabled else None
-    # fused on GPUs: one kernel for every parameter (issue 31); CPUs keep the default
+    # fused where PyTorch has the kernel (CUDA, ROCm, CPU): one kernel for every parameter,
+    # and it skips a non-finite step on the device (found_inf), so no step waits for the GPU
     opt = torch.optim.AdamW(
         model.parameters(), lr=plan.lr, weight_decay=cfg.optimizer.weight_decay,
-        betas=tuple(cfg.optimizer.betas), fused=True if device.type == "cuda" else None,
+        betas=tuple(cfg.optimizer.betas), fused=fused_adamw(device) or None,
     )  # fmt: skip
     sched = warmup_cosine(
         opt, cfg.schedule.warmup_steps, plan.total, plan.lr, cfg.schedule.min_lr,
@@ -164,7 +165,7 @@ def build_loop(
     log = RunLog(run_dir, rank, cfg, device)
     log.plan(plan, cfg, world, device, trainer)
     if start.resume is not None:
-        log.resumed(trainer.step)
+        log.resumed(trainer.step, trainer.skipped)
         notes += schedule_note(trainer, plan)
     for note in notes:
         log.info(note)
@@ -226,9 +227,13 @@ def fit(loop: Loop) -> list[int]:
                 early = True
                 break
             loop.checkpointer.after_step(result)
-            ahead = loop.validator.due_soon(plan)  # the deadline counts its validation too
-            if any_rank(stop.reason(validation=ahead) is not None, loop.device):
-                stop_now(loop)
+            # the ranks agree on stopping every stop.check_every steps and before a validation
+            # (a host read, which a GPU must not wait for every step; the deadline covers it)
+            if trainer.step % stop.check_every == 0 or loop.validator.due_soon(plan):
+                trainer.check_nonfinite()  # a read anyway: raises where the run diverged
+                ahead = loop.validator.due_soon(plan)  # the deadline counts its validation too
+                if any_rank(stop.reason(validation=ahead) is not None, loop.device):
+                    stop_now(loop)
         batches_per_epoch.append(pos.batch)
         if pos.batch >= plan.micro_per_epoch:
             pos.epoch, pos.batch = pos.epoch + 1, 0

@@ -87,8 +87,10 @@ class MultiHeadLoss(nn.Module):
             labelled = target != IGNORE
             if weight is None:
                 norm = labelled.sum().clamp(min=1)
-            else:  # the weighted mean, as reduction="mean" defines it
-                norm = weight[target[labelled]].sum().clamp(min=1e-12)
+            else:  # the weighted mean, as reduction="mean" defines it (no boolean index:
+                # it would wait for the GPU to count the pixels)
+                picked = weight[torch.where(labelled, target, 0)]
+                norm = torch.where(labelled, picked, 0.0).sum().clamp(min=1e-12)
             parts[level] = summed / norm
         total = sum(self.weights[level] * parts[level] for level in LEVELS)
         return total, parts

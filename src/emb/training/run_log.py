@@ -20,14 +20,18 @@ from typing import TYPE_CHECKING
 import torch
 
 from emb.io import atomic_path
-from emb.training.distributed import all_reduce_sum
+from emb.training.distributed import all_reduce_tensor
 from emb.training.loss import LEVELS
 from emb.training.plan import lr_warnings, reference_batch
 
 if TYPE_CHECKING:
     from emb.training.config import TrainConfig
+    from emb.training.nonfinite import NonfiniteCounts
     from emb.training.plan import Plan
     from emb.training.trainer import StepResult, Trainer
+
+
+_NAN = float("nan")
 
 
 class RunLog:
@@ -42,7 +46,9 @@ class RunLog:
         self.history_path = run_dir / "history.csv"
         self.history: list[dict] = _read_history(self.history_path) if self.active else []
         self._reset_window()
-        self._since_validation = {"n": 0, "loss": 0.0, **dict.fromkeys(LEVELS, 0.0)}
+        # applied steps, loss, l1, l2, l3, grad norm: since the last line, since validation
+        self._sums = torch.zeros(2, 6, dtype=torch.float64, device=self.device)
+        self._skipped_seen = 0
         self.writer = self.wandb = None
         if not self.active:
             return
@@ -58,6 +64,16 @@ class RunLog:
                 dir=str(run_dir),
                 name=run_dir.name,
                 config=cfg.resolved,
+            )
+
+    def _warn_skips(self, counts: NonfiniteCounts) -> None:
+        """One line for the skips since the last line, naming the last one."""
+        new, self._skipped_seen = counts.skipped - self._skipped_seen, counts.skipped
+        if new > 0:
+            more = f"; {new} since the last line" if new > 1 else ""
+            self.warn(
+                f"step {counts.last_step} skipped: gradient norm {counts.last_norm} "
+                f"(skipped {counts.skipped} in all, {counts.in_row} in a row{more})"
             )
 
     def _reset_window(self) -> None:
@@ -87,45 +103,44 @@ class RunLog:
         if plan.batch == 1:
             self.warn("train.batch_size is 1 per GPU: BatchNorm statistics and throughput suffer")
 
-    def resumed(self, step: int) -> None:
-        """Forget history rows written after the checkpoint we resume from."""
+    def resumed(self, step: int, skipped: int = 0) -> None:
+        """Forget history rows written after the checkpoint we resume from (and warn only of
+        skips after it)."""
+        self._skipped_seen = skipped
         self.history = [row for row in self.history if int(float(row["step"])) <= step]
 
     def step(
         self, result: StepResult, trainer: Trainer, seconds: float, waited: float, epoch: int = 0
     ) -> None:
-        """Count one step; on a logging step (every rank reaches the same ones) average the
-        losses over ranks and write the brief or the detailed line."""
+        """Count one step (on the device: no host read); on a logging step (every rank reaches
+        the same ones) read the sums since the last line, average them over ranks and write
+        the brief or the detailed line, with any skips since the last line."""
         w = self._window
         w["steps"] += 1
         w["seconds"] += seconds
         w["wait"] += waited
         w["samples"] += result.samples
         w["pixels"] += result.pixels
-        if result.applied:
-            acc = self._since_validation
-            acc["n"] += 1
-            acc["loss"] += result.loss
-            for level in LEVELS:
-                acc[level] += result.parts[level]
-        if not result.applied:
-            self.warn(
-                f"step {trainer.step + 1} skipped: gradient norm {result.grad_norm} "
-                f"(skipped {trainer.skipped} in all, {trainer.skipped_in_row} in a row)"
-            )
+        values = torch.stack([torch.ones_like(result.loss), result.loss,
+                              *(result.parts[lv] for lv in LEVELS), result.grad_norm])  # fmt: skip
+        self._sums += torch.where(result.finite, values.to(torch.float64), 0.0)
         detailed = trainer.step % self.detail_every == 0
-        if not result.applied or (trainer.step % self.log_every and not detailed):
+        if trainer.step % self.log_every and not detailed:
             return
-        values = [result.loss, *(result.parts[lv] for lv in LEVELS), w["samples"], w["pixels"]]
-        *sums, ranks = all_reduce_sum([*values, 1.0], self.device)
-        loss, *parts = (v / ranks for v in sums[:4])
-        samples, pixels = sums[4:]
+        counts = trainer.check_nonfinite()
+        self._warn_skips(counts)
+        window = torch.tensor([w["samples"], w["pixels"], 1.0], dtype=torch.float64)
+        totals = all_reduce_tensor(torch.cat([self._sums[0], window.to(self._sums.device)]))
+        n, loss, *parts, norm, samples, pixels, _ranks = totals.tolist()
+        self._sums[0].zero_()
+        loss, parts, norm = (loss / n, [p / n for p in parts], norm / n) if n else (_NAN,) * 3
+        parts = parts if n else [_NAN] * len(LEVELS)
         if not self.active:
             if detailed:
                 self._reset_window()
             return
         lr = trainer.scheduler.get_last_lr()[0]
-        skipped = f" skipped {trainer.skipped}" if trainer.skipped else ""
+        skipped = f" skipped {counts.skipped}" if counts.skipped else ""
         line = f"step {trainer.step} loss {loss:.4g} lr {lr:.3e} epoch {epoch}"
         heads = dict(zip(LEVELS, parts, strict=True))
         scalars = {"train/loss": loss, "train/lr": lr,
@@ -137,13 +152,13 @@ class RunLog:
             if torch.cuda.is_available():
                 memory = f" gpu_mem {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB"
             line += (
-                f" | {per_head} grad_norm {result.grad_norm:.3g} samples/s "
+                f" | {per_head} grad_norm {norm:.3g} samples/s "
                 f"{samples / elapsed:.1f} pixels/s {pixels / elapsed:.3g} data_wait "
                 f"{w['wait'] / elapsed:.1%}{memory}"
             )
             scalars.update({
-                "train/grad_norm": result.grad_norm, "train/samples_per_s": samples / elapsed,
-                "train/data_wait": w["wait"] / elapsed, "train/skipped": trainer.skipped,
+                "train/grad_norm": norm, "train/samples_per_s": samples / elapsed,
+                "train/data_wait": w["wait"] / elapsed, "train/skipped": counts.skipped,
             })  # fmt: skip
             self._reset_window()
         self.info(line + skipped)
@@ -154,8 +169,8 @@ class RunLog:
     ) -> None:
         """One row of ``history.csv`` and one line, with the validation's duration; the train
         losses since the last validation are averaged over every rank's steps."""
-        acc = self._since_validation
-        sums = all_reduce_sum([acc["n"], acc["loss"], *(acc[lv] for lv in LEVELS)], self.device)
+        sums = all_reduce_tensor(self._sums[1, :5].clone()).tolist()
+        self._sums[1].zero_()
         n = max(sums[0], 1)
         row = {
             "epoch": epoch,
@@ -167,7 +182,6 @@ class RunLog:
             **({"val_seconds": round(seconds, 3)} if seconds is not None else {}),
             **result,
         }
-        self._since_validation = {"n": 0, "loss": 0.0, **dict.fromkeys(LEVELS, 0.0)}
         if not self.active:
             return
         took = f" [{seconds:.1f}s]" if seconds is not None else ""

@@ -1,14 +1,15 @@
 """One optimizer step and one validation pass; no CLI, no environment, no files.
 
 A step: de-quantize the compact micro-batches on the device, forward under autocast, loss,
-backward (DDP all-reduces only on the last micro-batch), unscale (fp16), clip, then either
-apply (optimizer, scheduler, EMA) or, on a non-finite gradient norm, skip with every rank
-agreeing and BatchNorm buffers restored: a bad batch leaves weights, buffers and EMA untouched.
+backward (DDP all-reduces only on the last micro-batch), unscale (fp16), clip, then apply
+(optimizer, scheduler, EMA). On a non-finite gradient norm on any rank the step changes
+nothing: the fused AdamW skips its update in the kernel (``found_inf``), the EMA's weight is 0
+and BatchNorm buffers are put back. All of it is decided on the device, so a step that does
+not log never waits for the GPU (issue 31); :mod:`emb.training.nonfinite` counts the skips.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -17,19 +18,18 @@ from typing import Any
 import torch
 from torch import nn
 
-from emb import metrics
 from emb.loading.dequantize import Dequantize
 from emb.training.checkpoint import unwrap
 from emb.training.config import check_grad_scaler
-from emb.training.distributed import all_ranks_agree, all_reduce_sum, average_buffers
+from emb.training.distributed import all_ranks_finite, average_buffers
 from emb.training.ema import ModelEma
 from emb.training.loss import LEVELS, HierarchyTargets, MultiHeadLoss
+from emb.training.nonfinite import NonfiniteCounts, NonfiniteGuard, TrainingDiverged
+from emb.training.validation_pass import check_finite_buffers, validation_pass
+
+__all__ = ["StepResult", "Trainer", "TrainingDiverged", "check_finite_buffers"]
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-class TrainingDiverged(RuntimeError):
-    """Non-finite gradients that the configured policy does not allow to skip."""
 
 
 def autocast(device: torch.device, precision: str):
@@ -41,14 +41,20 @@ def autocast(device: torch.device, precision: str):
 
 @dataclass
 class StepResult:
-    """What one optimizer step did; losses are means over its micro-batches."""
+    """What one optimizer step queued. Its tensors stay on the device: reading one waits for
+    the GPU, so only logging steps read them (:class:`emb.training.run_log.RunLog`)."""
 
-    applied: bool
-    loss: float
-    parts: dict[str, float] = field(default_factory=dict)
-    grad_norm: float = math.nan
+    finite: torch.Tensor  # 0-d bool: the gradient norm was finite on every rank (applied)
+    loss: torch.Tensor  # mean over the micro-batches
+    parts: dict[str, torch.Tensor] = field(default_factory=dict)
+    grad_norm: torch.Tensor = field(default_factory=lambda: torch.tensor(float("nan")))
     samples: int = 0
     pixels: int = 0
+
+    @property
+    def applied(self) -> bool:
+        """Whether the step changed the model: a host read, for tests and tools."""
+        return bool(self.finite)
 
 
 def model_is_channels_last(model: nn.Module) -> bool:
@@ -61,8 +67,24 @@ def model_is_channels_last(model: nn.Module) -> bool:
     )
 
 
+def fused_adamw(device: torch.device) -> bool:
+    """Whether this PyTorch has a fused AdamW kernel for ``device``'s type."""
+    from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
+
+    return device.type in _get_fused_kernels_supported_devices()
+
+
+def skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
+    """A fused optimizer skips a step in its kernel (``found_inf``); others need the host."""
+    return bool(optimizer.defaults.get("fused"))
+
+
 class Trainer:
-    """A model's optimization state: steps, skips, EMA, and the validation pass."""
+    """A model's optimization state: steps, skips, EMA, and the validation pass.
+
+    ``step`` counts optimizer steps taken, skipped ones included (a skipped step changes
+    nothing but is a step of the schedule, as with PyTorch's GradScaler).
+    """
 
     def __init__(
         self,
@@ -88,74 +110,101 @@ class Trainer:
         self.optimizer, self.scheduler, self.device = optimizer, scheduler, device
         self.precision, self.grad_clip, self.ema = precision, grad_clip, ema
         self.scaler = torch.amp.GradScaler(device.type) if grad_scaler else None
-        self.nonfinite_policy, self.max_nonfinite_in_row = nonfinite_policy, max_nonfinite_in_row
+        self.guard = NonfiniteGuard(device, nonfinite_policy, max_nonfinite_in_row)
+        self.counts = NonfiniteCounts(0, 0, 0, float("nan"))  # as of the last read
         if channels_last == "auto":  # the format the model was put in (wrap_model)
             channels_last = model_is_channels_last(model)
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
-        self.step = 0  # optimizer steps applied
-        self.skipped = 0  # steps skipped for non-finite gradients
-        self.skipped_in_row = 0
+        self.buffers = list(unwrap(model).buffers())  # BatchNorm statistics, put back on a skip
+        self.saved_buffers = [b.detach().clone() for b in self.buffers]
+        self.step = 0  # optimizer steps taken (skipped ones too)
         self.legacy_schedule = False
+
+    def check_nonfinite(self) -> NonfiniteCounts:
+        """Read the skip counts (waits for the device); raises :class:`TrainingDiverged`
+        where the policy's limit was reached. Every rank reads at the same steps."""
+        self.counts = self.guard.read()
+        return self.counts
+
+    @property
+    def skipped(self) -> int:
+        """Steps skipped for non-finite gradients (reads the device)."""
+        return self.check_nonfinite().skipped
+
+    @property
+    def skipped_in_row(self) -> int:
+        return self.check_nonfinite().in_row
 
     def inputs(self, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Compact batch -> (x on the device, {"l1", "l2", "l3"} targets)."""
         on_device = {
-            k: v.to(self.device, non_blocking=True)
+            k: v if k == "aug" else v.to(self.device, non_blocking=True)
             for k, v in batch.items()
             if isinstance(v, torch.Tensor)
-        }
+        }  # augmentation codes stay on the host: they choose the kernels to queue
         x, y = self.dequantize(on_device)
         return x.contiguous(memory_format=self.memory_format), self.targets(y)
 
+    def forward(self, model: nn.Module, x: torch.Tensor, targets: dict) -> tuple[dict, Any]:
+        """(logits, (loss, parts)) of ``model`` on ``x`` under this run's autocast."""
+        with autocast(self.device, self.precision):
+            logits = model(x)
+        return logits, self.loss_fn(logits, targets)
+
     def train_step(self, micro_batches: Sequence[dict]) -> StepResult:
-        """One optimizer step over ``micro_batches`` (gradient accumulation)."""
+        """One optimizer step over ``micro_batches`` (gradient accumulation); no host read
+        (but for an optimizer without a fused kernel, which needs one to skip)."""
         self.model.train()
-        saved_buffers = self._buffers_copy()
+        if self.buffers:
+            torch._foreach_copy_(self.saved_buffers, self.buffers)
         self.optimizer.zero_grad(set_to_none=True)
         n = len(micro_batches)
-        loss_sum, parts_sum = 0.0, dict.fromkeys(LEVELS, 0.0)
+        losses = []
         samples = pixels = 0
         for i, batch in enumerate(micro_batches):
             x, targets = self.inputs(batch)
             last = i == n - 1
             sync = nullcontext() if last or not hasattr(self.model, "no_sync") else None
             with sync or self.model.no_sync():
-                with autocast(self.device, self.precision):
-                    logits = self.model(x)
-                loss, parts = self.loss_fn(logits, targets)
+                _, (loss, parts) = self.forward(self.model, x, targets)
                 scaled = loss / n
                 (self.scaler.scale(scaled) if self.scaler else scaled).backward()
-            loss_sum += float(loss.detach())
-            for level in LEVELS:
-                parts_sum[level] += float(parts[level].detach())
+            losses.append(torch.stack([loss, *(parts[lv] for lv in LEVELS)]).detach())
             samples += x.shape[0]
             pixels += x.shape[0] * x.shape[-2] * x.shape[-1]
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
         norm = nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+        finite = all_ranks_finite(norm)
+        mean = torch.stack(losses).mean(0)
         result = StepResult(
-            False,
-            loss_sum / n,
-            {k: v / n for k, v in parts_sum.items()},
-            float(norm),
-            samples,
-            pixels,
-        )
-        if not all_ranks_agree(bool(torch.isfinite(norm)), self.device):
-            self._skip(saved_buffers, result)
-            return result
-        if self.scaler:
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-        else:
-            self.optimizer.step()
-        self.scheduler.step()
-        if self.ema is not None:
-            self.ema.update(self.model)
+            finite, mean[0], dict(zip(LEVELS, mean[1:], strict=True)), norm.detach(),
+            samples, pixels,
+        )  # fmt: skip
         self.step += 1
-        self.skipped_in_row = 0
-        result.applied = True
+        self._apply(finite)
+        self.scheduler.step()
+        counted = ~finite
+        if self.scaler:  # an fp16 overflow is routine while the scale stays >= 1
+            counted = counted & (self.scaler._get_scale_async() < 1.0)
+        self.guard.record(~finite, counted, norm, self.step)
         return result
+
+    @torch.no_grad()
+    def _apply(self, finite: torch.Tensor) -> None:
+        """The optimizer, BatchNorm and EMA updates, each a no-op where not ``finite``."""
+        if self.scaler:
+            self.scaler.step(self.optimizer)  # skips on its own found_inf
+            self.scaler.update()
+        elif skips_on_device(self.optimizer):
+            self.optimizer.found_inf = (~finite).to(torch.float32)
+            self.optimizer.step()
+        elif bool(finite):  # the one host read of an unfused optimizer
+            self.optimizer.step()
+        for buffer, saved in zip(self.buffers, self.saved_buffers, strict=True):
+            buffer.copy_(torch.where(finite, buffer, saved))
+        if self.ema is not None:
+            self.ema.update(self.model, finite)
 
     def state_dict(self) -> dict[str, Any]:
         """Weights, optimizer, schedule, scaler and step counters, under checkpoint keys."""
@@ -165,8 +214,8 @@ class Trainer:
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict() if self.scaler else None,
             "step": self.step,
-            "skipped": self.skipped,
-            "skipped_in_row": self.skipped_in_row,
+            "skipped": self.skipped,  # a read: a diverged run raises before it is saved
+            "skipped_in_row": self.counts.in_row,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -177,39 +226,14 @@ class Trainer:
         self.legacy_schedule = state["scheduler"].get("lr_lambdas", [None])[0] is None
         if self.scaler is not None and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
-        self.step, self.skipped = state["step"], state["skipped"]
-        self.skipped_in_row = state["skipped_in_row"]
-
-    def _buffers_copy(self) -> list[torch.Tensor]:
-        """BatchNorm statistics and counters before a step (a few KB; cloned every step)."""
-        return [b.detach().clone() for b in unwrap(self.model).buffers()]
-
-    @torch.no_grad()
-    def _skip(self, saved_buffers: list[torch.Tensor], result: StepResult) -> None:
-        """Undo what the bad forward pass changed (BatchNorm statistics); count; maybe stop."""
-        for buffer, saved in zip(unwrap(self.model).buffers(), saved_buffers, strict=True):
-            buffer.copy_(saved)
-        self.optimizer.zero_grad(set_to_none=True)
-        self.skipped += 1
-        if self.scaler:
-            self.scaler.update()  # lowers the scale; an fp16 overflow is routine until < 1
-            if self.scaler.get_scale() >= 1.0:
-                return
-        self.skipped_in_row += 1
-        where = f"optimizer step {self.step + 1}: gradient norm {result.grad_norm}, "
-        if self.nonfinite_policy == "stop":
-            raise TrainingDiverged(where + "train.nonfinite_policy is stop")
-        if self.skipped_in_row >= self.max_nonfinite_in_row:
-            raise TrainingDiverged(
-                where + f"{self.skipped_in_row} non-finite steps in a row "
-                f"(train.max_nonfinite_in_row = {self.max_nonfinite_in_row}): the run diverged"
-            )
+        self.step = state["step"]
+        self.guard.load(state["skipped"], state["skipped_in_row"])
+        self.counts = self.guard.read()
 
     def average_buffers(self) -> None:
         """BatchNorm running statistics averaged over ranks, before validation and saving."""
         average_buffers(unwrap(self.model))
 
-    @torch.no_grad()
     def validate(
         self,
         batches: Iterable,
@@ -217,72 +241,14 @@ class Trainer:
         bn_batch_stats: bool = False,
         min_batch: int = 1,
     ) -> dict[str, float]:
-        """Loss and per-level metrics of each of ``models`` in one pass, summed over ranks;
-        the figures are those of the test evaluation (:mod:`emb.metrics`, one definition).
+        """Loss and per-level metrics of each of ``models`` in one pass, summed over ranks
+        (:func:`emb.training.validation_pass.validation_pass`); the figures are those of the
+        test evaluation (:mod:`emb.metrics`, one definition)."""
 
-        Keys: ``val_loss``, ``val_miou_l3``, ... for the first model, ``val_{name}_...`` for
-        every model. ``bn_batch_stats`` (defence in depth) runs BatchNorm on batch statistics
-        without changing its running statistics; batches smaller than ``min_batch`` are skipped.
-        """
-        for name, model in models.items():
-            check_finite_buffers(model, name)
-            _eval_mode(model, bn_batch_stats)
-        states = {name: metrics.empty_confusions(self.device) for name in models}
-        sums = {name: 0.0 for name in models}
-        count = 0
-        try:
-            for batch in batches:
-                x, targets = self.inputs(batch)
-                if x.shape[0] < min_batch:
-                    continue
-                count += x.shape[0]
-                for name, model in models.items():
-                    with autocast(self.device, self.precision):
-                        logits = model(x)
-                    loss, _ = self.loss_fn(logits, targets)
-                    sums[name] += float(loss) * x.shape[0]
-                    metrics.update(states[name], logits, targets)
-        finally:
-            for model in models.values():
-                _restore_bn(model)
-        names = list(models)
-        totals = all_reduce_sum([*(sums[n] for n in names), count], self.device)
-        count_all = totals[-1]
-        out: dict[str, float] = {"val_samples": int(count_all)}
-        for i, name in enumerate(names):
-            figures = {"loss": totals[i] / max(count_all, 1)}
-            figures.update(metrics.level_figures(metrics.sum_over_ranks(states[name])))
-            for key, value in figures.items():
-                out[f"val_{name}_{key}"] = value
-                if i == 0:
-                    out[f"val_{key}"] = value
-        return out
+        def forward(model: nn.Module, x: torch.Tensor, targets: dict):
+            logits, (loss, _) = self.forward(model, x, targets)
+            return logits, loss
 
-
-def check_finite_buffers(model: nn.Module, name: str = "model") -> None:
-    """Raise naming the first buffer (BatchNorm statistics) holding NaN or Inf."""
-    for key, buffer in unwrap(model).named_buffers():
-        if buffer.is_floating_point() and not bool(torch.isfinite(buffer).all()):
-            raise TrainingDiverged(f"{name}: buffer {key} holds non-finite values")
-
-
-_BN = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
-
-
-def _eval_mode(model: nn.Module, bn_batch_stats: bool) -> None:
-    model.eval()
-    if not bn_batch_stats:
-        return
-    for m in model.modules():
-        if isinstance(m, _BN):
-            m._emb_tracking = m.track_running_stats  # restored by _restore_bn
-            m.track_running_stats = False  # batch statistics used, running ones left untouched
-            m.train()
-
-
-def _restore_bn(model: nn.Module) -> None:
-    for m in model.modules():
-        if hasattr(m, "_emb_tracking"):
-            m.track_running_stats = m._emb_tracking
-            del m._emb_tracking
-            m.eval()
+        return validation_pass(
+            batches, models, self.inputs, forward, self.device, bn_batch_stats, min_batch
+        )

@@ -78,7 +78,7 @@ class Validator:
 
     def due_after_step(self, result: StepResult) -> bool:
         every = self.every_updates
-        return bool(every and result.applied and self.trainer.step % every == 0)
+        return bool(every and self.trainer.step % every == 0)
 
     def due_at_epoch_end(self) -> bool:
         return not self.every_updates
