@@ -214,6 +214,25 @@ def test_checkpoint_in_dim_not_matching_the_data_is_an_error_naming_both(
     assert str(tiny_demo.manifests["tessera"]) in message
 
 
+def test_a_forged_tile_header_in_the_test_split_is_refused_before_allocating(
+    tiny_demo: TinyDemo, tmp_path: Path, evaluated
+) -> None:
+    """evaluate's reader bounds a shard's header by the manifest's tile size (issue 32)."""
+    from forged_shards import forged_shard
+
+    manifest = tiny_demo.manifest("aef")
+    shard = str(forged_shard(tmp_path / "test-0000.tar", sidecar=True, tile=manifest["tile_size"]))
+    test = manifest["splits"]["test"]
+    test.update(shards=[shard], shard_samples=[1], shard_keys=[["a"]], samples=1, tiles=1)
+    (tmp_path / "forged.json").write_text(json.dumps(manifest))
+    state = torch.load(evaluated["run_dir"] / "best.pt", weights_only=True)
+    config = dict(state["config"], data=dict(state["config"]["data"]))
+    config["data"]["manifest"] = str(tmp_path / "forged.json")
+    run_dir = write_run(tmp_path / "runs" / "forged", config, state["model"])
+    message = run_cli(run_dir, tmp_path / "eval")
+    assert shard in message and "[64, 60000, 60000]" in message, message
+
+
 def test_checkpoint_class_count_not_matching_classes_csv_is_an_error(
     tiny_demo: TinyDemo, tmp_path: Path
 ) -> None:

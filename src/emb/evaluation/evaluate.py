@@ -78,6 +78,7 @@ def confusion_matrices(
     rank: int = 0,
     world: int = 1,
     blocks: dict | None = None,
+    tile_size: int | None = None,
 ) -> dict[str, dict[str, np.ndarray]]:
     """{weights: {level: (n, n) int64}} over every sample of ``shards``, read once, summed over
     the ``world`` ranks (each reads its own shards).
@@ -92,7 +93,7 @@ def confusion_matrices(
     targets_of = HierarchyTargets(cmap).to(device)
     models = {name: run_on.prepare(run.model(name)) for name in run.weights}
     cms = {name: empty_confusions(device) for name in models}
-    spec = LoaderSpec(run.cfg.data.source, run.cfg.model.in_dim, batch_size)
+    spec = LoaderSpec(run.cfg.data.source, run.cfg.model.in_dim, batch_size, tile_size=tile_size)
     mine = shards_for_rank(shards, rank, world)
     progress = Progress(sum(shard_samples[s] for s in mine), "tiles", f"{run.name} test", log)
     block_of = tile_blocks(mine) if blocks is not None else {}
@@ -189,7 +190,7 @@ def evaluate(
     blocks: dict = {}
     cms = confusion_matrices(
         run, part["shards"], shard_sample_counts(part), cmap, batch_size, run_on, rank, world,
-        blocks,
+        blocks, manifest.get("tile_size"),
     )  # fmt: skip
     empty = [lv for lv, cm in cms[run.selected].items() if cm.sum() == 0]
     if empty:
