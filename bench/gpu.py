@@ -1,259 +1,122 @@
-"""GPU bench: the training step against a bare bf16 loop, per standard run (issue 31 item 4a).
+"""GPU bench (issue 31 item 4): what emb's training and prediction reach on one GPU.
 
-For the four standard runs at their recipe batch (SegFormer 32, DeepLab 64 per GPU, 256 px,
-AEF 64 bands, TESSERA 128): ``Trainer.train_step`` (EMA included) and a bare loop (bf16
-autocast forward, loss, backward, fused AdamW where the device has it) on the same model and
-batch, each in eager and channels_last, the bare loop also under ``torch.compile``. Figures:
-ms per step and samples/s (medians of interleaved blocks, so every contender sees the same
-machine), TFLOP/s from ``torch.utils.flop_counter.FlopCounterMode``, share of the device's
-dense bf16 peak (table below or ``--peak``), peak memory. On CUDA the trainer step also runs
-under ``torch.cuda.set_sync_debug_mode("error")`` (pass/fail: any host read fails it).
+Three parts, each in a module of its own:
 
-Not yet here (issue 31 item 4b, 4c): the training module through the launcher on synthetic
-shards, and predict megapixels/s.
+- (a) ``steps`` (bench/gpu_steps.py): ``Trainer.train_step`` against a bare bf16 loop for the
+  four standard runs at their recipe batch, eager / channels_last / ``torch.compile``: ms,
+  samples/s, TFLOP/s, share of the device's peak, peak memory, a sync-free check.
+- (b) ``loop`` (bench/gpu_loop.py): the real training module through the launcher, as the
+  ``train`` rule starts it, on synthetic full-size shards written directly (256 px, AEF 64
+  bands, TESSERA 128), 240 steps: the loop's own samples/s and data-wait share from its log,
+  and its samples/s over the fastest bare step of (a) for the same run.
+- (c) ``predict`` (bench/gpu_predict.py): ``predict`` megapixels/s on one GPU, the rule's job
+  form, with the checkpoint of an AEF run of (b).
 
-Without a GPU it says so and exits 0; ``--device cpu --tiny`` runs every part with tiny models
-(the CI test, tests/bench/test_gpu_bench.py). Usage:
-``python bench/gpu.py [--device cuda|cpu] [--tiny] [--blocks N] [--peak TFLOPS] [--json PATH]``.
+Without a GPU it says so and exits 0; ``--device cpu --tiny`` runs every part with tiny models,
+32 px tiles and a few steps (the CI test, tests/bench/test_gpu_bench.py). Usage:
+``python bench/gpu.py [--device cuda|cpu] [--tiny] [--parts steps loop predict] [--blocks N]
+[--peak TFLOPS] [--loop-runs RUN ...] [--predict-size S] [--json PATH] [--workdir DIR]
+[--keep]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
+import shutil
 import sys
-import time
-from collections.abc import Callable
+import tempfile
 from pathlib import Path
 
 import torch
-from torch import nn
-from torch.utils.flop_counter import FlopCounterMode
+from gpu_loop import RUNS, TINY, LoopSpec, bench_loop, of_bare, print_loop
+from gpu_predict import bench_predict, print_predict
 
-from emb.classes import N_L3, load_class_map
-from emb.loading.dequantize import Dequantize
-from emb.models import ModelConfig, build_model
-from emb.training.ema import ModelEma
-from emb.training.loss import HierarchyTargets, MultiHeadLoss
-from emb.training.schedule import warmup_cosine
-from emb.training.trainer import Trainer
-
-REPO = Path(__file__).resolve().parents[1]
-# Dense bf16 TFLOP/s (vendor data sheets, without sparsity), matched by a substring of the
-# device name; --peak overrides. An MI250X is two GCDs: the figure is one GCD's.
-PEAKS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "MI250X": 191.5, "MI300X": 1307.0}
-RUNS = {  # run: (arch, bands, recipe batch per GPU)
-    "aef_segformer": ("segformer", 64, 32),
-    "aef_deeplab": ("deeplab", 64, 64),
-    "tessera_segformer": ("segformer", 128, 32),
-    "tessera_deeplab": ("deeplab", 128, 64),
-}
-TINY = {"widths": (8, 8, 16, 16), "depths": (1, 1, 1, 1), "decoder_dim": 8}
-WEIGHTS = {"l1": 0.1, "l2": 0.3, "l3": 1.0}
+PARTS = ("steps", "loop", "predict")  # (a), (b), (c)
 
 
-def peak_tflops(device: torch.device, override: float | None) -> float | None:
-    """The device's dense bf16 peak from PEAKS by name, or ``override``; None if unknown."""
-    if override:
-        return override
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
-    return next((v for k, v in PEAKS.items() if k in name), None)
-
-
-def compact_batch(source: str, bands: int, n: int, size: int, device: torch.device) -> dict:
-    """A batch as the loader yields it (int8 AEF / int8 TESSERA with scales, uint8 labels)."""
-    g = torch.Generator().manual_seed(0)
-    batch = {
-        "emb": torch.randint(-127, 128, (n, bands, size, size), generator=g, dtype=torch.int8),
-        "label": torch.randint(0, N_L3, (n, size, size), generator=g).to(torch.uint8),
-    }
-    if source == "tessera":
-        batch["scale"] = torch.rand((n, size, size), generator=g).to(torch.float16) + 0.01
-    return {k: v.to(device) for k, v in batch.items()}
-
-
-def make_model(arch: str, bands: int, size: int, tiny: bool, device: torch.device) -> nn.Module:
-    extra = TINY if tiny else {}
-    cfg = ModelConfig(arch=arch, in_dim=bands, input_norm=bands == 64, **extra).for_tile(size)
-    torch.manual_seed(0)
-    return build_model(cfg).to(device)
-
-
-def optimizer_for(model: nn.Module, device: torch.device) -> torch.optim.Optimizer:
-    fused = device.type == "cuda"  # fused AdamW: one kernel, no host reads
-    return torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, fused=fused)
-
-
-def bare_step(
-    model: nn.Module, opt: torch.optim.Optimizer, prepare: Dequantize, targets, batch: dict,
-    device: torch.device, precision: str, memory_format: torch.memory_format,
-) -> Callable[[], None]:  # fmt: skip
-    """The plain loop's step: dequantize, autocast forward, loss, backward, clip, AdamW."""
-    loss_fn = MultiHeadLoss(WEIGHTS, 0.05).to(device)
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-
-    def step() -> None:
-        x, y = prepare(batch)
-        x = x.contiguous(memory_format=memory_format)
-        t = targets(y)
-        with torch.autocast(device.type, dtype=dtype, enabled=precision == "bf16"):
-            logits = model(x)
-        loss, _ = loss_fn(logits, t)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-
-    return step
-
-
-def trainer_step(
-    model: nn.Module, prepare: Dequantize, targets, batch: dict, device: torch.device,
-    precision: str, channels_last: bool,
-) -> Callable[[], None]:  # fmt: skip
-    """``Trainer.train_step`` as emb.training.loop builds it (EMA on, grad clip 1.0)."""
-    opt = optimizer_for(model, device)
-    sched = warmup_cosine(opt, 500, 10_000, 1e-4, 1e-6, 0)
-    trainer = Trainer(
-        model, MultiHeadLoss(WEIGHTS, 0.05).to(device), targets, prepare, opt, sched, device,
-        precision=precision, ema=ModelEma(model, 0.9999), channels_last=channels_last,
-    )  # fmt: skip
-    cpu_batch = {k: v.cpu() for k, v in batch.items()}  # the loop hands host batches
-    return lambda: trainer.train_step([cpu_batch])
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def interleaved(
-    contenders: dict[str, Callable[[], None]], device: torch.device, blocks: int, steps: int
-) -> dict[str, float]:
-    """Median seconds per step of each contender over ``blocks`` interleaved blocks."""
-    for fn in contenders.values():  # warm-up (cuDNN autotune, compile, allocator)
-        for _ in range(2):
-            fn()
-    sync(device)
-    times: dict[str, list[float]] = {k: [] for k in contenders}
-    for _ in range(blocks):
-        for name, fn in contenders.items():
-            sync(device)
-            start = time.perf_counter()
-            for _ in range(steps):
-                fn()
-            sync(device)
-            times[name].append((time.perf_counter() - start) / steps)
-    return {k: statistics.median(v) for k, v in times.items()}
-
-
-def step_flops(step: Callable[[], None]) -> int:
-    """FLOPs of one step as FlopCounterMode counts them (forward and backward)."""
-    counter = FlopCounterMode(display=False)
-    with counter:
-        step()
-    return counter.get_total_flops()
-
-
-def sync_debug_passes(step: Callable[[], None], device: torch.device) -> bool | None:
-    """Whether ``step`` runs with no host-device synchronisation (CUDA only; else None)."""
-    if device.type != "cuda":
-        return None
-    step()  # the first step may read once (lazy state)
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        step()
-        return True
-    except RuntimeError:
-        return False
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
-
-
-def bench_run(run: str, args: argparse.Namespace, device: torch.device) -> list[dict]:
-    """Rows for one run: each contender's ms, samples/s, TFLOP/s, share of peak, memory."""
-    arch, bands, batch_size = RUNS[run]
-    size = 32 if args.tiny else 256
+def loop_spec(args: argparse.Namespace) -> LoopSpec:
+    """Part (b)'s shards and run length: full size, or tiny for CI."""
+    cpu = args.device == "cpu"
     if args.tiny:
-        batch_size = 2
-    source = run.split("_")[0]
-    precision = "bf16" if device.type == "cuda" else "fp32"
-    prepare = Dequantize(source).to(device)
-    targets = HierarchyTargets(load_class_map(REPO / "config/classes.csv"))
-    batch = compact_batch(source, bands, batch_size, size, device)
-    contenders: dict[str, Callable[[], None]] = {}
-    for fmt, memory_format in (("eager", torch.contiguous_format), ("cl", torch.channels_last)):
-        model = make_model(arch, bands, size, args.tiny, device).to(memory_format=memory_format)
-        opt = optimizer_for(model, device)
-        contenders[f"bare/{fmt}"] = bare_step(
-            model, opt, prepare, targets, batch, device, precision, memory_format
-        )
-        model = make_model(arch, bands, size, args.tiny, device).to(memory_format=memory_format)
-        contenders[f"trainer/{fmt}"] = trainer_step(
-            model, prepare, targets, batch, device, precision, fmt == "cl"
-        )
-    if not args.no_compile and not (args.tiny and run != args.runs[0]):  # CI: compile once
-        model = make_model(arch, bands, size, args.tiny, device)
-        compiled = torch.compile(model)
-        contenders["bare/compile"] = bare_step(
-            compiled, optimizer_for(model, device), prepare, targets, batch, device, precision,
-            torch.contiguous_format,
-        )  # fmt: skip
-    flops = step_flops(contenders["bare/eager"])
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    seconds = interleaved(contenders, device, args.blocks, args.steps)
-    peak = peak_tflops(device, args.peak)
-    memory = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
-    passes = sync_debug_passes(contenders["trainer/eager"], device)
-    rows = []
-    for name, s in seconds.items():
-        tflops = flops / s / 1e12
-        rows.append({
-            "run": run, "step": name, "batch": batch_size, "px": size, "ms": s * 1e3,
-            "samples_s": batch_size / s, "tflops": tflops,
-            "peak_share": tflops / peak if peak else None,
-            "vs_bare_eager": s / seconds["bare/eager"],
-            "peak_mem_gib": memory,
-            "sync_free": passes if name == "trainer/eager" else None,
-        })  # fmt: skip
-    return rows
+        return LoopSpec(32, 48, 8, 4, 8, 12, 4, args.loop_threads, cpu, TINY)
+    steps = args.loop_steps
+    return LoopSpec(256, args.loop_tiles, 64, 16, 64, steps, steps // 6, args.loop_threads, cpu)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    parser.add_argument("--tiny", action="store_true", help="tiny models, 32 px, batch 2")
+    parser.add_argument("--tiny", action="store_true", help="tiny models, 32 px, few steps")
+    parser.add_argument(
+        "--parts", nargs="+", choices=PARTS, default=list(PARTS),
+        help="(a) steps, (b) loop, (c) predict (which maps with an AEF run of (b))",
+    )  # fmt: skip
     parser.add_argument("--blocks", type=int, default=5, help="interleaved blocks per contender")
     parser.add_argument("--steps", type=int, default=10, help="steps per block")
     parser.add_argument("--peak", type=float, help="the device's dense bf16 TFLOP/s")
     parser.add_argument("--runs", nargs="+", choices=sorted(RUNS), default=list(RUNS))
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    parser.add_argument(
+        "--loop-runs", nargs="+", choices=sorted(RUNS), default=["aef_segformer", "tessera_deeplab"]
+    )
+    parser.add_argument("--loop-steps", type=int, default=240, help="optimizer steps per run")
+    parser.add_argument("--loop-tiles", type=int, default=1024, help="training tiles a source")
+    parser.add_argument("--loop-threads", type=int, default=1, help="config launch.threads")
+    parser.add_argument("--predict-size", type=int, default=4096, help="the region's side, px")
     parser.add_argument("--json", type=Path, help="write every row as JSON")
+    parser.add_argument("--workdir", type=Path, help="where shards, runs and maps go (a temp)")
+    parser.add_argument("--keep", action="store_true", help="keep them")
     args = parser.parse_args(argv)
+    aef_run = "loop" in args.parts and any(r.startswith("aef") for r in args.loop_runs)
+    if "predict" in args.parts and not aef_run:
+        parser.error(
+            "--parts predict maps with an AEF run of part (b): expected loop in --parts and an "
+            f"aef_* run in --loop-runs, found parts {args.parts}, loop runs {args.loop_runs}"
+        )
+    if args.loop_steps < 12:
+        parser.error(f"--loop-steps: expected at least 12 (6 windows), found {args.loop_steps}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         print("bench/gpu.py: no GPU visible (torch.cuda.is_available() is False); nothing run")
         return 0
     device = torch.device(args.device)
-    rows = [row for run in args.runs for row in bench_run(run, args, device)]
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (not a GPU)"
+    out: dict = {"device": name, "torch": torch.__version__, "tiny": args.tiny}
+    if "steps" in args.parts:  # imported here: only (a) uses emb's Trainer itself
+        from gpu_steps import bench_run, print_steps  # noqa: PLC0415
+
+        out["steps"] = [row for run in args.runs for row in bench_run(run, args, device)]
+        if device.type == "cuda":  # the training and predict jobs get the whole GPU
+            torch.cuda.empty_cache()
+    root = Path(tempfile.mkdtemp(prefix="emb-gpu-", dir=args.workdir)).resolve()
+    try:
+        if "loop" in args.parts:
+            spec = loop_spec(args)
+            out["loop"], out["loop_shards_write_s"] = bench_loop(args.loop_runs, root, spec)
+            of_bare(out["loop"], out.get("steps", []))
+        if "predict" in args.parts:
+            run = next(r for r in out["loop"] if r["run"].startswith("aef"))
+            size = 128 if args.tiny else args.predict_size
+            out["predict"] = bench_predict(Path(run["run_dir"]), root, size, args.device == "cpu")
+    finally:
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
     print(f"device: {name}; torch {torch.__version__}")
-    print(f"{'run':18s} {'step':15s} {'ms':>8s} {'samples/s':>10s} {'TFLOP/s':>8s} "
-          f"{'of peak':>8s} {'x bare':>7s} {'GiB':>6s} sync-free")  # fmt: skip
-    for r in rows:
-        share = f"{r['peak_share']:.1%}" if r["peak_share"] else "-"
-        mem = f"{r['peak_mem_gib']:.1f}" if r["peak_mem_gib"] else "-"
-        free = {True: "pass", False: "FAIL", None: ""}[r["sync_free"]]
-        figures = f"{r['ms']:8.2f} {r['samples_s']:10.1f} {r['tflops']:8.3f} {share:>8s}"
-        print(
-            f"{r['run']:18s} {r['step']:15s} {figures} {r['vs_bare_eager']:7.2f} {mem:>6s} {free}"
-        )
+    if "steps" in out:
+        print_steps(out["steps"])  # noqa: F821 - imported with part (a)
+    if "loop" in out:
+        print_loop(out["loop"])
+    if "predict" in out:
+        print_predict(out["predict"])
+    if args.keep:
+        print(f"shards, runs, maps and logs kept in {root}")
     if args.json:
-        args.json.write_text(json.dumps({"device": name, "torch": torch.__version__,
-                                         "steps": rows}, indent=2))  # fmt: skip
+        args.json.write_text(json.dumps(out, indent=2))
     return 0
 
 

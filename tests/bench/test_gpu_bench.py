@@ -13,13 +13,16 @@ from conftest import REPO, venv_env
 
 
 def test_gpu_bench_tiny_cpu(tmp_path: Path) -> None:
-    """Trainer and bare steps of the four runs, eager and channels_last; torch.compile is left
-    out here (~80 s of compilation on 2 cores) and runs on GPUs."""
+    """All three parts in one run (~25 s on 2 cores): (a) trainer and bare steps of the four
+    runs, eager and channels_last (torch.compile is left out here: ~80 s of compilation on 2
+    cores; it runs on GPUs); (b) the training module through the launcher on synthetic shards,
+    its samples/s and data wait parsed from its own log; (c) a predict job with (b)'s run."""
     out = tmp_path / "gpu.json"
     cmd = [sys.executable, "bench/gpu.py", "--device", "cpu", "--tiny", "--no-compile",
            "--blocks", "1", "--steps", "1", "--json", str(out)]  # fmt: skip
     subprocess.run(cmd, cwd=REPO, env=venv_env(), check=True, timeout=600)
-    rows = json.loads(out.read_text())["steps"]
+    result = json.loads(out.read_text())
+    rows = result["steps"]
     seen = {(r["run"], r["step"]) for r in rows}
     runs = ("aef_segformer", "aef_deeplab", "tessera_segformer", "tessera_deeplab")
     steps = ("bare/eager", "trainer/eager", "bare/cl", "trainer/cl")
@@ -27,6 +30,22 @@ def test_gpu_bench_tiny_cpu(tmp_path: Path) -> None:
     for r in rows:
         for key in ("ms", "samples_s", "tflops", "vs_bare_eager"):
             assert math.isfinite(r[key]) and r[key] > 0, (r["run"], r["step"], key, r[key])
+
+    loop = {r["run"]: r for r in result["loop"]}
+    assert set(loop) == {"aef_segformer", "tessera_deeplab"}  # both sources, both archs
+    for run, r in loop.items():
+        assert r["steps"] == 12 and [w["step"] for w in r["windows"]] == [4, 8, 12], (run, r)
+        for key in ("samples_s", "warmup_samples_s", "of_bare", "job_s"):
+            assert math.isfinite(r[key]) and r[key] > 0, (run, key, r[key])
+        for key in ("data_wait", "warmup_data_wait"):  # a share; 0.0% is a possible line
+            assert 0 <= r[key] < 1, (run, key, r[key])
+    assert all(v > 0 for v in result["loop_shards_write_s"].values())
+
+    predict = result["predict"]
+    assert predict["run"] == "aef_segformer" and predict["mpx"] == 128 * 128 / 1e6
+    for key in ("job_mpx_s", "map_mpx_s"):
+        assert math.isfinite(predict[key]) and predict[key] > 0, (key, predict[key])
+    assert predict["map_mpx_s"] > predict["job_mpx_s"]  # the mapping alone skips start-up
 
 
 def test_gpu_bench_without_gpu_exits_0() -> None:
