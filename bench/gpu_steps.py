@@ -29,7 +29,7 @@ from emb.models import ModelConfig, build_model
 from emb.training.ema import ModelEma
 from emb.training.loss import HierarchyTargets, MultiHeadLoss
 from emb.training.schedule import warmup_cosine
-from emb.training.trainer import Trainer
+from emb.training.trainer import Trainer, fused_adamw
 
 REPO = Path(__file__).resolve().parents[1]
 # Dense bf16 TFLOP/s (vendor data sheets, without sparsity), matched by a substring of the
@@ -68,8 +68,8 @@ def make_model(arch: str, bands: int, size: int, tiny: bool, device: torch.devic
 
 
 def optimizer_for(model: nn.Module, device: torch.device) -> torch.optim.Optimizer:
-    fused = device.type == "cuda"  # fused AdamW: one kernel, no host reads
-    return torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, fused=fused)
+    fused = fused_adamw(device)  # as the loop builds it: one kernel, skips on the device
+    return torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, fused=fused or None)
 
 
 def bare_step(

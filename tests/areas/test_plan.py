@@ -121,8 +121,33 @@ def test_no_ground_pixel_is_in_two_regions(built) -> None:
     assert lon14.max() > -96.0002 and lon15.min() < -95.9998  # the part reaches the seam
 
 
+def ground_points(zone: str, margin: float = 0.0005) -> tuple[np.ndarray, np.ndarray]:
+    """A 30 x 20 grid of (lon, lat) inside the zone's part of the area, ``margin`` degrees
+    from its edges (so a pixel under each point has its centre inside the part too)."""
+    w, s, e, n = shapely.box(*AREA).intersection(zone_box(zone)).bounds
+    lon, lat = np.meshgrid(np.linspace(w + margin, e - margin, 30),
+                           np.linspace(s + margin, n - margin, 20))  # fmt: skip
+    return lon.ravel(), lat.ravel()
+
+
+def values_at(path: Path, lon: np.ndarray, lat: np.ndarray) -> np.ndarray:
+    """``(points, bands)``: the raster's pixels under each (lon, lat), found through the
+    raster's own CRS and transform (points outside it: NaN)."""
+    with rasterio.open(path) as src:
+        x, y = Transformer.from_crs(WGS84, src.crs, always_xy=True).transform(lon, lat)
+        rows, cols = rasterio.transform.rowcol(src.transform, x, y)
+        rows, cols = np.asarray(rows), np.asarray(cols)
+        inside = (rows >= 0) & (rows < src.height) & (cols >= 0) & (cols < src.width)
+        data = src.read()
+    out = np.full((len(lon), data.shape[0]), np.nan)
+    out[inside] = data[:, rows[inside], cols[inside]].T
+    return out
+
+
 @pytest.mark.parametrize("zone", ZONES)
 def test_tessera_and_cdl_mosaics_cover_the_part(built, zone: str) -> None:
+    """At known ground points, the mosaic holds the very pixels of the source tile under
+    them (each raster reached through its own transform): a misplaced tile fails."""
     c, work = built
     folder = work / f"resources/areas/field_trial_{zone.lower()}"
     with rasterio.open(folder / "tessera.vrt") as t, rasterio.open(folder / "aef.vrt") as a:
@@ -137,7 +162,17 @@ def test_tessera_and_cdl_mosaics_cover_the_part(built, zone: str) -> None:
     )
     tess_valid = ~np.isnan(tess)
     assert np.array_equal(tess_valid, ~geometry_mask([part], tess.shape, transform))
-    assert (tess[tess_valid] != 0).all()  # the written pixels, not the sparse zeros
+    lon, lat = ground_points(zone)
+    cell = "grid_-96.05_42.05" if zone == "14N" else "grid_-95.95_42.05"
+    tile = c.tessera / str(YEAR) / cell / f"{cell}_{YEAR}.tiff"
+    expected = values_at(tile, lon, lat)
+    assert not np.isnan(expected).any() and (expected != 0).all()  # written pixels only
+    assert np.array_equal(values_at(folder / "tessera.vrt", lon, lat), expected)
+    # the CDL from its 2 x 2 tiles: each point's class is the one of the tile it falls in
+    by_tile = [values_at(p, lon, lat) for p in sorted(c.cdl_tiles.glob("*.tif"))]
+    expected = np.fmax.reduce(np.nan_to_num(by_tile, nan=-1), axis=0)  # one tile holds a point
+    assert (expected > 0).all() and len(np.unique(expected)) > 1
+    assert np.array_equal(values_at(folder / "cdl.vrt", lon, lat), expected)
     with rasterio.open(folder / "cdl.vrt") as v, rasterio.open(c.cdl_one) as one:
         got = v.read(1)
         expected = one.read(1, window=from_bounds(*v.bounds, transform=one.transform))

@@ -1,23 +1,27 @@
 """A cluster dry run over 1,000 regions: few SLURM jobs (per-region CPU stages grouped, one
 prediction job per run, the bookkeeping rules local), and the profile's checks of what it
-submits."""
+submits: group jobs as Snakemake itself sums them, read from a real run stopped before its
+first submission."""
 
 from __future__ import annotations
 
 import math
+import os
 import re
 import shutil
+import signal
+import subprocess
+import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 import rasterio
 from conftest import REPO
-from listed_groups import group_requests
 from rasterio.transform import from_origin
-from test_profiles import cluster_env, dry_run, jobs_of, real_run
+from test_profiles import CPU_PARTITION, cluster_env, dry_run, jobs_of, real_run
 
-from emb.cluster.fit import check_fits
+from emb.cluster.fit import Node, Request, check_fits
 
 LOCAL_RULES = {"regions_table", "train_config", "manifest", "summary", "curves", "data_report",
                "all"}  # fmt: skip
@@ -61,6 +65,54 @@ def thousand_regions(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return many_regions(tmp_path_factory.mktemp("inputs"), REGIONS)
 
 
+@pytest.fixture(scope="module")
+def hundred_regions(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return many_regions(tmp_path_factory.mktemp("hundred"), 100)
+
+
+FIT = re.compile(
+    r"^cluster fit: group (\w+) \((\d+) jobs of [\w, ]+\): (\d+) cores, (\d+) MB, (\d+) min; "
+    r"a node of '(\w+)': (\d+) cores, (\d+) MB, (\d+) min$",
+    re.M,
+)
+
+
+def groups_as_snakemake_sums_them(
+    workdir: Path, profile: Path, env: dict[str, str], *extra: str
+) -> list[tuple[str, int, Request, Node]]:
+    """Each group job of a real run with ``profile`` as Snakemake computed its resources
+    (``GroupJob.resources``, what the SLURM plugin turns into --cpus-per-task and --mem): the
+    workflow's onstart check logs them ("cluster fit: ...") before the scheduler's first
+    submission. The run is killed there (its process group): no SLURM here to submit to."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(REPO / "config", workdir / "config", dirs_exist_ok=True)
+    cmd = ["snakemake", "-s", str(REPO / "Snakefile"), "-d", str(workdir), "--profile",
+           str(profile), *extra]  # fmt: skip
+    run = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
+    stop = threading.Timer(300, os.killpg, (run.pid, signal.SIGKILL))  # a hang fails, not waits
+    stop.start()
+    lines = []
+    try:
+        for line in run.stdout:
+            lines.append(line)
+            if line.startswith("Select jobs to execute"):  # the scheduler: onstart is done
+                break
+    finally:
+        stop.cancel()
+        os.killpg(run.pid, signal.SIGKILL)
+        run.wait()
+        run.stdout.close()
+    text = "".join(lines)
+    assert "Select jobs to execute" in text, text[-3000:]
+    return [
+        (name, int(jobs), Request(int(cores), int(mem), int(minutes)),
+         Node(partition, int(node_cores), int(node_mem), float(limit)))
+        for name, jobs, cores, mem, minutes, partition, node_cores, node_mem, limit
+        in FIT.findall(text)
+    ]  # fmt: skip
+
+
 @pytest.mark.parametrize("cluster", ["lumi", "betzy"])
 def test_a_thousand_regions_and_four_runs_make_at_most_a_hundred_slurm_jobs(
     tmp_path: Path, cluster: str, thousand_regions: Path
@@ -80,22 +132,35 @@ def test_a_thousand_regions_and_four_runs_make_at_most_a_hundred_slurm_jobs(
     assert all("--regions=" in job["shell"] and "--nproc-per-node" in job["shell"]
                for job in predict)  # fmt: skip
     assert all("gpus_per_node=" in job["resources"] for job in predict)
-    # every group's summed request (as Snakemake submits it) within a node of its partition
-    groups = group_requests(result.stdout)
-    assert len(groups) == math.ceil(2 * REGIONS / PREP_PER_JOB)
-    for name, request, node in groups:
-        check_fits(f"group {name}", request, node, "")
+
+
+@pytest.mark.parametrize("cluster", ["lumi", "betzy"])
+def test_each_group_job_as_snakemake_sums_it_fits_a_node_of_its_partition(
+    tmp_path: Path, cluster: str, hundred_regions: Path
+) -> None:
+    """The shipped profiles' prep groups, with the resources Snakemake itself gives each
+    group job (not a sum of the listed members): 50 pairs side by side on 50 cores, within a
+    node of the CPU partition. No --cores: the profiles' command line."""
+    env = cluster_env(tmp_path)
+
+    groups = groups_as_snakemake_sums_them(tmp_path / "work", REPO / "profiles" / cluster, env,
+                                           "--config", f"regions={hundred_regions}")  # fmt: skip
+
+    assert len(groups) == 2 * 100 // PREP_PER_JOB  # 2 sources a region
+    for name, jobs, request, node in groups:
+        assert name == "prep" and jobs == 2 * PREP_PER_JOB  # align_labels, then shards
         assert request.cores == PREP_PER_JOB
+        assert node.partition == CPU_PARTITION[cluster]
+        check_fits(f"group {name}", request, node, "")
 
 
 @pytest.mark.parametrize("cluster", ["lumi", "betzy"])
 def test_a_real_run_whose_group_outgrows_the_node_stops_in_one_line_before_any_job(
-    tmp_path: Path, cluster: str
+    tmp_path: Path, cluster: str, hundred_regions: Path
 ) -> None:
     """200 pairs side by side: more cores than the CPU partition's nodes (128) have. No SLURM
     here: the check runs once the DAG is built, before the first sbatch. (``--cores N`` would
     make Snakemake run a group's jobs in layers of at most N cores: 1000 lifts that.)"""
-    regions = many_regions(tmp_path / "inputs", 100)
     profile = tmp_path / f"wide-{cluster}"
     shutil.copytree(REPO / "profiles" / cluster, profile)
     config = profile / "config.v8+.yaml"
@@ -105,7 +170,7 @@ def test_a_real_run_whose_group_outgrows_the_node_stops_in_one_line_before_any_j
     env = cluster_env(tmp_path)
 
     result = real_run(tmp_path / "work", profile, env, "--cores", "1000", "--config",
-                      f"regions={regions}")  # fmt: skip
+                      f"regions={hundred_regions}")  # fmt: skip
 
     out = result.stdout + result.stderr
     assert result.returncode != 0

@@ -110,6 +110,11 @@ def test_ema_warmup_is_a_config_key_and_the_loop_honours_it(
 
 
 def test_log_lines_follow_the_seeds_cadence(tiny_demo: TinyDemo, tmp_path: Path, capsys) -> None:
+    """Every shipped run logs at the seeds' cadence (a brief line every 50 steps, a detailed
+    one every 500) as the workflow resolves it; the lines themselves at a shorter one."""
+    for run in ("aef_deeplab", "aef_segformer", "tessera_deeplab", "tessera_segformer"):
+        logging = run_file(run).logging
+        assert (logging.log_every, logging.detail_every) == (50, 500), run
     config = resolve_config(tiny_demo, tmp_path / "run", "train.max_updates=8",
                             "logging.log_every=2", "logging.detail_every=4")  # fmt: skip
     train_here(config)
