@@ -212,6 +212,15 @@ def tessera_only_year_outside(c: Collection, cfg: dict) -> tuple[str, ...]:
     return (str(c.areas), "'field_trial'", "year 2016", "outside the TESSERA", "2017-2025")
 
 
+def area_too_small_for_a_tile(c: Collection, cfg: dict) -> tuple[str, ...]:
+    """About 250 x 330 m: 27 x 35 px, far below 25% of a 256-px tile, named at parse time."""
+    area_file(c, geometry=shapely.box(-96.010, 42.005, -96.007, 42.008))
+    cfg["tiles"] = {"size": 256, "stride": 256, "min_valid": 0.25}
+    return (str(c.areas), "'field_trial'", "zone 14N", "field_trial_14n is 27 x 35 px",
+            "256-px tiles", "tiles.min_valid 0.25", "smaller tiles.size (32 gives up to 1 tile)",
+            "a bigger area")  # fmt: skip
+
+
 CASES: list[Callable] = [
     unreadable,
     unknown_format,
@@ -233,6 +242,7 @@ CASES: list[Callable] = [
     unclosed_ring,
     geojson_without_area,
     tessera_only_year_outside,
+    area_too_small_for_a_tile,
 ]
 
 
@@ -253,8 +263,8 @@ def test_bad_input_is_one_line_naming_file_area_and_finding(
 
 @pytest.mark.parametrize(
     "case",
-    [missing_file, antimeridian, other_crs],
-    ids=["missing_file", "antimeridian", "other_crs"],
+    [missing_file, antimeridian, other_crs, area_too_small_for_a_tile],
+    ids=["missing_file", "antimeridian", "other_crs", "area_too_small_for_a_tile"],
 )
 def test_snakemake_refuses_before_any_job(pristine: Collection, tmp_path: Path, case) -> None:
     c = copy_of(pristine, tmp_path / "c")

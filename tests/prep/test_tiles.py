@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import rasterio
+import shapely
 from affine import Affine
 from conftest import TinyDemo
 
@@ -74,12 +75,15 @@ def test_tile_grid_is_anchored_to_the_crs_so_neighbours_line_up() -> None:
 
 
 def test_count_tiles_names_an_area_with_no_tile_at_min_valid() -> None:
-    """A labelled footprint of 3 x 3 px cannot fill 25% of a 16-px tile: 0 tiles."""
-    valid = np.zeros((40, 40), bool)
-    valid[5:8, 5:8] = True
+    """A labelled footprint of 3 x 3 px cannot fill 25% of a 16-px tile: 0 tiles; one of
+    8 x 8 px within one tile (the grid starts at the block edge 80 m above the raster) fills
+    64 of its 256 pixels (25%): 1 tile, as plan_tiles keeps from the same labels."""
     transform = Affine(10, 0, 0, 0, -10, 400)
-    assert count_tiles(transform, 40, 40, TileSpec(16), SplitSpec(160.0), valid) == 0
-    valid[:, :] = True
-    assert count_tiles(transform, 40, 40, TileSpec(16), SplitSpec(160.0), valid) > 0
-    labels = np.where(valid, 0, IGNORE).astype(np.uint8)
-    assert plan_tiles(labels, transform, "", TileSpec(16), SplitSpec(160.0))[0]
+    small = shapely.box(50, 320, 80, 350)  # pixels 5..7 of the 400-m raster
+    assert count_tiles(transform, 40, 40, TileSpec(16), SplitSpec(160.0), small) == 0
+    quarter = shapely.box(0, 320, 80, 400)  # rows, columns 0..7: in the tile at row -8, col 0
+    assert count_tiles(transform, 40, 40, TileSpec(16), SplitSpec(160.0), quarter) == 1
+    labels = np.full((40, 40), IGNORE, np.uint8)
+    labels[:8, :8] = 0
+    assert len(plan_tiles(labels, transform, "", TileSpec(16), SplitSpec(160.0))[0]) == 1
+    assert count_tiles(transform, 40, 40, TileSpec(16), SplitSpec(160.0)) == 9

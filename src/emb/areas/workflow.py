@@ -10,6 +10,7 @@ from affine import Affine
 from rasterio.crs import CRS
 
 from emb.areas.plan import AreaPlan, plan_areas
+from emb.areas.tile_yield import check_tile_yield, specs_of
 from emb.prep.footprints import Footprint
 
 COLUMNS = ("region", "year", "aef", "tessera", "cdl", "split")
@@ -21,10 +22,16 @@ def empty_regions() -> pd.DataFrame:
 
 
 def plan_from_config(config: Mapping) -> AreaPlan | None:
-    """The plan of ``config["areas"]`` over ``config["collections"]``; None when areas are off."""
+    """The plan of ``config["areas"]`` over ``config["collections"]``; None when areas are off.
+    With a ``tiles`` section (the workflow's), an area whose region keeps no tile is refused
+    here, before any job."""
     if not config.get("areas"):
         return None
-    return plan_areas(config["areas"], config.get("collections") or {})
+    plan = plan_areas(config["areas"], config.get("collections") or {})
+    specs = specs_of(config)
+    if specs is not None:
+        check_tile_yield(plan, config["areas"], *specs)
+    return plan
 
 
 def fetched_markers(collections: Mapping | None) -> list[str]:

@@ -6,6 +6,11 @@ the configured fractions, so the fractions hold exactly and sources of one regio
 extents get (nearly) the same split map. A tile whose footprint touches blocks of different
 splits is dropped: no tile straddles splits.
 
+Tiles lie on a grid anchored to the CRS at block edges (neighbouring regions' tiles line up)
+and may reach past the raster's edge (read as nodata); a tile is kept when ``min_valid`` of it
+is labelled. Where that drops the pieces of a small area, training tiles half a tile off the
+grid may gather them (:mod:`emb.prep.tile_fill`).
+
 The same ground in several years (regions of one split group, found by
 :mod:`emb.prep.footprints`) draws its blocks with the group's id over the group's extent, so a
 block has one split in every year it appears in.
@@ -14,17 +19,21 @@ block has one split in every year it appears in.
 from __future__ import annotations
 
 import math
-import zlib
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
+import rasterio.windows
+import shapely
 from affine import Affine
+from rasterio.transform import array_bounds
 from rasterio.windows import Window
+from shapely.geometry.base import BaseGeometry
 
 from emb.classes import IGNORE
-
-SPLITS = ("train", "val", "test")
+from emb.prep.split_blocks import SPLITS, assign_blocks, blocks_in
+from emb.prep.tile_fill import fill_windows
 
 
 class TilingError(ValueError):
@@ -102,20 +111,6 @@ def block_aligned_offset(transform: Affine, stride: int, block_m: float) -> tupl
     return row % stride, col % stride
 
 
-def block_draw(region: str, bx: int, by: int, spec: SplitSpec) -> float:
-    """A seeded uniform number per block, independent of any raster grid."""
-    key = [spec.seed, zlib.crc32(region.encode()), bx & 0xFFFFFFFF, by & 0xFFFFFFFF]
-    return float(np.random.default_rng(key).random())
-
-
-def blocks_in(extent: tuple[float, float, float, float], block_m: float) -> list[tuple[int, int]]:
-    """Every block (bx, by) meeting the extent (x0, y0, x1, y1), edges exclusive."""
-    x0, y0, x1, y1 = extent
-    bxs = range(math.floor(x0 / block_m), math.ceil(x1 / block_m))
-    bys = range(math.floor(y0 / block_m), math.ceil(y1 / block_m))
-    return [(bx, by) for bx in bxs for by in bys]
-
-
 def blocks_of(window: Window, transform: Affine, block_m: float) -> list[tuple[int, int]]:
     """Indices (bx, by) of every block holding a pixel centre of the window."""
     corners = [
@@ -127,24 +122,6 @@ def blocks_of(window: Window, transform: Affine, block_m: float) -> list[tuple[i
     bxs = range(math.floor(min(xs) / block_m), math.floor(max(xs) / block_m) + 1)
     bys = range(math.floor(min(ys) / block_m), math.floor(max(ys) / block_m) + 1)
     return [(bx, by) for bx in bxs for by in bys]
-
-
-def assign_blocks(region: str, blocks: list[tuple[int, int]], spec: SplitSpec) -> dict:
-    """Blocks -> split with exact fractions (largest remainder, every asked-for split >= 1
-    block when there are enough), in the order of each block's seeded draw."""
-    blocks = sorted(set(blocks), key=lambda b: block_draw(region, *b, spec))
-    weights = np.array([spec.fractions.get(s, 0.0) for s in SPLITS], float)
-    exact = weights / weights.sum() * len(blocks)
-    counts = np.floor(exact).astype(int)
-    for i in np.argsort(-(exact - counts), kind="stable")[: len(blocks) - counts.sum()]:
-        counts[i] += 1
-    for i in np.flatnonzero((weights > 0) & (counts == 0)):
-        donor = int(np.argmax(counts))
-        if counts[donor] > 1:
-            counts[donor] -= 1
-            counts[i] += 1
-    names = [s for s, n in zip(SPLITS, counts, strict=True) for _ in range(n)]
-    return dict(zip(blocks, names, strict=True))
 
 
 def _check_block_m(block_m: float, transform: Affine) -> None:
@@ -181,57 +158,80 @@ def plan_tiles(
     fixed_split: str | None = None,
 ) -> tuple[list[Tile], dict[str, Counter[str]]]:
     """Kept tiles of an (H, W) uint8 label raster, and the dropped tiles counted per split and
-    reason (tiles straddling splits count under ``"unassigned"``).
+    reason (tiles straddling splits count under ``"unassigned"``). Where train tiles of the
+    grid were dropped for too few labels, tiles half a tile off it may follow them
+    (:mod:`emb.prep.tile_fill`).
 
     ``fixed_split`` puts the whole region in one split (``regions.tsv`` column ``split``).
     """
-    kept, dropped, _ = _plan(labels, transform, region, tile_spec, split_spec, fixed_split)
-    return kept, dropped
+    valid = labels != IGNORE
+
+    def labelled(w: Window) -> int:  # windows past the edge: no label there
+        rows = slice(max(w.row_off, 0), max(w.row_off + w.height, 0))
+        return int(np.count_nonzero(valid[rows, max(w.col_off, 0) : max(w.col_off + w.width, 0)]))
+
+    return _plan(labels.shape, labelled, transform, region, tile_spec, split_spec, fixed_split)
 
 
 def _plan(
-    labels: np.ndarray,
+    shape: tuple[int, int],
+    labelled_in: Callable[[Window], int],
     transform: Affine,
     region: str,
     tile_spec: TileSpec,
     split_spec: SplitSpec,
     fixed_split: str | None = None,
-) -> tuple[list[Tile], dict[str, Counter[str]], dict]:
-    """:func:`plan_tiles` and the block -> split map it drew."""
+) -> tuple[list[Tile], dict[str, Counter[str]]]:
+    """:func:`plan_tiles` over an (H, W) grid whose windows hold ``labelled_in(window)``
+    labelled pixels."""
     kept: list[Tile] = []
     dropped: dict[str, Counter[str]] = {name: Counter() for name in (*SPLITS, "unassigned")}
-    stride = tile_spec.stride or tile_spec.size
-    size = tile_spec.size
+    stride, size = tile_spec.stride or tile_spec.size, tile_spec.size
     _check_block_m(split_spec.block_m, transform)
     offset = (0, 0) if fixed_split else block_aligned_offset(transform, stride, split_spec.block_m)
-    windows = tile_windows(*labels.shape, tile_spec, offset)
+    windows = tile_windows(*shape, tile_spec, offset)
     blocks = [b for win in windows for b in blocks_of(win, transform, split_spec.block_m)]
     if split_spec.extent is not None:  # one draw over the ground every year of it shares
         blocks += blocks_in(split_spec.extent, split_spec.block_m)
     key = split_spec.group or region
     splits = assign_blocks(key, blocks, split_spec)
-    padded = np.pad(labels, size, constant_values=IGNORE)  # windows past the edge: no label
+
+    def buffered(win: Window, split: str) -> bool:
+        return not fixed_split and split_spec.buffer_m > 0 and _near_other_split(
+            win, transform, splits, split_spec, split)  # fmt: skip
+
+    def tile(win: Window, split: str, labelled: int) -> Tile:
+        bx, by = _centre_block(win, transform, split_spec.block_m)
+        return Tile(win.row_off, win.col_off, size, split, labelled, f"{key}:{bx},{by}")
+
+    sparse = []  # train windows with labelled pixels, too few: what shifted tiles may gather
     for win in windows:
         split = fixed_split or window_split(win, transform, splits, split_spec)
         if split is None:
             dropped["unassigned"]["straddles_splits"] += 1
             continue
-        r, c = win.row_off + size, win.col_off + size
-        labelled = int((padded[r : r + size, c : c + size] != IGNORE).sum())
+        labelled = labelled_in(win)
         if labelled < tile_spec.min_valid * size * size:
             dropped[split]["too_little_valid"] += 1
-            continue
-        if (
-            not fixed_split
-            and split_spec.buffer_m > 0
-            and _near_other_split(win, transform, splits, split_spec, split)
-        ):
+            sparse += [win] if labelled and split == "train" else []
+        elif buffered(win, split):
             dropped[split]["within_buffer"] += 1
-            continue
-        bx, by = _centre_block(win, transform, split_spec.block_m)
-        block = f"{key}:{bx},{by}"
-        kept.append(Tile(win.row_off, win.col_off, size, split, labelled, block))
-    return kept, dropped, splits
+        else:
+            kept.append(tile(win, split, labelled))
+
+    def shifted_split(win: Window) -> str | None:  # train, wholly in one block, off the buffer
+        if len(blocks_of(win, transform, split_spec.block_m)) > 1:
+            return None
+        split = fixed_split or window_split(win, transform, splits, split_spec)
+        return None if split != "train" or buffered(win, split) else split
+
+    if sparse and stride == size and size % 2 == 0:  # with overlap, tiles are dense already
+        need = max(tile_spec.min_valid * size * size, 1)
+        done = [t.window for t in kept]
+        kept += [
+            tile(*f) for f in fill_windows(sparse, done, size, need, labelled_in, shifted_split)
+        ]
+    return kept, dropped
 
 
 def _centre_block(window: Window, transform: Affine, block_m: float) -> tuple[int, int]:
@@ -239,31 +239,23 @@ def _centre_block(window: Window, transform: Affine, block_m: float) -> tuple[in
     return math.floor(x / block_m), math.floor(y / block_m)
 
 
-def label_coverage(
-    labels: np.ndarray, tiles: list[Tile], fixed_split: str | None = None
-) -> dict[str, dict[str, float]]:
+def label_coverage(labels: np.ndarray, tiles: list[Tile]) -> dict[str, dict[str, float]]:
     """Per split of the kept tiles: the region's labelled pixels inside some kept tile of that
     split (``covered``, and ``share`` of all its labelled pixels); under ``"all"`` the same
     for any kept tile, with ``labelled`` (the total). Why: a
     grid that loses the edges of a small area is visible in the data report, not silent."""
-    covered = np.zeros(labels.shape, bool)
+    valid = labels != IGNORE
+    total, covered = int(valid.sum()), np.zeros(labels.shape, bool)
     out: dict[str, dict[str, float]] = {}
-    total = int((labels != IGNORE).sum())
-    height, width = labels.shape
     for split in SPLITS:
         mask = np.zeros(labels.shape, bool)
         for t in (t for t in tiles if t.split == split):
-            r0, c0 = max(t.row, 0), max(t.col, 0)
-            mask[r0 : min(t.row + t.size, height), c0 : min(t.col + t.size, width)] = True
+            mask[max(t.row, 0) : t.row + t.size, max(t.col, 0) : t.col + t.size] = True
         covered |= mask
-        part = int((mask & (labels != IGNORE)).sum())
-        out[split] = {"covered": part, "share": part / total if total else 0.0}
-    all_covered = int((covered & (labels != IGNORE)).sum())
-    out["all"] = {
-        "covered": all_covered,
-        "labelled": total,
-        "share": all_covered / total if total else 0.0,
-    }
+        part = int((mask & valid).sum())
+        out[split] = {"covered": part, "share": part / max(total, 1)}
+    part = int((covered & valid).sum())
+    out["all"] = {"covered": part, "labelled": total, "share": part / max(total, 1)}
     return out
 
 
@@ -273,19 +265,26 @@ def count_tiles(
     height: int,
     tile_spec: TileSpec,
     split_spec: SplitSpec,
-    valid: np.ndarray | None = None,
+    footprint: BaseGeometry | None = None,
     region: str = "",
     fixed_split: str | None = None,
 ) -> int:
-    """How many tiles a region of this raster grid would keep, before any job: ``valid`` is
-    its (height, width) label-valid footprint (True = labelled); without it the whole raster
-    extent counts as labelled. 0 means the area has no tile at ``min_valid``."""
-    labels = np.zeros((height, width), np.uint8)
-    if valid is not None:
-        if valid.shape != (height, width):
-            raise TilingError(
-                f"valid footprint: expected shape ({height}, {width}), found {valid.shape}"
-            )
-        labels[~valid] = IGNORE
-    kept, _ = plan_tiles(labels, transform, region, tile_spec, split_spec, fixed_split)
+    """How many tiles a region of this raster grid would keep, before any job and without
+    reading a pixel: ``footprint`` is its labelled ground (a geometry in the raster's CRS; a
+    tile's labelled pixels are its area inside it over the pixel's area); None: the whole
+    raster extent. 0 means the area has no tile at ``min_valid``."""
+    extent = shapely.box(*array_bounds(height, width, transform))
+    ground = extent if footprint is None else footprint.intersection(extent)
+    pixel = abs(transform.a * transform.e)
+    shapely.prepare(ground)  # most windows of a large area lie inside it: no intersection
+
+    def labelled(win: Window) -> int:
+        box = shapely.box(*rasterio.windows.bounds(win, transform))
+        if ground.contains_properly(box):
+            return int(win.width * win.height)
+        return int(box.intersection(ground).area / pixel + 0.5)
+
+    kept, _ = _plan(
+        (height, width), labelled, transform, region, tile_spec, split_spec, fixed_split
+    )
     return len(kept)

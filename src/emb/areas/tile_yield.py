@@ -1,0 +1,106 @@
+"""Whether every planned region yields a tile, decided while the workflow is parsed.
+
+An area smaller than a few tiles can give a region in which no tile reaches ``tiles.min_valid``;
+without this check the workflow learns it in ``shards``, after the fetch, the VRTs and the label
+alignment have run. The count is an upper bound, so a region refused here can never yield a
+tile later: it is geometric (no pixel is read; a tile's labelled pixels are its area inside the
+area's part, and the CDL may leave holes), and every split block counts as a training block
+(whatever the draw, which for the years of one ground uses their group's key: only training
+tiles may lie half a tile off the grid, :mod:`emb.prep.tile_fill`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from functools import partial
+
+from affine import Affine
+
+from emb.areas import AreasError
+from emb.areas.plan import AreaPlan, Mosaic
+from emb.prep.region_rows import PREDICT
+from emb.prep.tiles import SPLITS, SplitSpec, TileSpec, count_tiles
+
+TRY_SIZES = (128, 64, 32, 16, 8)  # smaller tiles a message may suggest (the schema's minimum: 8)
+TRY_MIN_VALID = (0.2, 0.15, 0.1, 0.05, 0.01)
+
+
+def specs_of(config: Mapping) -> tuple[TileSpec, SplitSpec] | None:
+    """The config's ``tiles`` as the shards stage gets them and its split blocks, each one
+    counted as training ground (None without a ``tiles`` section: a plan checked alone,
+    outside the workflow)."""
+    tiles, splits = config.get("tiles"), config.get("splits") or {}
+    if not tiles:
+        return None
+    split_spec = SplitSpec(float(splits.get("block_m", 5120.0)), {"train": 1.0})
+    size = int(tiles.get("size", 256))
+    tile_spec = TileSpec(size, int(tiles.get("stride", size)), float(tiles.get("min_valid", 0.25)))
+    return tile_spec, split_spec
+
+
+def region_grid(mosaic: Mosaic) -> tuple[Affine, int, int]:
+    """(transform, width, height) of a masked VRT before it exists: its part's bounds snapped
+    outward onto its tiles' pixel grid, north up (as ``emb.areas.vrt.part_grid`` crops it)."""
+    res = mosaic.resolution()
+    header = next((t.header for t in mosaic.tiles if t.header is not None), None)
+    ox, oy = (header.transform.c, header.transform.f) if header is not None else (0.0, 0.0)
+    w, s, e, n = mosaic.cutline.bounds
+    x0 = ox + math.floor(round((w - ox) / res, 6)) * res
+    x1 = ox + math.ceil(round((e - ox) / res, 6)) * res
+    south = oy + math.floor(round((s - oy) / res, 6)) * res
+    north = oy + math.ceil(round((n - oy) / res, 6)) * res
+    width, height = max(1, round((x1 - x0) / res)), max(1, round((north - south) / res))
+    return Affine(res, 0, x0, 0, -res, north), width, height
+
+
+def check_tile_yield(
+    plan: AreaPlan, areas_file: str, tile_spec: TileSpec, split_spec: SplitSpec
+) -> None:
+    """Refuse, naming every such area at once, a plan with a labelled region (split not
+    ``predict``) of which some source's raster keeps no tile at ``tile_spec``."""
+    found = []
+    for r in plan.regions:
+        if r.split == PREDICT:
+            continue
+        fixed = r.split if r.split in SPLITS else None
+        for source, m in r.mosaics.items():
+            if m.cutline is None:
+                continue
+            transform, width, height = region_grid(m)
+            count = partial(count_tiles, transform, width, height, split_spec=split_spec,
+                            footprint=m.cutline, region=r.region, fixed_split=fixed)  # fmt: skip
+            if count(tile_spec):
+                continue
+            found.append(
+                f"area {r.area!r} ({r.year}, zone {r.zone}): region {r.region} is {width} x "
+                f"{height} px ({source}, {transform.a:g} m) and none of its {tile_spec.size}-px "
+                f"tiles has {tile_spec.min_valid:.0%} (tiles.min_valid {tile_spec.min_valid:g}) "
+                f"of its pixels inside the area: {_ways_out(tile_spec, count)}"
+            )
+            break  # one sentence per region: its sources share the part
+    if found:
+        raise AreasError(f"{areas_file}: " + "; ".join(found))
+
+
+def _ways_out(tile_spec: TileSpec, count: Callable[[TileSpec], int]) -> str:
+    """What would give the region a tile: the largest smaller tile size (the stride scaled
+    with it), the largest lower min_valid, each alone, when one does."""
+    stride = tile_spec.stride or tile_spec.size
+    sizes = [s for s in TRY_SIZES if s < tile_spec.size]
+    size_n = next(((s, n) for s in sizes if (n := count(TileSpec(
+        s, max(1, stride * s // tile_spec.size), tile_spec.min_valid)))), None)  # fmt: skip
+    lower = [v for v in TRY_MIN_VALID if v < tile_spec.min_valid]
+    valid_n = next(((v, n) for v in lower if (n := count(replace(tile_spec, min_valid=v)))), None)
+    return (
+        "set a smaller tiles.size"
+        + (f" ({size_n[0]} gives up to {_tiles(size_n[1])})" if size_n else "")
+        + ", a lower tiles.min_valid"
+        + (f" ({valid_n[0]:g} gives up to {_tiles(valid_n[1])})" if valid_n else "")
+        + ", draw a bigger area, or give it split: predict to only map it"
+    )
+
+
+def _tiles(n: int) -> str:
+    return f"{n} tile" + "s" * (n != 1)
