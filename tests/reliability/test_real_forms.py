@@ -505,15 +505,19 @@ def _(w: Work) -> None:
 @case("own data: a user's table with no tiling of its own",
       "accepted: shards at the schema's tiles (256 px), blocks (5120 m), shards (256)")  # fmt: skip
 def _(w: Work) -> None:
-    g = w.ground()
+    g = rf.make_ground(w.root / "ground", size=384)  # the shared 128-px ground: no 256-px tile
     cog = rf.aef_cog(g, w.path("aef.tif"))
     w.table([row("r1", aef=cog, cdl=g.cdl)])
-    run = w.snakemake("results/shards/aef/r1/index.json", dry=True, config=None, shell=True)
+    run = w.snakemake("results/shards/aef/r1/index.json", config=None, shell=True)
     accepted(run)
     commands = [line for line in run.text.splitlines() if "emb.prep.shards" in line]
     assert commands, tail(run.text)
     for option in ("--tile-size=256", "--block-m=5120", "--max-samples=256"):
         assert option in commands[0], f"{option} not in {commands[0]}"
+    samples = w.samples("aef", "r1")  # and the shards written hold 256-px tiles
+    assert samples, tail(run.text)
+    for _, sample in samples.values():
+        assert sample["emb"].shape == (64, 256, 256) and sample["label"].shape == (256, 256)
 
 
 # --- the family ------------------------------------------------------------------------------
