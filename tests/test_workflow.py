@@ -139,6 +139,23 @@ def test_a_finished_project_copied_or_renamed_elsewhere_has_nothing_to_do(
     assert "Nothing to be done" in result.stdout + result.stderr, result.stdout[-3000:]
 
 
+def test_fewer_train_shards_than_ranks_stop_the_manifest_rule_in_snakemake(
+    finished_run: Path, tmp_path: Path
+) -> None:
+    """The rule, not only its module: rule train's tasks per node reach the manifest's check
+    through Snakemake's resources, and the job fails naming the shards and the ranks."""
+    project = tmp_path / "project"
+    shutil.copytree(finished_run, project, symlinks=True)
+    manifest = "results/shards/aef/manifest.json"
+    shards = len(json.loads((project / manifest).read_text())["splits"]["train"]["shards"])
+    ranks = shards + 1
+    result = snakemake(project, "--cores", "1", "--forcerun", "manifest", "--set-resources",
+                       f"train:tasks_per_node={ranks}", "--", manifest)  # fmt: skip
+    assert result.returncode != 0, result.stdout[-2000:]
+    log = (project / "logs/manifest/aef.log").read_text()
+    assert f"aef split 'train' has {shards} shards, expected at least {ranks}" in log, log
+
+
 @pytest.mark.parametrize("run", RUNS)
 @pytest.mark.parametrize("region", ["demo_a", "demo_b"])
 def test_every_map_has_the_crs_transform_and_shape_of_its_input(

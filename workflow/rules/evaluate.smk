@@ -106,7 +106,7 @@ rule predict:
         run_dir=lambda wildcards, input: Path(input.trained).parent,
         launch=launch_options,
         threads=threads_per_process,
-        options=predict_options,
+        options=lambda wildcards: predict_options(config["predict"]),
         # finished maps wait here (kept by a retry); .stopped: a signal stopped the job (exit
         # 75, worth a retry); failed.json: any other failure, which a retry repeats at once
         staging="results/maps/.partial/{run}",

@@ -185,6 +185,26 @@ def predict_runtime(settings: ResourceSettings, job: str, megapixels: float, reg
     return minutes
 
 
+def launched_processes(resources: Mapping[str, object], job: str) -> int:
+    """Processes of one launched job as the profile submits it: its ``nodes`` x
+    ``tasks_per_node`` (``resources``: the rule's, each a value or Snakemake's Resource).
+    Whole numbers, else an error naming the job (a callable resource is not known yet)."""
+    counts = {
+        key: getattr(resources[key], "raw", resources[key]) for key in ("nodes", "tasks_per_node")
+    }
+    if not all(isinstance(v, int) for v in counts.values()):
+        raise ProfileError(
+            f"{job} job's resources nodes and tasks_per_node: expected integers, found {counts}"
+        )
+    return counts["nodes"] * counts["tasks_per_node"]  # type: ignore[operator]
+
+
+def threads_per_process(threads: int, given: object, tasks_per_node: int) -> int:
+    """CPU threads of each launched process: the profile's ``cpus_per_task`` (``given``) when
+    set, else the rule's ``threads`` shared by the ``tasks_per_node`` processes of a node."""
+    return given if given else max(1, threads // tasks_per_node)  # type: ignore[return-value]
+
+
 def local_node(env: Mapping[str, str] | None = None, meminfo: str = "/proc/meminfo") -> dict:
     """The node scripts/slurm/start.sh makes of this machine: ``SLURM_LOCAL_CPUS`` cores (all
     of them by default) and ``SLURM_LOCAL_MEM_MB`` MB (85% of the RAM by default)."""

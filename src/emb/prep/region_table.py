@@ -1,6 +1,6 @@
 """The workflow's questions about the regions table, answered by name: which regions a source's
-runs train on, which ones they map, whether a source holds only the demo's rasters, the raster
-a job reads and a region's split.
+runs train on, which ones they map, whether a source holds only the demo's rasters (and so gets
+the demo's tiling), the raster a job reads, a region's split and the draw it shares.
 
 The workflow (``workflow/rules/common.smk``) builds one :class:`RegionTable` while it parses
 and its input functions are one-liners over it; everything is computed once per source
@@ -9,15 +9,65 @@ because input functions run for every job of a 1,000-region DAG.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
+from emb.prep.demo_region import DEMO_REGIONS
 from emb.prep.region_rows import is_predict_only
+from emb.prep.tessera_npy import find_triple
 from emb.rasters import SOURCES
 
+if TYPE_CHECKING:
+    from emb.prep.regions import RegionChecks
+
 CONVERTED_TESSERA = "results/converted/tessera/{region}.tif"  # rule tessera_npy's output
+DEMO_NAMES = [region.name for region in DEMO_REGIONS]
+
+
+def demo_rasters() -> list[str]:
+    """The rasters rule demo_region writes (not made yet while the workflow parses, so the
+    regions check skips them and a source listing only them is demo data)."""
+    return [
+        f"resources/demo/{name}/{kind}.tif"
+        for name in DEMO_NAMES
+        for kind in ("aef", "tessera", "cdl")
+    ]
+
+
+def one_of(names: Iterable[object]) -> str:
+    """A wildcard pattern matching exactly these names (escaped: region ids may hold dots)."""
+    return "|".join(re.escape(str(name)) for name in names)
+
+
+def data_settings(config: Mapping, section: str, demo: bool) -> dict:
+    """``config[section]`` (tiles, splits, shards) for a source's regions: the schema's values
+    for your own data, with the demo's small ones (``demo: overlay:``) over them for demo data
+    only (``demo``: :meth:`RegionTable.is_demo_data` of the source)."""
+    overlay = config["demo"]["overlay"].get(section, {}) if demo else {}
+    return {**config[section], **overlay}
+
+
+def split_group(checks: RegionChecks, source: str, region: str) -> dict[str, str]:
+    """The id a region's split blocks are drawn with and the extent (``w,s,e,n``, '' for the
+    region's own) they are drawn over: shared by the years of one ground, so that a block has
+    one split in every year (``checks``: what the regions check learnt)."""
+    extent = checks.split_extent(source, region)
+    return {
+        "key": checks.split_key(source, region),
+        "extent": ",".join(f"{v:.6f}" for v in extent) if extent else "",
+    }
+
+
+def write_jobs_table(path: str, log: str, rows: str) -> None:
+    """Rule regions_table's work (it runs where Snakemake runs): the jobs' table ``rows``
+    (TSV text of :meth:`RegionTable.jobs_table`) to ``path``, their count to ``log``."""
+    Path(path).write_text(rows, encoding="utf-8")
+    Path(log).write_text(f"wrote {path}: {rows.count(chr(10)) - 1} regions\n")
 
 
 def is_tessera_npy(path: str) -> bool:
@@ -95,6 +145,16 @@ class RegionTable:
         if source == "tessera" and is_tessera_npy(path):
             return CONVERTED_TESSERA.format(region=region)
         return path
+
+    def mapped_rasters(self, source: str) -> list[str]:
+        """The rasters predict reads for a run of ``source``: every mapped region's."""
+        return [self.job_raster(r, source) for r in self.mapped_regions(source)]
+
+    def tessera_npy_inputs(self, region: str) -> dict[str, str]:
+        """The three files of a region's geotessera .npy tile as rule tessera_npy's inputs (a
+        changed scales or landmask file reruns the conversion)."""
+        npy = find_triple(self.cell(region, "tessera"))
+        return {"npy": str(npy.embedding), "scales": str(npy.scales), "landmask": str(npy.landmask)}
 
     def megapixels_mapped(self, source: str, pixels: Mapping[str, int]) -> float:
         """Megapixels a run of ``source`` maps (``pixels``: raster -> pixel count, as the

@@ -1,0 +1,49 @@
+"""What the report shows and where it files each map (emb.report.targets), and predict's
+options from config predict: (emb.evaluation.predict_options), asked directly: before, only a
+finished workflow's report and dry runs reached them."""
+
+from __future__ import annotations
+
+import shlex
+
+from emb.evaluation.predict_options import predict_options
+from emb.report import targets
+
+
+def test_the_report_shows_every_runs_maps_and_curves_and_each_sources_data() -> None:
+    assert targets.report_targets(["aef_x", "tessera_y"], ["aef", "tessera"]) == [
+        "results/maps/aef_x",
+        "results/maps/tessera_y",
+        "results/runs/aef_x/curves.png",
+        "results/runs/tessera_y/curves.png",
+        "results/data/aef.png",
+        "results/data/aef.html",
+        "results/data/tessera.png",
+        "results/data/tessera.html",
+    ]
+
+
+def test_a_prediction_only_regions_map_is_filed_apart_and_labelled_unscored() -> None:
+    assert targets.map_category("predict") == "Maps, unscored (prediction-only regions)"
+    assert targets.map_labels("aef_x", "next", "predict") == {
+        "run": "aef_x",
+        "region": "next",
+        "scored": "no (split predict)",
+    }
+    for split in ("", "auto", "train", "test"):
+        assert targets.map_category(split) == "Maps"
+        assert targets.map_labels("aef_x", "r", split)["scored"] == "test tiles"
+
+
+def test_predict_gets_the_windows_settings_and_only_the_options_that_are_set() -> None:
+    settings = {"overlap": 0.5, "block": 1024, "batch_size": 16, "tile": None,
+                "probabilities": False}  # fmt: skip
+    assert predict_options(settings) == "--overlap=0.5 --block=1024 --batch-size=16"
+    given = {**settings, "tile": 64, "probabilities": True}
+    assert shlex.split(predict_options(given)) == [
+        "--overlap=0.5",
+        "--block=1024",
+        "--batch-size=16",
+        "--tile=64",
+        "--with-probabilities",
+    ]
