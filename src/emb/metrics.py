@@ -105,19 +105,3 @@ def scores_from_confusion(cm: np.ndarray) -> dict:
             "recall": recall,
         },
     }
-
-
-def per_sample_confusions(
-    logits: dict[str, torch.Tensor], targets: dict, ignore: int = IGNORE
-) -> dict[str, torch.Tensor]:
-    """{level: (B, n, n) int64}: one confusion matrix per sample of a batch (rows = reference,
-    columns = prediction), so that evaluation can sum them per spatial block."""
-    out = {}
-    for level, n in NUM_CLASSES.items():
-        pred, target = logits[level].argmax(1), targets[level]
-        b = target.shape[0]
-        sample = torch.arange(b, device=target.device).view(b, *([1] * (target.dim() - 1)))
-        keep = target != ignore
-        code = (sample * n * n + target.long() * n + pred.long())[keep]
-        out[level] = torch.bincount(code, minlength=b * n * n).view(b, n, n)
-    return out

@@ -6,22 +6,55 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import torch
 import torch.distributed as dist
 
+from emb.classes import IGNORE
 from emb.evaluation.bootstrap import BootstrapSettings, block_intervals
 from emb.evaluation.runs import LEVELS, RunError
 from emb.io import atomic_path
+from emb.metrics import NUM_CLASSES
 
 FIGURES = ("oa", "miou", "f1")
 
 
-def add_blocks(acc: dict, weights: str, ids: list[str], per_sample: dict) -> None:
-    """Add each sample's matrices to its block's in ``acc`` (numpy, on the host)."""
-    host = {lv: cm.cpu().numpy() for lv, cm in per_sample.items()}
-    for i, block in enumerate(ids):
-        levels = acc.setdefault(block, {}).setdefault(weights, {})
-        for lv, cm in host.items():
-            levels[lv] = levels[lv] + cm[i] if lv in levels else cm[i].copy()
+class BlockCounts:
+    """Per-block confusion counts of one rank, kept on the device: one scatter-add per batch,
+    weight set and level, read once at the end (a read per batch would stall a GPU)."""
+
+    def __init__(self, block_ids: list[str], weights: list[str], device: torch.device) -> None:
+        self.ids = sorted(set(block_ids))
+        self.index = {block: i for i, block in enumerate(self.ids)}
+        self.device = device
+        self.counts = {
+            w: {
+                lv: torch.zeros(len(self.ids) * n * n + 1, dtype=torch.int64, device=device)
+                for lv, n in NUM_CLASSES.items()
+            }
+            for w in weights
+        }  # fmt: skip  (the last bin takes the ignored pixels)
+
+    def add(self, weights: str, blocks: list[str], logits: dict, targets: dict) -> None:
+        """Add a batch whose samples lie in ``blocks`` (host ids, one per sample)."""
+        rows = torch.tensor([self.index[b] for b in blocks]).to(self.device, non_blocking=True)
+        for lv, n in NUM_CLASSES.items():
+            target, pred = targets[lv].long(), logits[lv].argmax(1).long()
+            block = rows.view(-1, *([1] * (target.dim() - 1)))
+            dump = len(self.ids) * n * n
+            code = torch.where(target != IGNORE, (block * n + target) * n + pred, dump)
+            code = code.reshape(-1)
+            self.counts[weights][lv].scatter_add_(0, code, torch.ones_like(code))
+
+    def as_dict(self) -> dict:
+        """{block: {weights: {level: (n, n) int64 numpy}}}, as :func:`merge_blocks` takes."""
+        out: dict = {block: {} for block in self.ids}
+        for w, levels in self.counts.items():
+            for lv, flat in levels.items():
+                n = NUM_CLASSES[lv]
+                cms = flat[:-1].view(len(self.ids), n, n).cpu().numpy()
+                for i, block in enumerate(self.ids):
+                    out[block].setdefault(w, {})[lv] = cms[i]
+        return out
 
 
 def merge_blocks(out: dict, mine: dict) -> None:

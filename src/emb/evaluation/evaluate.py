@@ -39,7 +39,7 @@ from emb import cli
 from emb.classes import ClassMap, load_class_map
 from emb.evaluation.block_scores import (
     FIGURES,
-    add_blocks,
+    BlockCounts,
     block_stacks,
     interval_record,
     merge_blocks,
@@ -54,7 +54,6 @@ from emb.loading.batches import LoaderSpec, eval_batches, shard_sample_counts, s
 from emb.loading.sidecar import index_shard
 from emb.metrics import (
     empty_confusions,
-    per_sample_confusions,
     scores_from_confusion,
     sum_over_ranks,
     update,
@@ -97,22 +96,24 @@ def confusion_matrices(
     mine = shards_for_rank(shards, rank, world)
     progress = Progress(sum(shard_samples[s] for s in mine), "tiles", f"{run.name} test", log)
     block_of = tile_blocks(mine) if blocks is not None else {}
-    keys = iter([s.key for url in mine for s in index_shard(url)] if blocks is not None else [])
-    mine_blocks: dict = {}
+    sample_blocks = [block_of.get(s.key, s.key) for url in mine for s in index_shard(url)] \
+        if blocks is not None else []  # fmt: skip
+    block_counts = BlockCounts(sample_blocks, list(models), device)
+    keys = iter(sample_blocks)
     for batch in eval_batches(shards, spec, rank, world, shard_samples):
         progress.advance(len(batch["emb"]))
-        batch_blocks = [block_of.get(k, k) for k in itertools.islice(keys, len(batch["emb"]))]
-        x, y = dequantize({k: v.to(device) for k, v in batch.items()})
+        batch_blocks = list(itertools.islice(keys, len(batch["emb"])))
+        x, y = dequantize({k: v.to(device, non_blocking=True) for k, v in batch.items()})
         x, targets = run_on.inputs(x), targets_of(y)
         for name, model in models.items():
             with run_on.autocast():
                 logits = model(x)
             update(cms[name], logits, targets)
             if blocks is not None:
-                add_blocks(mine_blocks, name, batch_blocks, per_sample_confusions(logits, targets))
+                block_counts.add(name, batch_blocks, logits, targets)
     progress.done()
     if blocks is not None:
-        merge_blocks(blocks, mine_blocks)
+        merge_blocks(blocks, block_counts.as_dict())
     return {name: sum_over_ranks(per_level) for name, per_level in cms.items()}
 
 
