@@ -56,17 +56,26 @@ def confusion_update(
     cm: torch.Tensor, pred: torch.Tensor, target: torch.Tensor, ignore: int = IGNORE
 ) -> None:
     """Add the counts of one batch to ``cm`` (n, n) int64 in place: rows = reference, columns =
-    prediction. Pixels whose target is ``ignore`` never count.
+    prediction. Pixels whose target is ``ignore`` never count."""
+    cm += grouped_confusions(pred, target, cm.shape[0], ignore=ignore)[0]
 
-    A scatter-add into n * n + 1 bins (the last one takes the ignored pixels) rather than
-    torchmetrics' confusion matrix: its ``ignore_index`` mask and ``bincount`` each wait for
-    the GPU, once per batch, which a validation pass on the device must not (issue 31).
-    """
-    n = cm.shape[0]
-    code = torch.where(target != ignore, target * n + pred, n * n).reshape(-1)
-    counts = torch.zeros(n * n + 1, dtype=torch.int64, device=cm.device)
+
+def grouped_confusions(
+    pred: torch.Tensor, target: torch.Tensor, n: int, group: torch.Tensor | None = None,
+    groups: int = 1, ignore: int = IGNORE,
+) -> torch.Tensor:  # fmt: skip
+    """(groups, n, n) int64 counts, sample ``i`` of the batch counted in ``group[i]`` (all in
+    group 0 when None): one scatter-add into ``groups * n * n + 1`` bins, the last one taking
+    the ignored pixels. Not torchmetrics' confusion matrix: its ``ignore_index`` mask and
+    ``bincount`` each wait for the GPU, once per batch, which a pass kept on the device must
+    not (issue 31)."""
+    target, pred = target.long(), pred.long()
+    first = 0 if group is None else group.view(-1, *([1] * (target.dim() - 1))) * n
+    code = torch.where(target != ignore, (first + target) * n + pred, groups * n * n)
+    code = code.reshape(-1)
+    counts = torch.zeros(groups * n * n + 1, dtype=torch.int64, device=target.device)
     counts.scatter_add_(0, code, torch.ones_like(code))
-    cm += counts[:-1].view(n, n)
+    return counts[:-1].view(groups, n, n)
 
 
 def scores_from_confusion(cm: np.ndarray) -> dict:

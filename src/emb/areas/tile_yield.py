@@ -11,7 +11,6 @@ tiles may lie half a tile off the grid, :mod:`emb.prep.tile_fill`).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from functools import partial
@@ -20,6 +19,7 @@ from affine import Affine
 
 from emb.areas import AreasError
 from emb.areas.plan import AreaPlan, Mosaic
+from emb.areas.vrt import snap_outward
 from emb.prep.region_rows import PREDICT
 from emb.prep.tiles import SPLITS, SplitSpec, TileSpec, count_tiles
 
@@ -41,16 +41,13 @@ def specs_of(config: Mapping) -> tuple[TileSpec, SplitSpec] | None:
 
 
 def region_grid(mosaic: Mosaic) -> tuple[Affine, int, int]:
-    """(transform, width, height) of a masked VRT before it exists: its part's bounds snapped
-    outward onto its tiles' pixel grid, north up (as ``emb.areas.vrt.part_grid`` crops it)."""
+    """(transform, width, height) of a masked VRT before it exists (its tiles may not be
+    fetched yet): its part's bounds snapped outward onto its tiles' pixel grid, north up, as
+    ``emb.areas.vrt.part_grid`` crops it."""
     res = mosaic.resolution()
     header = next((t.header for t in mosaic.tiles if t.header is not None), None)
     ox, oy = (header.transform.c, header.transform.f) if header is not None else (0.0, 0.0)
-    w, s, e, n = mosaic.cutline.bounds
-    x0 = ox + math.floor(round((w - ox) / res, 6)) * res
-    x1 = ox + math.ceil(round((e - ox) / res, 6)) * res
-    south = oy + math.floor(round((s - oy) / res, 6)) * res
-    north = oy + math.ceil(round((n - oy) / res, 6)) * res
+    x0, south, x1, north = snap_outward(mosaic.cutline.bounds, ox, oy, res)
     width, height = max(1, round((x1 - x0) / res)), max(1, round((north - south) / res))
     return Affine(res, 0, x0, 0, -res, north), width, height
 

@@ -178,15 +178,25 @@ def _num(v: float) -> str:
     return "nan" if v is None or (isinstance(v, float) and math.isnan(v)) else repr(float(v))
 
 
+def snap_outward(
+    bounds: tuple[float, float, float, float], ox: float, oy: float, res: float
+) -> tuple[float, float, float, float]:
+    """(west, south, east, north) widened onto the pixel lattice through (``ox``, ``oy``)."""
+    w, s, e, n = bounds
+    return (
+        ox + math.floor(round((w - ox) / res, 6)) * res,
+        oy + math.floor(round((s - oy) / res, 6)) * res,
+        ox + math.ceil(round((e - ox) / res, 6)) * res,
+        oy + math.ceil(round((n - oy) / res, 6)) * res,
+    )
+
+
 def part_grid(mosaic: Mosaic, grid: Grid) -> Grid:
     """North-up grid on the mosaic's pixels, cropped to the part's bounds."""
-    w, s, e, n = mosaic.cutline.bounds
     gx0, gs, gx1, gn = grid.bounds
     res = grid.res
-    x0 = max(gx0, gx0 + math.floor(round((w - gx0) / res, 6)) * res)
-    x1 = min(gx1, gx0 + math.ceil(round((e - gx0) / res, 6)) * res)
-    south = max(gs, gs + math.floor(round((s - gs) / res, 6)) * res)
-    north = min(gn, gs + math.ceil(round((n - gs) / res, 6)) * res)
+    x0, south, x1, north = snap_outward(mosaic.cutline.bounds, gx0, gs, res)
+    x0, south, x1, north = max(gx0, x0), max(gs, south), min(gx1, x1), min(gn, north)
     if x1 <= x0 or north <= south:
         raise AreasError(f"{mosaic.vrt}: the area's part lies outside its tiles {grid.bounds}")
     return Grid(x0, north, res, round((x1 - x0) / res), round((north - south) / res), False)

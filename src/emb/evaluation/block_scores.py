@@ -9,11 +9,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from emb.classes import IGNORE
 from emb.evaluation.bootstrap import BootstrapSettings, block_intervals
 from emb.evaluation.runs import LEVELS, RunError
 from emb.io import atomic_path
-from emb.metrics import NUM_CLASSES
+from emb.metrics import NUM_CLASSES, grouped_confusions
 
 FIGURES = ("oa", "miou", "f1")
 
@@ -27,31 +26,25 @@ class BlockCounts:
         self.index = {block: i for i, block in enumerate(self.ids)}
         self.device = device
         self.counts = {
-            w: {
-                lv: torch.zeros(len(self.ids) * n * n + 1, dtype=torch.int64, device=device)
-                for lv, n in NUM_CLASSES.items()
-            }
+            w: {lv: torch.zeros(len(self.ids), n, n, dtype=torch.int64, device=device)
+                for lv, n in NUM_CLASSES.items()}
             for w in weights
-        }  # fmt: skip  (the last bin takes the ignored pixels)
+        }  # fmt: skip
 
     def add(self, weights: str, blocks: list[str], logits: dict, targets: dict) -> None:
         """Add a batch whose samples lie in ``blocks`` (host ids, one per sample)."""
         rows = torch.tensor([self.index[b] for b in blocks]).to(self.device, non_blocking=True)
         for lv, n in NUM_CLASSES.items():
-            target, pred = targets[lv].long(), logits[lv].argmax(1).long()
-            block = rows.view(-1, *([1] * (target.dim() - 1)))
-            dump = len(self.ids) * n * n
-            code = torch.where(target != IGNORE, (block * n + target) * n + pred, dump)
-            code = code.reshape(-1)
-            self.counts[weights][lv].scatter_add_(0, code, torch.ones_like(code))
+            self.counts[weights][lv] += grouped_confusions(
+                logits[lv].argmax(1), targets[lv], n, rows, len(self.ids)
+            )
 
     def as_dict(self) -> dict:
         """{block: {weights: {level: (n, n) int64 numpy}}}, as :func:`merge_blocks` takes."""
         out: dict = {block: {} for block in self.ids}
         for w, levels in self.counts.items():
-            for lv, flat in levels.items():
-                n = NUM_CLASSES[lv]
-                cms = flat[:-1].view(len(self.ids), n, n).cpu().numpy()
+            for lv, stacked in levels.items():
+                cms = stacked.cpu().numpy()
                 for i, block in enumerate(self.ids):
                     out[block].setdefault(w, {})[lv] = cms[i]
         return out

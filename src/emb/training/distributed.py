@@ -16,23 +16,14 @@ def is_distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-def _reduce_flag(value: bool, op: dist.ReduceOp, device: torch.device) -> bool:
-    if not is_distributed():
-        return value
-    flag = torch.tensor([1.0 if value else 0.0], device=device)
-    dist.all_reduce(flag, op=op)
-    return bool(flag.item() > 0)
-
-
 def any_rank(wants: bool, device: torch.device) -> bool:
-    """True on every rank when ``wants`` is true on any rank (one small all-reduce)."""
-    return _reduce_flag(wants, dist.ReduceOp.MAX, device)
-
-
-def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
-    """``values`` summed over ranks, in float64 (a host read: for logging steps)."""
-    t = torch.tensor(values, dtype=torch.float64, device=device)
-    return all_reduce_tensor(t).tolist()
+    """True on every rank when ``wants`` is true on any rank (one small all-reduce; a host
+    read, so the loop asks it every ``StopRequest.check_every`` steps, not every step)."""
+    if not is_distributed():
+        return wants
+    flag = torch.tensor([1.0 if wants else 0.0], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item() > 0)
 
 
 def all_reduce_tensor(t: torch.Tensor) -> torch.Tensor:

@@ -229,9 +229,9 @@ def fit(loop: Loop) -> list[int]:
             loop.checkpointer.after_step(result)
             # the ranks agree on stopping every stop.check_every steps and before a validation
             # (a host read, which a GPU must not wait for every step; the deadline covers it)
-            if trainer.step % stop.check_every == 0 or loop.validator.due_soon(plan):
+            ahead = loop.validator.due_soon(plan)  # the deadline counts its validation too
+            if trainer.step % stop.check_every == 0 or ahead:
                 trainer.check_nonfinite()  # a read anyway: raises where the run diverged
-                ahead = loop.validator.due_soon(plan)  # the deadline counts its validation too
                 if any_rank(stop.reason(validation=ahead) is not None, loop.device):
                     stop_now(loop)
         batches_per_epoch.append(pos.batch)
