@@ -12,10 +12,14 @@ Three parts, each in a module of its own:
 - (c) ``predict`` (bench/gpu_predict.py): ``predict`` megapixels/s on one GPU, the rule's job
   form, with the checkpoint of an AEF run of (b).
 
+``--quick`` (the GPU window's check: under 6 minutes on one H100, so a 15-minute window holds it
+twice): all three parts, the four runs in (a) with the trainer's ``torch.compile`` row, one run
+(aef_segformer, 120 steps) in (b), a 4096 px map in (c).
+
 Without a GPU it says so and exits 0; ``--device cpu --tiny`` runs every part with tiny models,
 32 px tiles and a few steps (the CI test, tests/bench/test_gpu_bench.py). Usage:
-``python bench/gpu.py [--device cuda|cpu] [--tiny] [--parts steps loop predict] [--blocks N]
-[--peak TFLOPS] [--loop-runs RUN ...] [--predict-size S] [--json PATH] [--workdir DIR]
+``python bench/gpu.py [--device cuda|cpu] [--tiny] [--quick] [--parts steps loop predict]
+[--blocks N] [--peak TFLOPS] [--loop-runs RUN ...] [--predict-size S] [--json PATH] [--workdir DIR]
 [--keep]``.
 """
 
@@ -48,6 +52,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--tiny", action="store_true", help="tiny models, 32 px, few steps")
+    parser.add_argument("--quick", action="store_true", help="every part, short: < 6 min")
     parser.add_argument(
         "--parts", nargs="+", choices=PARTS, default=list(PARTS),
         help="(a) steps, (b) loop, (c) predict (which maps with an AEF run of (b))",
@@ -68,6 +73,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--workdir", type=Path, help="where shards, runs and maps go (a temp)")
     parser.add_argument("--keep", action="store_true", help="keep them")
     args = parser.parse_args(argv)
+    if args.quick:  # fewer blocks and steps, one run in (b), as the GPU window allows
+        args.blocks, args.steps = min(args.blocks, 3), min(args.steps, 5)
+        args.loop_runs, args.loop_steps = ["aef_segformer"], min(args.loop_steps, 120)
+        args.loop_tiles = min(args.loop_tiles, 512)
     aef_run = "loop" in args.parts and any(r.startswith("aef") for r in args.loop_runs)
     if "predict" in args.parts and not aef_run:
         parser.error(

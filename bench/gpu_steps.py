@@ -3,7 +3,9 @@
 For the four standard runs at their recipe batch (SegFormer 32, DeepLab 64 per GPU, 256 px,
 AEF 64 bands, TESSERA 128): ``Trainer.train_step`` (EMA included) and a bare loop (bf16
 autocast forward, loss, backward, fused AdamW where the device has it) on the same model and
-batch, each in eager and channels_last, the bare loop also under ``torch.compile``. Figures:
+batch, each in eager and channels_last, and each under ``torch.compile``. The trainer is built
+as the loop builds it (channels_last, flat parameters and buffers, EMA on) and fed as the loop
+feeds it: host batches in pinned memory copied one step ahead (emb.loading.device_feed). Figures:
 ms per step and samples/s (medians of interleaved blocks, so every contender sees the same
 machine), TFLOP/s from ``torch.utils.flop_counter.FlopCounterMode``, share of the device's
 dense bf16 peak (table below or ``--peak``), peak memory. On CUDA the trainer step also runs
@@ -13,6 +15,7 @@ under ``torch.cuda.set_sync_debug_mode("error")`` (pass/fail: any host read fail
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import time
 from collections.abc import Callable
@@ -25,11 +28,13 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from emb.classes import N_L3, load_class_map
 from emb.loading.dequantize import Dequantize
+from emb.loading.device_feed import on_device
 from emb.models import ModelConfig, build_model
+from emb.training.distributed import wrap_model
 from emb.training.ema import ModelEma
 from emb.training.loss import HierarchyTargets, MultiHeadLoss
 from emb.training.schedule import warmup_cosine
-from emb.training.trainer import Trainer, fused_adamw
+from emb.training.trainer import Trainer, fused_adamw, prepare_model
 
 REPO = Path(__file__).resolve().parents[1]
 # Dense bf16 TFLOP/s (vendor data sheets, without sparsity), matched by a substring of the
@@ -96,18 +101,49 @@ def bare_step(
 
 
 def trainer_step(
-    model: nn.Module, prepare: Dequantize, targets, batch: dict, device: torch.device,
-    precision: str, channels_last: bool,
+    arch: str, bands: int, size: int, tiny: bool, prepare: Dequantize, targets, batch: dict,
+    device: torch.device, precision: str, channels_last: bool, compile: bool, used: dict,
 ) -> Callable[[], None]:  # fmt: skip
-    """``Trainer.train_step`` as emb.training.loop builds it (EMA on, grad clip 1.0)."""
+    """``Trainer.train_step`` as emb.training.loop builds and feeds it: the model prepared
+    (channels_last, flat tensors unless compiled), EMA on, grad clip 1.0, host batches in
+    pinned memory (on a GPU) copied one step ahead."""
+    plain = prepare_model(make_model(arch, bands, size, tiny, device), channels_last, compile)
+    model = wrap_model(plain, 1, device, channels_last=channels_last, compile=compile)
     opt = optimizer_for(model, device)
     sched = warmup_cosine(opt, 500, 10_000, 1e-4, 1e-6, 0)
     trainer = Trainer(
         model, MultiHeadLoss(WEIGHTS, 0.05).to(device), targets, prepare, opt, sched, device,
-        precision=precision, ema=ModelEma(model, 0.9999), channels_last=channels_last,
+        precision=precision, ema=ModelEma(plain, 0.9999), channels_last=channels_last,
     )  # fmt: skip
-    cpu_batch = {k: v.cpu() for k, v in batch.items()}  # the loop hands host batches
-    return lambda: trainer.train_step([cpu_batch])
+    used[f"trainer {'cl' if channels_last else 'eager'}{' compiled' if compile else ''}"] = (
+        trainer.model, trainer.loss_fn, trainer.targets, trainer.dequantize, trainer.ema.module,
+        trainer.saved_buffers,
+    )  # fmt: skip
+    if device.type == "meta":  # built to check devices only (tests/bench), never stepped
+        return lambda: trainer.train_step([batch])
+    host = {k: v.cpu() for k, v in batch.items()}
+    if device.type == "cuda":
+        host = {k: v.pin_memory() for k, v in host.items()}
+    feed = on_device(itertools.repeat(host), device)
+    return lambda: trainer.train_step([next(feed)])
+
+
+def off_device(device: torch.device, used: dict) -> list[str]:
+    """Every module's parameters and buffers, and every tensor, of what a contender uses that
+    is not on ``device`` (a class map left on the CPU crashed part (a) on CUDA): names."""
+    wrong = []
+    for owner, things in used.items():
+        for i, thing in enumerate(things):
+            if isinstance(thing, nn.Module):
+                tensors = [*thing.named_parameters(), *thing.named_buffers()]
+            elif isinstance(thing, torch.Tensor):
+                tensors = [(f"tensor {i}", thing)]
+            else:
+                tensors = [(f"{i}.{k}", t) for k, t in enumerate(thing)]
+            name = type(thing).__name__
+            wrong += [f"{owner}: {name} {n} on {t.device}" for n, t in tensors
+                      if t.device.type != device.type]  # fmt: skip
+    return wrong
 
 
 def sync(device: torch.device) -> None:
@@ -158,8 +194,11 @@ def sync_debug_passes(step: Callable[[], None], device: torch.device) -> bool | 
         torch.cuda.set_sync_debug_mode(0)
 
 
-def bench_run(run: str, args: argparse.Namespace, device: torch.device) -> list[dict]:
-    """Rows for one run: each contender's ms, samples/s, TFLOP/s, share of peak, memory."""
+def build_contenders(
+    run: str, args: argparse.Namespace, device: torch.device
+) -> tuple[dict[str, Callable[[], None]], dict, int]:
+    """Part (a)'s contenders for ``run`` on ``device``, what each uses (for
+    :func:`off_device`) and the batch size; nothing run yet, so ``meta`` works too."""
     arch, bands, batch_size = RUNS[run]
     size = 32 if args.tiny else 256
     if args.tiny:
@@ -167,26 +206,43 @@ def bench_run(run: str, args: argparse.Namespace, device: torch.device) -> list[
     source = run.split("_")[0]
     precision = "bf16" if device.type == "cuda" else "fp32"
     prepare = Dequantize(source).to(device)
-    targets = HierarchyTargets(load_class_map(REPO / "config/classes.csv"))
+    targets = HierarchyTargets(load_class_map(REPO / "config/classes.csv")).to(device)
     batch = compact_batch(source, bands, batch_size, size, device)
     contenders: dict[str, Callable[[], None]] = {}
+    used: dict = {"batch": tuple(batch.values())}
+    compiled = not args.no_compile and not (args.tiny and run != args.runs[0])  # CI: once
     for fmt, memory_format in (("eager", torch.contiguous_format), ("cl", torch.channels_last)):
         model = make_model(arch, bands, size, args.tiny, device).to(memory_format=memory_format)
         opt = optimizer_for(model, device)
         contenders[f"bare/{fmt}"] = bare_step(
             model, opt, prepare, targets, batch, device, precision, memory_format
         )
-        model = make_model(arch, bands, size, args.tiny, device).to(memory_format=memory_format)
+        used[f"bare {fmt}"] = (model, prepare, targets)
         contenders[f"trainer/{fmt}"] = trainer_step(
-            model, prepare, targets, batch, device, precision, fmt == "cl"
-        )
-    if not args.no_compile and not (args.tiny and run != args.runs[0]):  # CI: compile once
-        model = make_model(arch, bands, size, args.tiny, device)
-        compiled = torch.compile(model)
-        contenders["bare/compile"] = bare_step(
-            compiled, optimizer_for(model, device), prepare, targets, batch, device, precision,
-            torch.contiguous_format,
+            arch, bands, size, args.tiny, prepare, targets, batch, device, precision,
+            fmt == "cl", False, used,
         )  # fmt: skip
+    if compiled:
+        if not args.quick:  # --quick: the trainer's compile figure only (it decides the default)
+            model = make_model(arch, bands, size, args.tiny, device)
+            contenders["bare/compile"] = bare_step(
+                torch.compile(model), optimizer_for(model, device), prepare, targets, batch,
+                device, precision, torch.contiguous_format,
+            )  # fmt: skip
+        contenders["trainer/compile"] = trainer_step(
+            arch, bands, size, args.tiny, prepare, targets, batch, device, precision,
+            False, True, used,
+        )  # fmt: skip
+    return contenders, used, batch_size
+
+
+def bench_run(run: str, args: argparse.Namespace, device: torch.device) -> list[dict]:
+    """Rows for one run: each contender's ms, samples/s, TFLOP/s, share of peak, memory."""
+    contenders, used, batch_size = build_contenders(run, args, device)
+    wrong = off_device(device, used)
+    if wrong:
+        raise RuntimeError(f"{run}: left off {device}: " + "; ".join(wrong))
+    size = 32 if args.tiny else 256
     flops = step_flops(contenders["bare/eager"])
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)

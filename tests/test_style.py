@@ -26,11 +26,13 @@ def test_style_check_passes(name: str) -> None:
         assert "Congratulations" in result.stdout + result.stderr
 
 
-MAX_MODULE_LINES = 300
+# A module holds one idea (one noun), however long that takes; about 500 lines is the signal to
+# look whether it holds two, not a wall to split at (docs/design.md, "Layout").
+MAX_MODULE_LINES = 500
 
 
-def test_no_package_module_is_over_300_lines() -> None:
+def test_no_package_module_is_over_500_lines() -> None:
     sizes = {p: len(p.read_text().splitlines()) for p in (REPO / "src" / "emb").rglob("*.py")}
     assert sizes, "no modules found under src/emb"
     too_long = {str(p.relative_to(REPO)): n for p, n in sizes.items() if n > MAX_MODULE_LINES}
-    assert not too_long, f"modules over {MAX_MODULE_LINES} lines (split them by job): {too_long}"
+    assert not too_long, f"modules over {MAX_MODULE_LINES} lines (does each still hold one idea?): {too_long}"

@@ -3,13 +3,21 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import torch
 from conftest import REPO, venv_env
+
+sys.path.insert(0, str(REPO / "bench"))
+import gpu_steps  # noqa: E402 - a bench script, imported from its folder
+
+RUNS = ("aef_segformer", "aef_deeplab", "tessera_segformer", "tessera_deeplab")
 
 
 def test_gpu_bench_tiny_cpu(tmp_path: Path) -> None:
@@ -48,12 +56,25 @@ def test_gpu_bench_tiny_cpu(tmp_path: Path) -> None:
     assert predict["map_mpx_s"] > predict["job_mpx_s"]  # the mapping alone skips start-up
 
 
-def test_gpu_bench_without_gpu_exits_0() -> None:
-    """Asked for CUDA where there is none: says so and exits 0 (skipped where a GPU exists)."""
-    import torch
+@pytest.mark.parametrize("run", RUNS)
+def test_part_a_puts_every_module_and_tensor_on_the_benchs_device(run: str) -> None:
+    """Part (a)'s contenders, full size, built on the ``meta`` device (no memory, no compute):
+    a module or tensor left on the CPU (as the class map was, which crashed part (a) on
+    CUDA) is named. Built only: ``meta`` runs no kernels."""
+    args = argparse.Namespace(tiny=False, no_compile=False, quick=False, runs=[run])
+    meta = torch.device("meta")
+    contenders, used, batch = gpu_steps.build_contenders(run, args, meta)
+    assert {"bare/eager", "trainer/eager", "bare/cl", "trainer/cl", "trainer/compile"} <= set(
+        contenders
+    )
+    assert sum(isinstance(m, torch.nn.Module) for things in used.values() for m in things) > 8
+    assert gpu_steps.off_device(meta, used) == []
+    assert gpu_steps.off_device(torch.device("cpu"), used)  # the check sees the devices
 
-    if torch.cuda.is_available():
-        return
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible: the bench would use it")
+def test_gpu_bench_without_gpu_exits_0() -> None:
+    """Asked for CUDA where there is none: says so and exits 0."""
     done = subprocess.run([sys.executable, "bench/gpu.py"], cwd=REPO, env=venv_env(),
                           capture_output=True, text=True, timeout=300)  # fmt: skip
     assert done.returncode == 0 and "no GPU visible" in done.stdout

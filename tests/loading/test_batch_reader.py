@@ -210,44 +210,64 @@ def assert_same_batches(a: list[dict], b: list[dict]) -> None:
                 assert torch.equal(x[name], y[name]), (i, name)
 
 
-@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("workers", [0, 1, 2, 4])
 @pytest.mark.parametrize("source", ["aef", "tessera"])
 def test_every_batch_row_holds_the_sample_its_key_names(tiny_demo: TinyDemo, source, workers):
-    """All batches of an epoch held at once: a buffer reused too early shows as wrong rows."""
+    """All batches of an epoch held at once: a buffer reused too early shows as wrong rows.
+    An epoch holds each sample at most once; what it leaves out is the remainder past the
+    last full batch (``drop_last``), never a repeat of one sample in place of another."""
     part = tiny_demo.manifest(source)["splits"]["train"]
     arrays = split_arrays(part)
-    batches = epoch(part, spec(source, workers))
-    assert len(batches) == -(-part["samples"] // 4)
-    seen = set()
+    batch_size = 4
+    batches = epoch(part, spec(source, workers, batch_size))
+    keys = {k for ks in part["shard_keys"] for k in ks}
+    assert len(keys) == part["samples"] and len(keys) % batch_size  # a remainder to drop
+    assert len(batches) == len(keys) // batch_size
+    read = []
     for batch in batches:
         names = ["emb", "label"] + (["scale"] if source == "tessera" else [])
         assert set(batch) == {*names, "__key__", "aug"}
+        assert len(batch["__key__"]) == batch_size
         for row, key in enumerate(batch["__key__"]):
-            seen.add(key)
+            read.append(key)
             for name in names:
                 want = torch.from_numpy(arrays[key, name])
                 assert batch[name].dtype == want.dtype
                 assert torch.equal(batch[name][row], want), (key, name)
-    keys = {k for ks in part["shard_keys"] for k in ks}
-    # a train epoch is counted in steps and each worker cycles its own shards: when the
-    # samples do not divide into the workers' batches, a few repeat in place of others
-    assert seen <= keys and len(seen) >= len(keys) - 4 * max(workers, 1)
+    assert len(read) == len(set(read)), "a sample read twice in one epoch"
+    assert set(read) <= keys and len(keys - set(read)) == len(keys) % batch_size
 
 
-@pytest.mark.parametrize("start_batch", [2, 3])
-def test_resumed_epoch_with_two_workers_is_the_tail_of_the_full_epoch(tiny_demo, start_batch):
-    """A resume lands on the right worker's turn with the right batches skipped."""
+@pytest.mark.parametrize("workers", [1, 2, 4])
+def test_reader_threads_do_not_change_the_epoch(tiny_demo: TinyDemo, workers: int) -> None:
+    """The epoch is cut into batches before the threads read them: any thread count gives the
+    batches of no thread, in order."""
     part = tiny_demo.manifest("tessera")["splits"]["train"]
-    full = epoch(part, spec("tessera", 2))
-    tail = epoch(part, spec("tessera", 2), start_batch=start_batch)
+    assert_same_batches(epoch(part, spec("tessera", workers)), epoch(part, spec("tessera", 0)))
+
+
+@pytest.mark.parametrize(("workers", "start_batch"), [(2, 1), (2, 2), (4, 1), (4, 2)])
+def test_resumed_epoch_is_the_tail_of_the_full_epoch(tiny_demo, workers, start_batch):
+    """A resume mid-epoch yields exactly the batches the full epoch had from there: no sample
+    of the skipped batches again, none of the remaining ones lost."""
+    part = tiny_demo.manifest("tessera")["splits"]["train"]
+    full = epoch(part, spec("tessera", workers))
+    tail = epoch(part, spec("tessera", workers), start_batch=start_batch)
     assert len(full) > start_batch + 1
     assert_same_batches(full[start_batch:], tail)
 
 
-def test_one_worker_thread_gives_the_batches_of_no_thread(tiny_demo: TinyDemo) -> None:
-    """num_workers 1 and 0 are both one worker: only where it runs differs, not the order."""
+def test_epochs_differ_and_each_holds_its_samples_once(tiny_demo: TinyDemo) -> None:
+    """Two epochs draw different orders (and so drop different remainders)."""
     part = tiny_demo.manifest("aef")["splits"]["train"]
-    assert_same_batches(epoch(part, spec("aef", 1)), epoch(part, spec("aef", 0)))
+    counts = shard_sample_counts(part)
+    orders = [
+        [k for b in train_batches(part["shards"], part["samples"], spec("aef", 2), 0, 1, e,
+                                  shard_samples=counts) for k in b["__key__"]]
+        for e in (0, 1)
+    ]  # fmt: skip
+    assert orders[0] != orders[1]
+    assert all(len(o) == len(set(o)) for o in orders)
 
 
 def write_npy_tar(path: Path, samples: dict[str, dict[str, np.ndarray]]) -> Path:

@@ -1,6 +1,8 @@
 """Uneven data, as a property over random draws: 1-20 real tar shards of uneven sizes, read by
-1-4 ranks with 0-2 loader workers. Training: every rank yields the same number of batches, none
-is empty, the epoch completes; fewer shards than ranks is refused with a clear message.
+1-4 ranks with 0-2 loader workers. Training: every rank yields the same number of full batches
+(as many as the rank with the fewest samples fills), each sample at most once, only its
+remainder left out; fewer shards than ranks, or a rank without one full batch, is refused with
+a clear message.
 Evaluation: every sample is seen exactly once across ranks.
 
 Each trial draws its case from its own seed (printed on failure); the first trials are the
@@ -74,15 +76,22 @@ def test_uneven_shards_give_every_rank_the_same_nonempty_epoch(tmp_path: Path, t
         with pytest.raises(LoaderError, match=f"{len(shards)} shards, fewer than the {world}"):
             next(iter(train_batches(shards, total, spec, 0, world, 0, shard_samples=counts)))
         return
-    expected = train_steps_per_epoch(total, batch, world)
-    for rank in range(world):
-        own = {f"s{shards.index(p)}_{i}" for p in shards_for_rank(shards, rank, world)
-               for i in range(counts[p])}  # fmt: skip
+    owns = [{f"s{shards.index(p)}_{i}" for p in shards_for_rank(shards, rank, world)
+             for i in range(counts[p])} for rank in range(world)]  # fmt: skip
+    fewest = min(len(own) for own in owns)
+    if fewest < batch:
+        with pytest.raises(LoaderError, match=f"reads {fewest} samples, fewer than one batch"):
+            next(iter(train_batches(shards, total, spec, 0, world, 0, shard_samples=counts)))
+        return
+    expected = fewest // batch
+    assert train_steps_per_epoch([len(own) for own in owns], batch) == expected, where
+    for rank, own in enumerate(owns):
         batches = list(train_batches(shards, total, spec, rank, world, 0, shard_samples=counts))
         assert len(batches) == expected, f"{where}: rank {rank} yielded {len(batches)} batches"
-        for b in batches:
-            assert 0 < b["emb"].shape[0] <= batch, f"{where}: rank {rank}: a batch of 0"
-            assert set(b["__key__"]) <= own, f"{where}: rank {rank} read another rank's shard"
+        keys = [k for b in batches for k in b["__key__"]]
+        assert all(b["emb"].shape[0] == batch for b in batches), f"{where}: a short batch"
+        assert set(keys) <= own, f"{where}: rank {rank} read another rank's shard"
+        assert len(keys) == len(set(keys)), f"{where}: rank {rank} read a sample twice"
     seen: Counter[tuple[int, int]] = Counter()
     for rank in range(world):
         for b in eval_batches(shards, spec, rank, world, shard_samples=counts):

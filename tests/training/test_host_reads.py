@@ -2,61 +2,75 @@
 
 On a GPU every such read (``item``, ``float``, ``bool``, ``tolist``, ...) waits for the queued
 kernels, so the CPU cannot run ahead of the GPU. Here, on the CPU, the real loop (a DeepLab
-with BatchNorm, EMA on, augmentation on) runs with those methods counting their calls in the
-main thread, and every step that neither logs, checks the stop request, validates nor ends an
-epoch must have made none. Which steps those are is computed here from the cadence, not taken
-from the loop's own bookkeeping.
+with BatchNorm, EMA on, augmentation on) runs with every read counted in the main thread
+(:class:`ReadCounter`: the methods and functions that return host values, and the operator
+below them that reads a scalar), and every step that neither logs, checks the stop request,
+validates nor ends an epoch must have made none. Which steps those are is computed here from
+the cadence, not taken from the loop's own bookkeeping.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
 import torch
 from conftest import TinyDemo
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 from training_runs import resolve_config
 
 from emb.training.config import load
 from emb.training.loop import build_loop, fit
 from emb.training.stop import StopRequest
 
-# numpy() is left out: it refuses a device tensor, so code calling it holds host data already
-READS = ("item", "tolist", "__bool__", "__float__", "__int__", "__index__", "cpu")
+# Every way a tensor's values reach Python: methods and functions that return host values
+# (seen by a TorchFunctionMode: every Tensor method and torch function, whatever spells it),
+# and, below them, the one operator that reads a device scalar (a TorchDispatchMode), so a
+# read through a path not listed here still counts. numpy() and __array__ are left out: they
+# refuse a device tensor, so code calling them holds host data already (augmentation codes).
+READS = frozenset({
+    "item", "tolist", "__bool__", "__float__", "__int__", "__index__", "__complex__",
+    "__format__", "__repr__", "__str__", "cpu", "equal", "allclose", "is_nonzero",
+})  # fmt: skip
+SCALAR_READS = ("aten._local_scalar_dense", "aten.equal", "aten.is_nonzero")
 LOG_EVERY, CHECK_EVERY, STEPS = 5, 10, 42
 
 
+class _Functions(TorchFunctionMode):
+    def __init__(self, counter: ReadCounter) -> None:
+        super().__init__()
+        self.counter = counter
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") in READS:
+            self.counter.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+class _Operators(TorchDispatchMode):
+    def __init__(self, counter: ReadCounter) -> None:
+        super().__init__()
+        self.counter = counter
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if str(func).startswith(SCALAR_READS):
+            self.counter.count += 1
+        return func(*args, **(kwargs or {}))
+
+
 class ReadCounter:
-    """Counts host reads of tensors made by the main thread (loader threads read their own
-    host data; only the training thread's reads can stall a GPU queue)."""
+    """Counts host reads of tensors made by the main thread (modes are per thread: loader
+    threads read their own host data; only the training thread's reads can stall a GPU)."""
 
     def __init__(self) -> None:
         self.count = 0
-        self.main = threading.get_ident()
 
     @contextmanager
     def installed(self) -> Iterator[ReadCounter]:
-        originals = {name: getattr(torch.Tensor, name) for name in READS}
-
-        def counting(name: str):
-            original = originals[name]
-
-            def read(tensor, *args, **kwargs):
-                if threading.get_ident() == self.main:
-                    self.count += 1
-                return original(tensor, *args, **kwargs)
-
-            return read
-
-        try:
-            for name in READS:
-                setattr(torch.Tensor, name, counting(name))
+        with _Functions(self), _Operators(self):
             yield self
-        finally:
-            for name, original in originals.items():
-                setattr(torch.Tensor, name, original)
 
 
 def event_steps(total: int, micro_per_epoch: int, accumulation: int) -> set[int]:
@@ -101,6 +115,7 @@ def test_steps_that_do_not_log_make_no_host_read(tiny_demo: TinyDemo, tmp_path, 
     assert all(per_step[k] > 0 for k in logged)  # the counter sees the reads logging makes
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CI has none)")
 def test_quiet_steps_pass_cuda_sync_debug_mode_error(tiny_demo: TinyDemo, tmp_path) -> None:
     """On a GPU, PyTorch itself refuses any synchronising call over the quiet steps."""
@@ -110,14 +125,14 @@ def test_quiet_steps_pass_cuda_sync_debug_mode_error(tiny_demo: TinyDemo, tmp_pa
         "train.precision=bf16", arch="deeplab",
     )  # fmt: skip
     loop = build_loop(load(config), run_dir, 0, 1, torch.device("cuda"), StopRequest())
-    stream = iter(loop.epoch_batches(0, start_batch=0))
-    batches = [next(stream) for _ in range(4)]
-    loop.trainer.train_step([batches[0]])  # the first step allocates and picks kernels
+    stream = iter(loop.epoch_batches(0, start_batch=0))  # pinned batches, copied one ahead
+    loop.trainer.train_step([next(stream)])  # the first step allocates and picks kernels
+    next(stream)  # the pinned pool's first buffers (page-locking is a synchronising call)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        for batch in batches[1:]:
-            result = loop.trainer.train_step([batch])
+        for _ in range(3):  # the loader's hand-over and the copy ahead run under the mode too
+            result = loop.trainer.train_step([next(stream)])
             loop.log.step(result, loop.trainer, 0.1, 0.0, 1)  # steps 2-4: no line due
     finally:
         torch.cuda.set_sync_debug_mode("default")

@@ -35,6 +35,12 @@ from emb.training.trainer import StepResult
 SCHEMA = REPO / "workflow/schemas/train.schema.yaml"
 
 
+def even_split(samples: int, shards: int) -> dict:
+    """A manifest split of ``samples`` in ``shards`` equal shards (what a plan reads)."""
+    return {"shards": [f"train-{i:04d}.tar" for i in range(shards)],
+            "shard_samples": [samples // shards] * shards, "samples": samples}  # fmt: skip
+
+
 def run_file(run: str, *overrides: str) -> TrainConfig:
     """A run's config as the workflow resolves it for your own data (no demo overlay)."""
     files = [REPO / "config/train/defaults.yaml", REPO / f"config/train/{run}.yaml"]
@@ -51,7 +57,7 @@ def test_linear_scaling_starts_from_the_batch_each_architecture_was_tuned_at(
     """Betzy: DeepLab 64 x 4 ranks is twice the seeds' 64 (4e-4, not the 8e-4 of a shared
     reference batch of 32); SegFormer 32 x 4 is four times its 32."""
     cfg = run_file(run, "train.lr_scaling=linear")
-    assert build_plan(cfg, 10_000, ranks).lr == pytest.approx(lr)
+    assert build_plan(cfg, even_split(10_000, 8), ranks).lr == pytest.approx(lr)
 
 
 def test_a_scaled_lr_where_the_seeds_saw_deeplab_diverge_is_warned_about() -> None:
@@ -104,7 +110,7 @@ def test_ema_warmup_is_a_config_key_and_the_loop_honours_it(
     config = resolve_config(tiny_demo, tmp_path / "run", "ema.warmup=false")
     cfg = load(config)
     assert cfg.ema.warmup is False
-    plan = build_plan(cfg, tiny_demo.manifest("aef")["splits"]["train"]["samples"], 1)
+    plan = build_plan(cfg, tiny_demo.manifest("aef")["splits"]["train"], 1)
     _, ema = build_trainer(cfg, plan, [1] * 61, 1, torch.device("cpu"))
     assert ema is not None and ema.current_decay() == cfg.ema.decay
 
@@ -139,7 +145,7 @@ def _two_ranks(rank: int, run_dir: str, config: str, samples: int, out: str) -> 
     sys.stdout = open(f"{out}{rank}", "w")  # noqa: SIM115 - the rank's console
     try:
         cfg = load(Path(config))
-        trainer, _ = build_trainer(cfg, build_plan(cfg, samples, 2), [1] * 61, 2,
+        trainer, _ = build_trainer(cfg, build_plan(cfg, even_split(samples, 2), 2), [1] * 61, 2,
                                    torch.device("cpu"))  # fmt: skip
         log = RunLog(Path(run_dir), rank, cfg)
         losses = {"l1": 1.0 + rank, "l2": 2.0 + rank, "l3": 3.0 + 3 * rank}

@@ -25,6 +25,21 @@ from emb.loading.shard_index import SampleAt, ShardError
 T = TypeVar("T")
 
 
+def pinned_array(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """A numpy array in page-locked host memory: a copy from it to a GPU runs at the link's
+    speed and asynchronously; one from pageable memory is staged and blocks the host."""
+    like = torch.from_numpy(np.empty(0, dtype))
+    return torch.empty(shape, dtype=like.dtype, pin_memory=True).numpy()
+
+
+PINNED_POOL = BufferPool(allocate=pinned_array)
+
+
+def batch_pool(spec: object) -> BufferPool:
+    """The pool a loader reads into: pinned where its batches go to a GPU (``pin_memory``)."""
+    return PINNED_POOL if getattr(spec, "pin_memory", False) else SHARED_POOL
+
+
 class BatchReader:
     """Reads a list of samples into one compact batch; one reader per thread (open files)."""
 

@@ -7,9 +7,11 @@ for TESSERA; training batches add ``"__key__"`` (the B sample keys, list of str)
 the augmentation and turns a batch into ``x`` (B, D, T, T) float32 (de-quantized, normalized
 for TESSERA, nodata 0) and ``y`` (B, T, T) int64 L3 ids, 255 = ignore.
 
-Every rank reads a disjoint set of shards; a training epoch is a fixed number of batches on
-every rank (so DDP never waits on a rank that ran out of data), and its order is a pure
-function of (seed, epoch, rank), so a resumed run can continue an epoch at any batch.
+Every rank reads a disjoint set of shards; a training epoch is a fixed number of full batches
+on every rank (so DDP never waits on a rank that ran out of data): each of the rank's samples
+at most once, the remainder past the last full batch dropped (``drop_last``, as the seeds'
+recipes do). Its order is a pure function of (seed, epoch, rank), whatever the number of
+reader threads, so a resumed run can continue an epoch at any batch.
 The order is decided on shard offsets (:mod:`emb.loading.sidecar`, which falls back to
 :mod:`emb.loading.shard_index` scans); reader threads then read each array straight into its
 batch (:mod:`emb.loading.batch_reader`).
@@ -18,7 +20,6 @@ batch (:mod:`emb.loading.batch_reader`).
 from __future__ import annotations
 
 import itertools
-import math
 import os
 import random
 from collections.abc import Iterator
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 import torch
 import webdataset as wds
 
-from emb.loading.batch_reader import BatchReader, round_robin
+from emb.loading.batch_reader import BatchReader, batch_pool, round_robin
 from emb.loading.dequantize import AUG_CODES
 from emb.loading.shard_index import SampleAt, ShardError
 from emb.loading.sidecar import index_shard, sidecar_path
@@ -49,6 +50,7 @@ class LoaderSpec:
     shuffle_buffer: int = 256
     seed: int = 0
     tile_size: int | None = None  # the manifest's: bounds what shard headers may claim
+    pin_memory: bool = False  # read into page-locked buffers (a CUDA/ROCm run's batches)
 
 
 class _ShardIndex:
@@ -75,40 +77,30 @@ class _ShardIndex:
 
 
 def _sample_order(
-    shards: list[str], spec: LoaderSpec, seed: int, worker: int, workers: int, train: bool,
-    index: _ShardIndex,
-) -> Iterator[tuple[SampleAt, int]]:  # fmt: skip
-    """(sample, augmentation code) of one worker, in order; training cycles without end.
+    shards: list[str], spec: LoaderSpec, seed: int, train: bool, index: _ShardIndex
+) -> Iterator[SampleAt]:
+    """This rank's samples, each once, in the order of one pass.
 
-    Per cycle the shards are shuffled (seeded), split by worker as ``wds.split_by_worker``
-    does, and the samples pass webdataset's seeded shuffle buffer. Only offsets are
-    shuffled: the bytes are read later, straight into their batch.
+    Training shuffles the shards (seeded) and passes the samples through webdataset's seeded
+    shuffle buffer; evaluation reads them in order. Only offsets are shuffled: the bytes are
+    read later, straight into their batch.
     """
-    codes = random.Random(f"{seed}-worker{worker}")
-    for cycle in itertools.count():
-        order = list(shards)
-        if train:
-            random.Random(f"{seed}-{cycle}-shards").shuffle(order)
-        stream: Iterator[SampleAt] = (s for url in order[worker::workers] for s in index(url))
-        if train and spec.shuffle_buffer > 1:
-            rng = random.Random(f"{seed}-{cycle}-buffer")
-            stream = wds.shuffle(spec.shuffle_buffer, rng=rng)(stream)
-        for sample in stream:
-            yield sample, codes.randrange(AUG_CODES) if train else 0
-        if not train:
-            return
+    order = list(shards)
+    if train:
+        random.Random(f"{seed}-shards").shuffle(order)
+    stream: Iterator[SampleAt] = (s for url in order for s in index(url))
+    if train and spec.shuffle_buffer > 1:
+        stream = wds.shuffle(spec.shuffle_buffer, rng=random.Random(f"{seed}-buffer"))(stream)
+    return stream
 
 
-def _worker_batches(
-    order: Iterator[tuple[SampleAt, int]], spec: LoaderSpec, train: bool, skip: int = 0
+def _read_batches(
+    chunks: Iterator[list[tuple[SampleAt, int]]], spec: LoaderSpec, train: bool
 ) -> Iterator[dict]:
-    """Batches of one worker; the first ``skip`` are drawn (order, codes) but never read."""
-    reader = BatchReader(spec.in_dim, tile_size=spec.tile_size)
+    """Batches of (sample, augmentation code) lists, read by one reader (its open files)."""
+    reader = BatchReader(spec.in_dim, pool=batch_pool(spec), tile_size=spec.tile_size)
     try:
-        while chunk := list(itertools.islice(order, spec.batch_size)):
-            if skip:
-                skip -= 1
-                continue
+        for chunk in chunks:
             batch: dict = reader.read([sample for sample, _ in chunk])
             if train:
                 batch["__key__"] = [sample.key for sample, _ in chunk]
@@ -118,9 +110,25 @@ def _worker_batches(
         reader.close()
 
 
-def train_steps_per_epoch(samples: int, batch_size: int, world: int) -> int:
-    """Batches every rank yields per epoch: all samples seen once, the last batch padded."""
-    return max(1, math.ceil(samples / (batch_size * world)))
+def rank_samples(shard_samples: dict[str, int], shards: list[str], world: int) -> list[int]:
+    """Training samples each rank reads (the shards of :func:`shards_for_rank`)."""
+    return [sum(shard_samples[s] for s in shards_for_rank(shards, r, world)) for r in range(world)]
+
+
+def train_steps_per_epoch(per_rank: list[int], batch_size: int) -> int:
+    """Batches every rank yields per epoch: full batches only, as many as the rank with the
+    fewest samples fills (``drop_last``, as in the seeds' recipes). Each rank's epoch is the
+    first ``steps * batch_size`` samples of its shuffled order; the rest is its dropped
+    remainder, never a repeat of a sample it already read."""
+    steps = min(n // batch_size for n in per_rank)
+    if steps < 1:
+        rank = min(range(len(per_rank)), key=per_rank.__getitem__)
+        raise LoaderError(
+            f"train split: rank {rank} of {len(per_rank)} reads {per_rank[rank]} samples, "
+            f"fewer than one batch of train.batch_size {batch_size}: lower train.batch_size or "
+            "launch.nproc_per_node, or shards.max_samples so that the shards spread evenly"
+        )
+    return steps
 
 
 def train_batches(
@@ -129,32 +137,35 @@ def train_batches(
 ) -> Iterator[dict]:  # fmt: skip
     """Batches ``start_batch`` .. ``train_steps_per_epoch`` of this rank's ``epoch``.
 
-    ``spec.num_workers`` reader threads each batch their own shards; batch i comes from
-    worker i % workers (as from a DataLoader). The sequence depends only on (seed, epoch,
-    rank, world, workers): resuming at ``start_batch`` yields exactly the batches an
-    uninterrupted epoch would have yielded, without reading the ones it skips.
+    Each of this rank's samples appears at most once per epoch (the remainder past the last
+    full batch is dropped). The batches are cut from the epoch's order first, then shared
+    out over ``spec.num_workers`` reader threads in turns; the sequence depends only on (seed,
+    epoch, rank, world), not on the threads: resuming at
+    ``start_batch`` yields exactly the batches an uninterrupted epoch would have yielded,
+    without reading the ones it skips. ``samples`` is the split's total (the manifest's).
     """
     if len(shards) < world:
         raise LoaderError(
             f"train split has {len(shards)} shards, fewer than the {world} ranks: "
             "lower shards.max_samples so that every rank reads its own shards"
         )
-    mine = shards_for_rank(shards, rank, world)
-    threads = min(spec.num_workers, len(mine))  # never more workers than shards
-    n = max(threads, 1)
-    seed = spec.seed * 1_000_003 + epoch * 7919 + rank
     index = _ShardIndex(shard_samples)
-    workers = [
-        _worker_batches(
-            _sample_order(mine, spec, seed, w, n, True, index), spec, True,
-            skip=len(range(w, start_batch, n)),
-        )
-        for w in range(n)
-    ]  # fmt: skip
-    batches = round_robin(workers, first=start_batch) if threads else workers[0]
-    steps = train_steps_per_epoch(samples, spec.batch_size, world)
+    counts = shard_samples or {url: len(index(url)) for url in shards}
+    steps = train_steps_per_epoch(rank_samples(counts, shards, world), spec.batch_size)
+    mine = shards_for_rank(shards, rank, world)
+    seed = spec.seed * 1_000_003 + epoch * 7919 + rank
+    codes = random.Random(f"{seed}-aug")
+    order = ((s, codes.randrange(AUG_CODES)) for s in _sample_order(mine, spec, seed, True, index))
+    chunks = [list(itertools.islice(order, spec.batch_size)) for _ in range(steps)]
+    todo = chunks[start_batch:]
+    threads = min(spec.num_workers, len(todo))
+    if not threads:
+        batches = _read_batches(iter(todo), spec, True)
+    else:
+        batches = round_robin([_read_batches(iter(todo[w::threads]), spec, True)
+                               for w in range(threads)])  # fmt: skip
     try:
-        yield from itertools.islice(batches, max(steps - start_batch, 0))
+        yield from batches
     finally:
         batches.close()
 
@@ -170,14 +181,20 @@ def eval_batches(
     mine = shards_for_rank(shards, rank, world)
     if not mine:
         return
-    order = _sample_order(mine, spec, spec.seed, 0, 1, False, _ShardIndex(shard_samples))
-    batches = _worker_batches(order, spec, False)
+    samples = _sample_order(mine, spec, spec.seed, False, _ShardIndex(shard_samples))
+    order = ((sample, 0) for sample in samples)
+    batches = _read_batches(_chunks(order, spec.batch_size), spec, False)
     if spec.num_workers:
         batches = round_robin([batches])
     try:
         yield from batches
     finally:
         batches.close()
+
+
+def _chunks(items: Iterator, size: int) -> Iterator[list]:
+    while chunk := list(itertools.islice(items, size)):
+        yield chunk
 
 
 def shard_sample_counts(split: dict) -> dict[str, int]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections.abc import Callable
 
 import numpy as np
 
@@ -23,8 +24,13 @@ class BufferPool:
     starts with mapped buffers.
     """
 
-    def __init__(self, keep: int = 32) -> None:
+    def __init__(
+        self, keep: int = 32, allocate: Callable[[tuple[int, ...], np.dtype], np.ndarray] = np.empty
+    ) -> None:
+        """``allocate(shape, dtype)`` makes a new buffer (page-locked ones for a GPU's
+        batches: :func:`emb.loading.batch_reader.pinned_array`)."""
         self.keep = keep
+        self.allocate = allocate
         self._buffers: dict[tuple, list[np.ndarray]] = {}
         self._lock = threading.Lock()
 
@@ -34,7 +40,7 @@ class BufferPool:
             for i in range(len(buffers)):
                 if _unreferenced(buffers, i):
                     return buffers[i]
-            buffer = np.empty(shape, dtype)
+            buffer = self.allocate(shape, np.dtype(dtype))
             if len(buffers) < self.keep:
                 buffers.append(buffer)
             return buffer

@@ -5,8 +5,11 @@ running statistics validated as a broken model in the seeds' runs. With ``warmup
 default) the decay at update n is ``min(decay, (1 + n) / (10 + n))`` so short runs are not
 dominated by the initial weights: 0.99 after ~890 updates, 0.999 after ~9k, and 0.9999 only
 after ~90k. The seeds' own EMA uses the fixed decay from the first update (``warmup=False``).
-An update is one ``_foreach_lerp_`` and one ``_foreach_copy_`` over all tensors (a few fused
-kernels on a GPU instead of one launch per tensor), with the values of per-tensor ``lerp_``.
+Where the model's parameters and buffers live in flat tensors (:mod:`emb.training.flat_tensors`,
+as :func:`emb.training.loop.build_trainer` makes them), the EMA's copy is flattened the same way
+and an update is one ``lerp_`` over the parameters and one ``copy_`` of the buffers per dtype:
+two kernels instead of several hundred launches (issue 39). Elsewhere (a compiled model) it is
+one ``_foreach_lerp_`` and one ``_foreach_copy_`` over all tensors, with the same values.
 """
 
 from __future__ import annotations
@@ -19,15 +22,21 @@ import torch
 from torch import nn
 
 from emb.training.checkpoint import unwrap
+from emb.training.flat_tensors import FlatPairs, flatten_
 
 
 class ModelEma:
     """A frozen copy of a model that follows it by ``shadow = d * shadow + (1 - d) * model``."""
 
     def __init__(self, model: nn.Module, decay: float, warmup: bool = True) -> None:
-        self.module = copy.deepcopy(unwrap(model)).eval()
+        source = unwrap(model)
+        self.module = copy.deepcopy(source).eval()
         self.module.requires_grad_(False)
+        flatten_(self.module, "parameters")
+        flatten_(self.module, "buffers")
         self.decay, self.warmup = decay, warmup
+        self._params = FlatPairs(list(self.module.parameters()), list(source.parameters()))
+        self._buffers = FlatPairs(list(self.module.buffers()), list(source.buffers()))
         device = next(self.module.parameters()).device
         self._updates = torch.zeros((), dtype=torch.float64, device=device)  # counted on device
 
@@ -59,7 +68,11 @@ class ModelEma:
             weight = torch.where(applied, weight, 0.0)
         source = unwrap(model)
         shadows, values = _pairs(self.module.parameters(), source.parameters())
-        if shadows:
+        flat = self._params.get(shadows, values)
+        if flat is not None:
+            for shadow, value in flat:
+                shadow.lerp_(value, weight.to(shadow.dtype))
+        elif shadows:
             _lerp_(shadows, values, weight.to(shadows[0].dtype))  # no_grad: no detach
         self.update_buffers(source)
         self._updates += 1 if applied is None else applied.to(torch.float64)
@@ -68,7 +81,10 @@ class ModelEma:
     def update_buffers(self, model: nn.Module) -> None:
         """Copy buffers only: after BatchNorm statistics were averaged over ranks."""
         shadows, values = _pairs(self.module.buffers(), unwrap(model).buffers())
-        if shadows:
+        flat = self._buffers.get(shadows, values)
+        if flat is not None:
+            torch._foreach_copy_(*map(list, zip(*flat, strict=True)))
+        elif shadows:
             torch._foreach_copy_(shadows, values)
 
     def state_dict(self) -> dict[str, Any]:

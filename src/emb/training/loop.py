@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 
 import torch
@@ -24,6 +24,7 @@ from emb.loading.batches import (
     train_batches,
 )
 from emb.loading.dequantize import Dequantize
+from emb.loading.device_feed import on_device
 from emb.models import build_model
 from emb.provenance import digest_config, digest_file, digest_stats, provenance
 from emb.training import checkpoint
@@ -38,7 +39,7 @@ from emb.training.run_log import KeyRecord, RunLog
 from emb.training.schedule import replan, warmup_cosine
 from emb.training.start import begin
 from emb.training.stop import StopRequest
-from emb.training.trainer import Trainer, fused_adamw
+from emb.training.trainer import Trainer, fused_adamw, prepare_model
 from emb.training.validator import Position, Validator
 
 
@@ -56,7 +57,7 @@ class Loop:
     position: Position
     validator: Validator
     checkpointer: Checkpointer
-    epoch_batches: partial
+    epoch_batches: Callable[..., Iterator[dict]]  # (epoch, start_batch=) -> batches on the device
     keys: KeyRecord
     log: RunLog
     stop: StopRequest
@@ -99,6 +100,7 @@ def build_trainer(
     channels_last = resolve_channels_last(
         loop.channels_last, cfg.model.arch, device.type, bool(torch.version.hip)
     )
+    plain = prepare_model(plain, channels_last, loop.compile)
     model = wrap_model(
         plain, world, device, channels_last=channels_last, compile=loop.compile,
         compile_memory_budget=loop.compile_memory_budget,
@@ -144,7 +146,7 @@ def build_loop(
     manifest = read_checked_manifest(cfg)
     cfg = build_config(cfg, manifest.get("tile_size"), run_dir)
     train, val = manifest["splits"]["train"], manifest["splits"]["val"]
-    plan = build_plan(cfg, train["samples"], world)
+    plan = build_plan(cfg, train, world)
     trainer, ema = build_trainer(cfg, plan, train["class_hist"], world, device)
     position = Position()
     identity = {
@@ -174,8 +176,14 @@ def build_loop(
     spec = LoaderSpec(
         cfg.data.source, cfg.model.in_dim, plan.batch, cfg.train.num_workers,
         cfg.train.shuffle_buffer, cfg.train.seed, tile_size=manifest.get("tile_size"),
+        pin_memory=device.type == "cuda",
     )  # fmt: skip
-    val_batches = partial(eval_batches, val["shards"], spec, rank, world, shard_sample_counts(val))
+
+    def val_batches() -> Iterator[dict]:
+        return on_device(
+            eval_batches(val["shards"], spec, rank, world, shard_sample_counts(val)), device
+        )
+
     stop.validation_steps = validation_steps(val, plan, world)
     validator = Validator(
         trainer, ema, val_batches, position, checkpointer, log, stop,
@@ -183,10 +191,14 @@ def build_loop(
         patience=cfg.train.patience, bn_batch_stats=cfg.train.val_bn_batch_stats,
         min_batch=cfg.train.val_min_batch,
     )  # fmt: skip
-    epoch_batches = partial(
-        train_batches, train["shards"], train["samples"], spec, rank, world,
-        shard_samples=shard_sample_counts(train),
-    )  # fmt: skip
+
+    def epoch_batches(epoch: int, start_batch: int = 0) -> Iterator[dict]:
+        return on_device(
+            train_batches(train["shards"], train["samples"], spec, rank, world, epoch,
+                          start_batch, shard_sample_counts(train)),
+            device,
+        )  # fmt: skip
+
     return Loop(cfg, plan, trainer, position, validator, checkpointer, epoch_batches, keys, log,
                 stop, device, rank, world, train["shards"])  # fmt: skip
 

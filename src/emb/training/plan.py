@@ -6,7 +6,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from emb.loading.batches import shard_sample_counts, shards_for_rank, train_steps_per_epoch
+from emb.loading.batches import (
+    rank_samples,
+    shard_sample_counts,
+    shards_for_rank,
+    train_steps_per_epoch,
+)
 from emb.training.config import REFERENCE_BATCH, TrainConfig
 from emb.training.schedule import scaled_lr
 
@@ -63,11 +68,13 @@ def validation_steps(val: dict, plan: Plan, world: int) -> float:
     return max(math.ceil(n / plan.batch) for n in per_rank) / plan.accumulation
 
 
-def build_plan(cfg: TrainConfig, train_samples: int, world: int) -> Plan:
+def build_plan(cfg: TrainConfig, train: dict, world: int) -> Plan:
+    """The plan of a run on the manifest's ``train`` split (its shards and their samples)."""
     loop = cfg.train
     global_batch = loop.batch_size * loop.accumulation * world
     lr = scaled_lr(cfg.optimizer.lr, loop.lr_scaling, global_batch, reference_batch(cfg))
-    micro = train_steps_per_epoch(train_samples, loop.batch_size, world)
+    per_rank = rank_samples(shard_sample_counts(train), train["shards"], world)
+    micro = train_steps_per_epoch(per_rank, loop.batch_size)
     updates = math.ceil(micro / loop.accumulation)
     return Plan(
         loop.batch_size, loop.accumulation, global_batch, lr, micro, updates,

@@ -23,6 +23,7 @@ from emb.training.checkpoint import unwrap
 from emb.training.config import check_grad_scaler
 from emb.training.distributed import all_ranks_finite, average_buffers
 from emb.training.ema import ModelEma
+from emb.training.flat_tensors import flats_of, flatten_
 from emb.training.loss import LEVELS, HierarchyTargets, MultiHeadLoss
 from emb.training.nonfinite import NonfiniteCounts, NonfiniteGuard, TrainingDiverged
 from emb.training.validation_pass import check_finite_buffers, validation_pass
@@ -65,6 +66,19 @@ def model_is_channels_last(model: nn.Module) -> bool:
         and p.is_contiguous(memory_format=torch.channels_last)
         for p in model.parameters()
     )
+
+
+def prepare_model(model: nn.Module, channels_last: bool, compile: bool) -> nn.Module:
+    """``model`` (on its device) in channels_last where asked, then, unless it will be
+    compiled (a compiled graph would see its inputs alias), with its parameters and buffers
+    in one flat tensor per dtype: the EMA and the non-finite guard then cost a kernel each
+    instead of one per tensor (:mod:`emb.training.flat_tensors`)."""
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    if not compile:
+        flatten_(model, "parameters")
+        flatten_(model, "buffers")
+    return model
 
 
 def fused_adamw(device: torch.device) -> bool:
@@ -115,7 +129,10 @@ class Trainer:
         if channels_last == "auto":  # the format the model was put in (wrap_model)
             channels_last = model_is_channels_last(model)
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
-        self.buffers = list(unwrap(model).buffers())  # BatchNorm statistics, put back on a skip
+        # BatchNorm statistics, put back on a skip: one flat tensor per dtype where the model's
+        # buffers live in one (emb.training.flat_tensors), else each buffer
+        buffers = list(unwrap(model).buffers())
+        self.buffers = flats_of(buffers) or buffers
         self.saved_buffers = [b.detach().clone() for b in self.buffers]
         self.step = 0  # optimizer steps taken (skipped ones too)
         self.legacy_schedule = False
