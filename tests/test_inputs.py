@@ -19,6 +19,8 @@ HEADER = "region\tyear\taef\ttessera\tcdl\tsplit\n"
 def workdir_with(tmp_path: Path, rows: list[str]) -> Path:
     """A working directory whose regions.tsv holds ``rows`` (tab-separated, no header)."""
     shutil.copytree(REPO / "config", tmp_path / "config")
+    cfg = tmp_path / "config" / "config.yaml"  # blocks small enough for the rows' 1.28 km
+    cfg.write_text(cfg.read_text().replace("block_m: 5120", "block_m: 320"))
     (tmp_path / "config" / "regions.tsv").write_text(HEADER + "".join(r + "\n" for r in rows))
     return tmp_path
 

@@ -17,8 +17,10 @@ import shapely
 import yaml
 from areas_collection import YEAR, Collection, make_collection, run_snakemake, write_geojson
 from conftest import REPO
+from pyproj import CRS
 
 from emb.areas import AreasError
+from emb.areas.geo import WGS84, reproject
 from emb.areas.workflow import plan_from_config
 
 
@@ -135,6 +137,28 @@ def antimeridian(c: Collection, cfg: dict) -> tuple[str, ...]:
     return (str(path), "'pacific'", "antimeridian", "179.9")
 
 
+def metres_read_as_degrees(c: Collection, cfg: dict) -> tuple[str, ...]:
+    """UTM metres in a GeoJSON without a 'crs' member: not an area across the antimeridian."""
+    utm = reproject(shapely.box(-96.012, 42.002, -95.988, 42.020), WGS84, CRS.from_epsg(32614))
+    area_file(c, geometry=utm)
+    return (str(c.areas), "'field_trial'", "not longitude/latitude", "declares no CRS",
+            "OGC:CRS84", f"x {utm.bounds[0]:.6g}", "name their CRS")  # fmt: skip
+
+
+def metres_under_a_degrees_crs(c: Collection, cfg: dict) -> tuple[str, ...]:
+    utm = reproject(shapely.box(-96.012, 42.002, -95.988, 42.020), WGS84, CRS.from_epsg(32614))
+    write_geojson(c.areas, [{"area": "field_trial", "year": YEAR, "geometry": utm}], "EPSG:4326")
+    return (str(c.areas), "'field_trial'", "not longitude/latitude", "declares EPSG:4326")
+
+
+def crs_member_not_understood(c: Collection, cfg: dict) -> tuple[str, ...]:
+    area_file(c)
+    doc = json.loads(c.areas.read_text())
+    doc["crs"] = {"type": "link", "properties": {"href": "http://example.org/32614.wkt"}}
+    c.areas.write_text(json.dumps(doc))
+    return (str(c.areas), "'crs' member", "cannot use", '"type": "link"')
+
+
 def overlapping_areas(c: Collection, cfg: dict) -> tuple[str, ...]:
     a = shapely.box(-96.012, 42.002, -95.988, 42.020)
     write_geojson(
@@ -171,6 +195,19 @@ def tile_elsewhere(c: Collection, cfg: dict) -> tuple[str, ...]:
         profile, data = src.profile, src.read()
     path.unlink()
     moved = profile["transform"] * rasterio.Affine.translation(1000, 0)  # 1000 px of 10 m
+    with rasterio.open(path, "w", **{**profile, "transform": moved}) as out:
+        out.write(data)
+    return (str(path), "'field_trial'", "half a pixel", str(c.aef_index), "not the tile")
+
+
+def tile_moved_north(c: Collection, cfg: dict) -> tuple[str, ...]:
+    """Same name, size, CRS, west and east as its index row, but 10 km north: only a check of
+    its south and north edges too can tell."""
+    path = aef_tile(c)
+    with rasterio.open(path) as src:
+        profile, data = src.profile, src.read()
+    path.unlink()
+    moved = rasterio.Affine.translation(0, 10_000) * profile["transform"]  # map metres
     with rasterio.open(path, "w", **{**profile, "transform": moved}) as out:
         out.write(data)
     return (str(path), "'field_trial'", "half a pixel", str(c.aef_index), "not the tile")
@@ -221,6 +258,15 @@ def area_too_small_for_a_tile(c: Collection, cfg: dict) -> tuple[str, ...]:
             "a bigger area")  # fmt: skip
 
 
+def block_larger_than_the_regions(c: Collection, cfg: dict) -> tuple[str, ...]:
+    """Regions of about 1 x 2 km, blocks of 51.2 km: one block each, two splits at most, refused
+    at parse time (its split blocks are the shards' concern, not the plan's)."""
+    cfg["splits"] = {"block_m": 51200}
+    cfg["tiles"] = {"size": 64, "stride": 64, "min_valid": 0.25}
+    return (str(c.areas), "splits.block_m 51200 m", "region field_trial_14n is 1.06 km x 2.03 km",
+            "(1 block)", "at most 2 of the 3 splits", "set splits.block_m smaller")  # fmt: skip
+
+
 CASES: list[Callable] = [
     unreadable,
     unknown_format,
@@ -232,11 +278,15 @@ CASES: list[Callable] = [
     other_size,
     other_crs,
     antimeridian,
+    metres_read_as_degrees,
+    metres_under_a_degrees_crs,
+    crs_member_not_understood,
     overlapping_areas,
     tessera_missing,
     cdl_missing,
     index_without_columns,
     tile_elsewhere,
+    tile_moved_north,
     cdl_tiles_of_another_year,
     bow_tie,
     unclosed_ring,
@@ -263,8 +313,20 @@ def test_bad_input_is_one_line_naming_file_area_and_finding(
 
 @pytest.mark.parametrize(
     "case",
-    [missing_file, antimeridian, other_crs, area_too_small_for_a_tile],
-    ids=["missing_file", "antimeridian", "other_crs", "area_too_small_for_a_tile"],
+    [
+        missing_file,
+        antimeridian,
+        other_crs,
+        area_too_small_for_a_tile,
+        block_larger_than_the_regions,
+    ],
+    ids=[
+        "missing_file",
+        "antimeridian",
+        "other_crs",
+        "area_too_small_for_a_tile",
+        "block_larger_than_the_regions",
+    ],  # fmt: skip
 )
 def test_snakemake_refuses_before_any_job(pristine: Collection, tmp_path: Path, case) -> None:
     c = copy_of(pristine, tmp_path / "c")

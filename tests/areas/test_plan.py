@@ -3,6 +3,7 @@ becomes two regions whose mosaics hold exactly the ground of their part, in any 
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -192,7 +193,11 @@ def test_every_areas_format_and_crs_plans_the_same(built, tmp_path: Path) -> Non
         "area\tyear\tsplit\twest\tsouth\teast\tnorth\n"
         f"field_trial\t{YEAR}\tauto\t{AREA[0]}\t{AREA[1]}\t{AREA[2]}\t{AREA[3]}\n"
     )
-    for name in ("a.gpkg", "a.parquet", "a.geojson", "a.tsv"):
+    write_geojson(tmp_path / "b.geojson", [{**area, "geometry": utm}])  # the 2008 EPSG member
+    doc = json.loads((tmp_path / "b.geojson").read_text())
+    doc["crs"] = {"type": "EPSG", "properties": {"code": 32615}}
+    (tmp_path / "b.geojson").write_text(json.dumps(doc))
+    for name in ("a.gpkg", "a.parquet", "a.geojson", "a.tsv", "b.geojson"):
         plan = plan_areas(tmp_path / name, collections(c))
         assert plan.rows().equals(reference), name
         assert [len(r.mosaics["aef"].tiles) for r in plan.regions] == [6, 6], name

@@ -3,21 +3,25 @@ the shards stage keeps from the area's footprint, and no refusal of a region tha
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+import rasterio.windows
 import shapely
 from areas_collection import YEAR, Collection, make_collection, write_geojson
 from rasterio.features import geometry_mask
+from rasterio.transform import array_bounds
 from test_bad_inputs import config_of
 
+from emb.areas import AreasError
 from emb.areas.plan import plan_areas
-from emb.areas.tile_yield import region_grid
+from emb.areas.tile_yield import check_tile_yield, region_grid, specs_of
 from emb.areas.vrt import mosaic_grid, part_grid
 from emb.areas.workflow import plan_from_config
 from emb.classes import IGNORE
-from emb.prep.tiles import SplitSpec, TileSpec, count_tiles, plan_tiles
+from emb.prep.tiles import Ground, SplitSpec, TileSpec, count_tiles, plan_tiles, tile_windows
 
 
 @pytest.fixture(scope="module")
@@ -60,3 +64,38 @@ def test_areas_with_a_tile_or_only_mapped_are_not_refused(
     assert [r.region for r in plan_from_config({**cfg, "areas": str(small)}).regions] == [
         "plot_14n"
     ]
+
+
+def test_an_area_of_10000_plots_is_refused_about_as_fast_as_it_is_planned(
+    collection: Collection, tmp_path: Path
+) -> None:
+    """100 x 100 plots of 40% x 40% of their cell: no tile holds 25%, so every smaller tile
+    size and min_valid is counted for the message. Each window costs the plots near it (it
+    took 16 times the plan's time when each window met every plot); the areas counted are
+    the plots' own."""
+    west, south, _, north = -95.999, 42.003, -95.989, 42.019
+    dx, dy = (-95.989 - west) / 100, (north - south) / 100
+    plots = shapely.MultiPolygon(
+        [shapely.box(west + i * dx, south + j * dy, west + (i + 0.4) * dx, south + (j + 0.4) * dy)
+         for i in range(100) for j in range(100)]
+    )  # fmt: skip
+    areas = tmp_path / "plots.geojson"
+    write_geojson(areas, [{"area": "plots", "year": YEAR, "geometry": plots}])
+    cfg = {**config_of(collection), "areas": str(areas)}
+    began = time.perf_counter()
+    plan = plan_areas(areas, cfg["collections"])
+    plan_s = time.perf_counter() - began
+    tiles = {"tiles": {"size": 256, "stride": 256, "min_valid": 0.25}}
+    began = time.perf_counter()
+    with pytest.raises(AreasError, match=r"plots_15n is .* \(0.01 gives up to 1 tile\)"):
+        check_tile_yield(plan, str(areas), *specs_of(tiles))
+    refuse_s = time.perf_counter() - began
+    assert refuse_s < 2.5 * plan_s, f"refused in {refuse_s:.2f} s, planned in {plan_s:.2f} s"
+    (region,) = plan.regions
+    m = region.mosaics["aef"]
+    transform, width, height = region_grid(m)
+    ground = Ground(m.cutline, shapely.box(*array_bounds(height, width, transform)))
+    for size in (8, 16, 64):
+        for win in tile_windows(height, width, TileSpec(size))[::7]:
+            box = shapely.box(*rasterio.windows.bounds(win, transform))
+            assert ground.area_in(box) == pytest.approx(box.intersection(m.cutline).area, abs=1e-6)

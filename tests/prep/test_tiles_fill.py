@@ -56,3 +56,37 @@ def test_regions_whose_grid_tiles_hold_their_labels_keep_the_grid() -> None:
     tiles, _ = plan_tiles(labels, transform, "r", TileSpec(16), SplitSpec(320.0, {"train": 1.0}))
     assert {(t.row % 16, t.col % 16) for t in tiles} == {(14, 1)}
     assert label_coverage(labels, tiles)["all"]["share"] == 0.96
+
+
+def test_shifted_tiles_keep_the_split_buffer() -> None:
+    """With ``splits.buffer_m``, a shifted training tile is no nearer than the buffer to a
+    block of another split, as a grid tile is: scattered 9 x 9 px plots, cut by the grid
+    into pieces under min_valid, over 16 blocks of three splits. The blocks' splits are read
+    from a fully labelled twin of the raster (every block shows its tiles)."""
+    size, block, buffer, px = 16, 320.0, 40.0, 10.0
+    transform = Affine(px, 0, 3200, 0, -px, 6400)  # block edges on the raster's edges
+    spec = SplitSpec(block, {"train": 0.5, "val": 0.25, "test": 0.25}, buffer_m=buffer)
+    whole, _ = plan_tiles(np.zeros((128, 128), np.uint8), transform, "r", TileSpec(size),
+                          SplitSpec(block, spec.fractions))  # fmt: skip
+    split_of = {t.block: t.split for t in whole}
+    assert len(split_of) == 16 and set(split_of.values()) == {"train", "val", "test"}
+
+    def square(key: str) -> shapely.Polygon:
+        bx, by = map(int, key.split(":")[1].split(","))
+        return shapely.box(bx * block, by * block, (bx + 1) * block, (by + 1) * block)
+
+    shifted = 0
+    for seed in range(8):
+        rng = np.random.default_rng(seed)
+        labels = np.full((128, 128), IGNORE, np.uint8)
+        for r, c in rng.integers(0, 119, size=(40, 2)):
+            labels[r : r + 9, c : c + 9] = 0
+        tiles, _ = plan_tiles(labels, transform, "r", TileSpec(size), spec)
+        for t in tiles:
+            shifted += (t.row % size, t.col % size) != (0, 0)
+            x0, y1 = transform * (t.col, t.row)
+            box = shapely.box(x0, y1 - size * px, x0 + size * px, y1)
+            near = [k for k, s in split_of.items() if s != t.split and box.distance(square(k))
+                    < buffer - px / 2]  # fmt: skip
+            assert not near, (seed, t, near)
+    assert shifted >= 5  # the fill placed tiles: the buffer was tested on them

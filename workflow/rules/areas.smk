@@ -1,12 +1,21 @@
 # Areas, not rasters: config areas: names an areas file; its regions ({area}_{zone}) were
 # planned over config collections: at parse time (workflow/rules/common.smk) and joined the
 # regions table. Rule areas writes their VRTs (no pixel copies); rule fetch_tiles downloads
-# the tiles a collection with a url lacks. Both run where Snakemake runs: a login node has
+# the tiles a collection with a url lacks (its url and workers reach only that rule: how bytes
+# are fetched reruns no region). Both run where Snakemake runs: a login node has
 # the internet that compute nodes often lack, and writing VRTs takes seconds. TESSERA tiles
 # given as geotessera .npy are converted to GeoTIFFs here first, once per tile.
 import json
 
-from emb.areas.workflow import fetched_markers, npy_inputs, npy_outputs, plan_inputs
+from emb.areas.workflow import (
+    fetch_collections,
+    fetch_url,
+    fetched_markers,
+    npy_inputs,
+    npy_outputs,
+    plan_inputs,
+    region_collections,
+)
 
 if AREAS:
 
@@ -31,7 +40,11 @@ if AREAS:
         conda:
             "../../envs/emb.yaml"
         params:
-            collections=lambda wildcards: json.dumps(config["collections"]),
+            # what decides the regions' content only: a new mirror url or download threads
+            # must not replan the areas, rewrite the VRTs and rerun everything after them
+            collections=lambda wildcards: json.dumps(
+                region_collections(config["collections"])
+            ),
         shell:
             "python -m emb.areas.build --areas={input.areas:q}"
             " --collections={params.collections:q} --table={output.table:q} > {log:q} 2>&1"
@@ -48,10 +61,19 @@ if AREAS:
             "benchmarks/areas/fetch_{source}.tsv"
         conda:
             "../../envs/emb.yaml"
+        resources:
+            # how bytes are fetched, not which: resources are no reason to rerun, so another
+            # mirror or thread count refetches nothing and reruns nothing after it
+            fetch_url=lambda wildcards: fetch_url(
+                config["collections"], wildcards.source
+            ),
+            fetch_workers=(config["collections"] or {}).get("workers", 8),
         params:
-            collections=lambda wildcards: json.dumps(config["collections"]),
-            workers=(config["collections"] or {}).get("workers", 8),
+            # the source's folder and index: what is fetched, and where to
+            collections=lambda wildcards: json.dumps(
+                fetch_collections(config["collections"], wildcards.source)
+            ),
         shell:
             "python -m emb.areas.fetch --areas={input.areas:q} --source={wildcards.source:q}"
-            " --collections={params.collections:q} --workers={params.workers:q}"
-            " --out={output:q} > {log:q} 2>&1"
+            " --collections={params.collections:q} --url={resources.fetch_url:q}"
+            " --workers={resources.fetch_workers:q} --out={output:q} > {log:q} 2>&1"

@@ -21,6 +21,7 @@ from emb.prep import region_table
 from emb.prep.region_rows import RegionsError, check_predict_only
 from emb.prep.region_table import DEMO_NAMES, RegionTable, demo_rasters, one_of
 from emb.prep.regions import check_regions, read_regions
+from emb.prep.split_blocks import SplitBlocksError
 from emb.report import targets
 from emb.training import run_files, train_config
 from emb.training.config import ConfigError
@@ -96,6 +97,12 @@ try:
         for run in RUNS
     }
 except (ConfigError, RegionsError, profile.ProfileError) as err:
+    raise WorkflowError(str(err)) from None
+try:  # a split block larger than the regions: every split needs one (after the runs' checks)
+    region_table.check_split_blocks(
+        CHECKS, TABLE, config, REGIONS_FILE, RUN_SOURCE.values()
+    )
+except SplitBlocksError as err:
     raise WorkflowError(str(err)) from None
 
 

@@ -48,7 +48,7 @@ class Area:
 
 def read_areas(path: str | Path) -> list[Area]:
     """Every area of the file, checked: names unique per year, years integers, splits known,
-    polygons valid and not crossing the antimeridian."""
+    polygons valid, in degrees where read as degrees, and not crossing the antimeridian."""
     path = Path(path)
     kind = SUFFIXES.get(path.suffix.lower())
     if kind is None:
@@ -128,6 +128,7 @@ def _checked(path: Path, records: list[dict], default_crs: CRS) -> list[Area]:
 
 def _to_wgs84(where: str, geometry: BaseGeometry, crs: CRS) -> BaseGeometry:
     if crs.is_geographic:
+        _check_degrees(where, geometry, crs)
         _check_antimeridian(where, geometry, crs)
         geometry = reproject(geometry, crs, WGS84)
     else:
@@ -142,6 +143,26 @@ def _to_wgs84(where: str, geometry: BaseGeometry, crs: CRS) -> BaseGeometry:
             "the UTM latitudes -80 to 84 (the products are tiled in UTM zones)"
         )
     return geometry
+
+
+def _check_degrees(where: str, geometry: BaseGeometry, crs: CRS) -> None:
+    """Coordinates beyond any longitude or latitude in a file read as degrees are metres (or
+    feet) of a projected CRS the file does not declare: say so, not "antimeridian"."""
+    west, south, east, north = geometry.bounds
+    if max(abs(west), abs(east)) <= 360 and max(abs(south), abs(north)) <= 90:
+        return
+    declared = crs.to_string()
+    said = (
+        "the file declares no CRS, or OGC:CRS84 (longitude/latitude: GeoJSON's default)"
+        if declared == "OGC:CRS84"
+        else f"the file declares {declared} (longitude/latitude)"
+    )
+    raise AreasError(
+        f"{where}: coordinates x {west:.6g} to {east:.6g}, y {south:.6g} to {north:.6g} are "
+        f"not longitude/latitude in degrees, but {said}: if they are metres, name their CRS "
+        "in the file (a GeoJSON 'crs' member such as urn:ogc:def:crs:EPSG::32614, the "
+        "GeoPackage's or GeoParquet's CRS) or reproject the areas to longitude/latitude"
+    )
 
 
 def _check_antimeridian(where: str, geometry: BaseGeometry, crs: CRS) -> None:
@@ -196,10 +217,7 @@ def _gpkg_crs(db: sqlite3.Connection, srs_id: int) -> CRS:
 def _read_geojson(path: Path) -> tuple[list[dict], CRS]:
     doc = json.loads(path.read_text(encoding="utf-8"))
     features = doc.get("features") if doc.get("type") == "FeatureCollection" else [doc]
-    crs = CRS.from_user_input("OGC:CRS84")  # RFC 7946; a legacy 'crs' member may say other
-    named = (doc.get("crs") or {}).get("properties", {}).get("name")
-    if named:
-        crs = CRS.from_user_input(named)
+    crs = _geojson_crs(path, doc.get("crs"))
     records = []
     for i, feature in enumerate(features, start=1):
         rec = dict(feature.get("properties") or {})
@@ -212,6 +230,24 @@ def _read_geojson(path: Path) -> tuple[list[dict], CRS]:
             ) from None
         records.append(rec)
     return records, crs
+
+
+def _geojson_crs(path: Path, member: object) -> CRS:
+    """RFC 7946's OGC:CRS84, or what a legacy (2008) ``crs`` member names: ``{"type": "name",
+    "properties": {"name": ...}}`` or ``{"type": "EPSG", "properties": {"code": ...}}``. A
+    member not understood is refused: reading its metres as degrees misplaces every area."""
+    if not member:
+        return CRS.from_user_input("OGC:CRS84")
+    props = (member.get("properties") if isinstance(member, dict) else None) or {}
+    kind = str(member.get("type", "")).lower() if isinstance(member, dict) else ""
+    if kind == "name" and props.get("name"):
+        return CRS.from_user_input(props["name"])
+    if kind == "epsg" and str(props.get("code", "")).isdigit():
+        return CRS.from_epsg(int(props["code"]))
+    raise AreasError(
+        f"{path}: a 'crs' member this reader cannot use ({json.dumps(member)[:200]}): expected "
+        '{"type": "name", "properties": {"name": "EPSG:32614"}} or none (longitude/latitude)'
+    )
 
 
 def _read_parquet(path: Path) -> tuple[list[dict], CRS]:

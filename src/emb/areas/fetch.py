@@ -1,6 +1,8 @@
 """Stage: download exactly the tiles the areas need and the folder lacks, from a collection's
 base URL (``collections.{source}.url``, the bucket's layout below it): parallel, resumable,
-each file checked by its length and, once complete, by its header against the index.
+each file checked by its length and, once complete, against what the server says the object
+is (its MD5 from ``x-goog-hash`` or an MD5 ETag, else every block decoded) and by its header
+against the index. Only then is it renamed to the tile's path: a file there is always whole.
 
 Runs where Snakemake runs (a local rule): compute nodes often have no internet. A partial
 download stays as ``{tile}.part`` and is continued with an HTTP Range request next time.
@@ -9,17 +11,22 @@ download stays as ``{tile}.part`` and is continued with an HTTP Range request ne
 from __future__ import annotations
 
 import argparse
+import base64
+import gzip
+import hashlib
 import http.client
 import json
 import logging
 import os
+import re
+import shutil
 import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import rasterio
@@ -37,6 +44,10 @@ from emb.progress import Progress
 log = logging.getLogger(__name__)
 CHUNK = 1 << 20
 ATTEMPTS = 4
+TIMEOUT_S = 60.0  # a read that stalls this long fails the attempt
+BACKOFF_S = 0.5  # the wait before retry n is BACKOFF_S * 2**(n - 1)
+MD5_ETAG = re.compile(r'^"?([0-9a-fA-F]{32})"?$')  # a single-part object's ETag is its MD5
+GZIP_MAGIC = b"\x1f\x8b"
 
 
 class FetchError(AreasError):
@@ -60,10 +71,43 @@ def tile_url(base: str, key: str) -> str:
     return base.rstrip("/") + "/" + urllib.parse.quote(key)
 
 
-def download(url: str, dest: Path, timeout: float = 60.0) -> int:
-    """``url`` into ``dest.part`` (continued where a previous try stopped); returns the bytes
-    received now. The caller verifies the part and renames it: nothing unverified reaches
-    ``dest``. Raises FetchError when the length does not add up."""
+@dataclass(frozen=True)
+class Served:
+    """What the last answer said of the object: the bytes received now, its MD5 where the
+    server gives one (``x-goog-hash: md5=``, or an ETag that is an MD5) and the header it came
+    from, and its ``Content-Encoding`` ("" when none)."""
+
+    received: int
+    md5: bytes | None = None
+    md5_from: str = ""
+    encoding: str = ""
+
+
+def served_md5(headers) -> tuple[bytes | None, str]:
+    """The object's MD5 as the server states it, and where: GCS sends ``x-goog-hash: md5=...``
+    (base64; absent for composite objects, which carry only a CRC32C); S3 and most stores send
+    the MD5 hex as a strong ETag (a multipart ETag ``"...-N"`` or a weak ``W/`` one is not)."""
+    for value in headers.get_all("x-goog-hash") or []:
+        for item in value.split(","):
+            kind, _, digest = item.strip().partition("=")
+            if kind.strip().lower() == "md5":
+                try:
+                    md5 = base64.b64decode(digest.strip(), validate=True)
+                except ValueError:
+                    continue
+                if len(md5) == 16:
+                    return md5, "x-goog-hash md5"
+    etag = (headers.get("ETag") or "").strip()
+    if (found := MD5_ETAG.match(etag)) is not None:
+        return bytes.fromhex(found.group(1)), "ETag"
+    return None, ""
+
+
+def download(url: str, dest: Path, timeout: float = TIMEOUT_S) -> Served:
+    """``url`` into ``dest.part`` (continued where a previous try stopped); returns what was
+    received and what the server said the object is. The caller verifies the part and renames
+    it: nothing unverified reaches ``dest``. Raises FetchError when the length does not add
+    up."""
     part = dest.with_name(dest.name + ".part")
     dest.parent.mkdir(parents=True, exist_ok=True)
     have = part.stat().st_size if part.exists() else 0
@@ -81,22 +125,31 @@ def _resumes_at(content_range: str | None, have: int) -> bool:
         return False
 
 
+def _served(received: int, headers) -> Served:
+    md5, where = served_md5(headers)
+    encoding = (headers.get("Content-Encoding") or "").strip().lower()
+    return Served(received, md5, where, "" if encoding == "identity" else encoding)
+
+
 def _receive(
     url: str, request: urllib.request.Request, part: Path, dest: Path, have: int, timeout: float
-) -> int:
+) -> Served:
     try:
         response = urllib.request.urlopen(request, timeout=timeout)  # noqa: S310 - configured URL
     except urllib.error.HTTPError as err:
         if err.code == 416 and have:  # the part is already whole
-            return 0
+            return _served(0, err.headers)
         raise FetchError(f"{url}: HTTP {err.code} {err.reason}") from None
     with response:
         resumed = response.status == 206 and have > 0
-        if resumed and not _resumes_at(response.headers.get("Content-Range"), have):
+        encoding = _served(0, response.headers).encoding
+        if resumed and (encoding or not _resumes_at(response.headers.get("Content-Range"), have)):
+            # a range of an encoded answer need not continue a part received plain
             log.warning(
-                "%s: Range answered with %s; restarting from zero",
+                "%s: Range answered with %s%s; restarting from zero",
                 url,
                 response.headers.get("Content-Range"),
+                f" and Content-Encoding: {encoding}" if encoding else "",
             )
             response.close()
             part.unlink()
@@ -110,10 +163,11 @@ def _receive(
                 received += len(chunk)
             fh.flush()
             os.fsync(fh.fileno())
+        served = _served(received, response.headers)
     size = part.stat().st_size
     if total is not None and size != total:
         raise FetchError(f"{url}: received {size} of {total} bytes (Content-Length); run again")
-    return received
+    return served
 
 
 def check_readable(path: Path) -> None:
@@ -131,10 +185,89 @@ def check_readable(path: Path) -> None:
         ) from None
 
 
+def check_decodes(path: Path, url: str) -> None:
+    """Every block of every band decodes: without a digest from the server, the only check of
+    the bytes inside (a compressed tile with garbage in it fails to decompress)."""
+    try:
+        with rasterio.open(path) as src:
+            for _, window in src.block_windows(1):
+                src.read(window=window)
+    except RasterioError as err:
+        raise AreasError(
+            f"{path}: fetched from {url} (no MD5 from the server): a block does not decode "
+            f"({err}): corrupt in transit; removed, a rerun fetches it again"
+        ) from None
+
+
+def _md5_of(path: Path) -> bytes:
+    digest = hashlib.md5(usedforsecurity=False)
+    with open(path, "rb") as fh:
+        while chunk := fh.read(CHUNK):
+            digest.update(chunk)
+    return digest.digest()
+
+
+def _decoded(part: Path, served: Served, url: str) -> Path:
+    """The tile's bytes: the part itself, or the part gunzipped beside it when the server
+    sent it with ``Content-Encoding: gzip`` (the same object, compressed on the wire; its
+    digest is of the bytes as sent). Another encoding is named, not guessed at."""
+    encoding = served.encoding
+    if not encoding:
+        with open(part, "rb") as fh:  # a part completed earlier: no header came this time
+            encoding = "gzip" if fh.read(2) == GZIP_MAGIC else ""
+    if not encoding:
+        return part
+    if encoding not in ("gzip", "x-gzip"):
+        raise AreasError(
+            f"{part}: fetched from {url}: served with Content-Encoding: {encoding}, which the "
+            "fetch does not decode (it decodes gzip): point url at a server that sends the "
+            "object as it is stored"
+        )
+    plain = part.with_name(part.name + ".gunzip")
+    try:
+        with gzip.open(part, "rb") as src, open(plain, "wb") as out:
+            shutil.copyfileobj(src, out, CHUNK)
+    except (OSError, EOFError) as err:  # gzip.BadGzipFile, zlib.error are OSErrors
+        plain.unlink(missing_ok=True)
+        raise AreasError(
+            f"{part}: fetched from {url}: served with Content-Encoding: gzip, but it does not "
+            f"decompress ({err}); removed, a rerun fetches it again"
+        ) from None
+    return plain
+
+
+def verify(tile: Tile, part: Path, served: Served, url: str, source: str, listed_in) -> Path:
+    """The downloaded part checked, before it may take the tile's path: its bytes against the
+    server's MD5 (or, without one, every block decoded), decoded if sent gzipped, its header
+    against the index row. Returns the file to rename into place."""
+    if served.md5 is not None:
+        found = _md5_of(part)
+        if found != served.md5:
+            raise AreasError(
+                f"{tile.path}: fetched from {url}: its bytes have MD5 {found.hex()}, but the "
+                f"server's {served.md5_from} says {served.md5.hex()}: corrupt in transit; "
+                "removed, a rerun fetches it again"
+            )
+    ready = _decoded(part, served, url)
+    check_tile(f"fetched from {url}", source, replace(tile, path=ready), listed_in, fetching=False)
+    if served.md5 is not None:
+        check_readable(ready)
+    else:
+        check_decodes(ready, url)
+    return ready
+
+
 def fetch_tiles(
-    tiles: list[Tile], base: str, source: str, workers: int, listed_in: str
+    tiles: list[Tile],
+    base: str,
+    source: str,
+    workers: int,
+    listed_in: str,
+    timeout: float = TIMEOUT_S,
+    backoff: float = BACKOFF_S,
 ) -> list[dict]:
-    """Every tile downloaded (retried, with backoff) and its header checked; one record each."""
+    """Every tile downloaded (retried, with backoff, each retry logged with its wait) and
+    verified; one record each."""
     lock = threading.Lock()
     records: list[dict] = []
     progress = Progress(len(tiles), "tiles", f"fetch {source}", log)
@@ -142,28 +275,39 @@ def fetch_tiles(
 
     def one(tile: Tile) -> None:
         url = tile_url(base, tile.key)
-        for attempt in range(ATTEMPTS):
+        for attempt in range(1, ATTEMPTS + 1):
             try:
-                received = download(url, tile.path)
+                served = download(url, tile.path, timeout)
                 break
             except (FetchError, OSError, http.client.HTTPException) as err:
-                if attempt == ATTEMPTS - 1 or "HTTP 4" in str(err):
+                if attempt == ATTEMPTS or "HTTP 4" in str(err):
+                    tries = f" (after {attempt} attempts)" if attempt > 1 else ""
                     raise FetchError(
-                        f"{tile.path}: cannot fetch {url}: {err}; a rerun resumes where it stopped"
+                        f"{tile.path}: cannot fetch {url}{tries}: {err}; a rerun resumes where "
+                        "it stopped"
                     ) from None
-                time.sleep(2**attempt * 0.5)
+                wait = backoff * 2 ** (attempt - 1)
+                log.warning(
+                    "%s: attempt %d of %d failed (%s); retrying in %.1f s",
+                    url,
+                    attempt,
+                    ATTEMPTS,
+                    err or type(err).__name__,
+                    wait,
+                )
+                time.sleep(wait)
         part = tile.path.with_name(tile.path.name + ".part")
+        plain = part.with_name(part.name + ".gunzip")
         try:  # the part, not the final path, is checked: a bad file never takes its place
-            check_tile(
-                f"fetched from {url}", source, replace(tile, path=part), listed_in, fetching=False
-            )
-            check_readable(part)
+            ready = verify(tile, part, served, url, source, listed_in)
         except AreasError:
             part.unlink(missing_ok=True)  # a sign-in page or another file: start over next time
+            plain.unlink(missing_ok=True)
             raise
-        os.replace(part, tile.path)
+        os.replace(ready, tile.path)
+        part.unlink(missing_ok=True)  # left when a gunzipped copy took the path
         with lock:
-            totals["bytes"] += received
+            totals["bytes"] += served.received
             records.append(
                 {"key": tile.key, "path": str(tile.path), "bytes": tile.path.stat().st_size}
             )
@@ -177,7 +321,15 @@ def fetch_tiles(
     return records
 
 
-def fetch(areas: Path, collections: dict, source: str, workers: int, out: Path) -> list[dict]:
+def fetch(
+    areas: Path,
+    collections: dict,
+    source: str,
+    workers: int,
+    out: Path,
+    timeout: float = TIMEOUT_S,
+    backoff: float = BACKOFF_S,
+) -> list[dict]:
     collection = collections.get(source) or {}
     base = collection.get("url")
     if not base:
@@ -187,7 +339,7 @@ def fetch(areas: Path, collections: dict, source: str, workers: int, out: Path) 
     listed_in = collection.get("index") or collection.get("registry") or collection["folder"]
     check_inside(Path(collection["folder"]), missing, listed_in)
     log.info("fetch %s: %d tiles missing of the areas' tiles, from %s", source, len(missing), base)
-    records = fetch_tiles(missing, base, source, workers, listed_in)
+    records = fetch_tiles(missing, base, source, workers, listed_in, timeout, backoff)
     with atomic_path(out) as tmp:
         lines = ["key\tpath\tbytes"] + [f"{r['key']}\t{r['path']}\t{r['bytes']}" for r in records]
         tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -200,10 +352,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--areas", type=Path, required=True)
     parser.add_argument("--collections", required=True, help="config collections: as JSON")
     parser.add_argument("--source", choices=("aef", "tessera"), required=True)
+    parser.add_argument(
+        "--url", help="collections.{source}.url (given apart: no reason for rules to rerun)"
+    )
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--out", type=Path, required=True, help="the record of what was fetched")
     args = parser.parse_args(argv)
-    fetch(args.areas, json.loads(args.collections), args.source, args.workers, args.out)
+    collections = json.loads(args.collections)
+    if args.url:
+        collections[args.source] = {**(collections.get(args.source) or {}), "url": args.url}
+    fetch(args.areas, collections, args.source, args.workers, args.out)
 
 
 if __name__ == "__main__":

@@ -15,13 +15,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from functools import partial
 
+import shapely
 from affine import Affine
+from rasterio.transform import array_bounds
 
 from emb.areas import AreasError
 from emb.areas.plan import AreaPlan, Mosaic
 from emb.areas.vrt import snap_outward
 from emb.prep.region_rows import PREDICT
-from emb.prep.tiles import SPLITS, SplitSpec, TileSpec, count_tiles
+from emb.prep.tiles import SPLITS, Ground, SplitSpec, TileSpec, count_tiles
 
 TRY_SIZES = (128, 64, 32, 16, 8)  # smaller tiles a message may suggest (the schema's minimum: 8)
 TRY_MIN_VALID = (0.2, 0.15, 0.1, 0.05, 0.01)
@@ -66,8 +68,9 @@ def check_tile_yield(
             if m.cutline is None:
                 continue
             transform, width, height = region_grid(m)
+            ground = Ground(m.cutline, shapely.box(*array_bounds(height, width, transform)))
             count = partial(count_tiles, transform, width, height, split_spec=split_spec,
-                            footprint=m.cutline, region=r.region, fixed_split=fixed)  # fmt: skip
+                            footprint=ground, region=r.region, fixed_split=fixed)  # fmt: skip
             if count(tile_spec):
                 continue
             found.append(

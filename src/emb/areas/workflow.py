@@ -34,6 +34,34 @@ def plan_from_config(config: Mapping) -> AreaPlan | None:
     return plan
 
 
+HOW_FETCHED = ("url", "workers")  # how missing tiles are downloaded, not what they hold
+
+
+def region_collections(collections: Mapping | None) -> dict:
+    """``collections`` as far as they decide the regions' content: the folders, index,
+    registry and CDL paths of each source, without ``url`` and ``workers``. Rule areas takes
+    this as its param, so a mirror or a thread count changed reruns nothing (the tiles are
+    the same bytes, checked against the index either way)."""
+    return {
+        source: {k: v for k, v in settings.items() if k not in HOW_FETCHED}
+        for source, settings in (collections or {}).items()
+        if isinstance(settings, Mapping)
+    }
+
+
+def fetch_collections(collections: Mapping | None, source: str) -> dict:
+    """Rule fetch_tiles' param for ``source``: that collection's content alone (what the
+    fetch plans from and writes to), so a change elsewhere (the CDL, the other source) does
+    not rerun it, and its ``url`` travels apart (:func:`fetch_url`)."""
+    content = region_collections(collections)
+    return {source: content[source]} if source in content else {}
+
+
+def fetch_url(collections: Mapping | None, source: str) -> str:
+    """The base URL rule fetch_tiles downloads ``source``'s missing tiles from."""
+    return str(((collections or {}).get(source) or {}).get("url") or "")
+
+
 def fetched_markers(collections: Mapping | None) -> list[str]:
     """One marker per collection with a url (rule fetch_tiles): its missing tiles fetched."""
     return [

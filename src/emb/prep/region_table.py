@@ -19,6 +19,7 @@ import pandas as pd
 
 from emb.prep.demo_region import DEMO_REGIONS
 from emb.prep.region_rows import is_predict_only
+from emb.prep.split_blocks import BlockGround, check_blocks_hold_splits
 from emb.prep.tessera_npy import find_triple
 from emb.rasters import SOURCES
 
@@ -61,6 +62,35 @@ def split_group(checks: RegionChecks, source: str, region: str) -> dict[str, str
         "key": checks.split_key(source, region),
         "extent": ",".join(f"{v:.6f}" for v in extent) if extent else "",
     }
+
+
+def check_split_blocks(
+    checks: RegionChecks,
+    table: RegionTable,
+    config: Mapping,
+    file: str | Path,
+    sources: Iterable[str] = SOURCES,
+) -> None:
+    """``splits.block_m`` against the extents of the regions of each of ``sources`` (those the
+    runs train on), while the workflow is parsed
+    (:func:`emb.prep.split_blocks.check_blocks_hold_splits`). A source with a raster not made
+    yet (the demo's) is left to its jobs: its extent is unknown here."""
+    for source in sorted(set(sources)):
+        regions = table.training_regions(source)
+        prints = {f.key: f for f in checks.footprints.get(source, [])}
+        if not regions or any(r not in prints for r in regions):
+            continue
+        grounds = [
+            BlockGround(
+                r,
+                prints[r].split or "auto",
+                tuple(checks.split_extent(source, r) or prints[r].polygon().bounds),
+                checks.split_key(source, r),
+            )
+            for r in regions
+        ]
+        splits = data_settings(config, "splits", table.is_demo_data(source))
+        check_blocks_hold_splits(source, grounds, float(splits["block_m"]), str(file))
 
 
 def write_jobs_table(path: str, log: str, rows: str) -> None:

@@ -81,6 +81,8 @@ class RegionChecks:
     split_keys: dict[str, dict[str, str]] = field(default_factory=dict)
     split_extents: dict[str, dict[str, tuple]] = field(default_factory=dict)
     product_tags: dict[str, dict[str, str]] = field(default_factory=dict)
+    # per source, the ground of every region it trains on (what the block count is made over)
+    footprints: dict[str, list[Footprint]] = field(default_factory=dict)
 
     def split_key(self, source: str, region: str) -> str:
         return self.split_keys.get(source, {}).get(region, region)
@@ -152,6 +154,7 @@ def check_regions(
             raise RegionsError(str(err)) from None
         checks.split_keys[source] = keys
         checks.split_extents[source] = group_extent(prints, keys)
+        checks.footprints[source] = prints
     return checks
 
 

@@ -259,30 +259,71 @@ def label_coverage(labels: np.ndarray, tiles: list[Tile]) -> dict[str, dict[str,
     return out
 
 
+class Ground:
+    """A footprint clipped to a raster's extent, with an STRtree of its (disjoint) polygons:
+    a window's labelled area costs the parts near it, those wholly inside counted by their
+    area and only those across its edge intersected. An area of 10,000 plots is otherwise an
+    intersection with all of them per window (minutes to refuse an area). Built once per
+    raster grid, it serves every tile size counted on it."""
+
+    def __init__(self, footprint: BaseGeometry | None, extent: shapely.Polygon) -> None:
+        self.extent = extent
+        parts = shapely.get_parts(extent if footprint is None else footprint)
+        if footprint is not None and len(parts) > 1:  # parts lie inside an area's extent
+            tree = shapely.STRtree(parts)
+            inside = tree.query(extent, predicate="contains_properly")
+            edge = np.setdiff1d(tree.query(extent), inside)
+            cut = shapely.get_parts(shapely.intersection(parts[edge], extent))
+            parts = np.concatenate([parts[inside], cut])
+        elif footprint is not None:
+            parts = shapely.get_parts(footprint.intersection(extent))
+        self.parts = parts[shapely.get_type_id(parts) == 3]  # polygons: what has an area
+        self.areas = shapely.area(self.parts)
+        self.tree = shapely.STRtree(self.parts)
+        self.whole = shapely.multipolygons(self.parts)
+        shapely.prepare(self.whole)  # most windows of a large area lie inside it
+        self.known: dict[tuple[float, ...], float] = {}
+
+    def area_in(self, box: shapely.Polygon) -> float:
+        """The footprint's area inside ``box`` (map units squared); a box across its edge is
+        remembered (the counts of several tile sizes and min_valid share windows)."""
+        if self.whole.contains_properly(box):
+            return float(box.area)
+        key = box.bounds
+        if (known := self.known.get(key)) is not None:
+            return known
+        inside = self.tree.query(box, predicate="contains_properly")
+        edge = np.setdiff1d(self.tree.query(box), inside)
+        cut = shapely.area(shapely.intersection(self.parts[edge], box)).sum()
+        self.known[key] = area = float(self.areas[inside].sum() + cut)
+        return area
+
+
 def count_tiles(
     transform: Affine,
     width: int,
     height: int,
     tile_spec: TileSpec,
     split_spec: SplitSpec,
-    footprint: BaseGeometry | None = None,
+    footprint: BaseGeometry | Ground | None = None,
     region: str = "",
     fixed_split: str | None = None,
 ) -> int:
     """How many tiles a region of this raster grid would keep, before any job and without
-    reading a pixel: ``footprint`` is its labelled ground (a geometry in the raster's CRS; a
-    tile's labelled pixels are its area inside it over the pixel's area); None: the whole
-    raster extent. 0 means the area has no tile at ``min_valid``."""
-    extent = shapely.box(*array_bounds(height, width, transform))
-    ground = extent if footprint is None else footprint.intersection(extent)
+    reading a pixel: ``footprint`` is its labelled ground (a geometry in the raster's CRS, or
+    its :class:`Ground` on this grid; a tile's labelled pixels are its area inside it over the
+    pixel's area); None: the whole raster extent. 0 means the area has no tile at
+    ``min_valid``."""
+    ground = (
+        footprint
+        if isinstance(footprint, Ground)
+        else Ground(footprint, shapely.box(*array_bounds(height, width, transform)))
+    )
     pixel = abs(transform.a * transform.e)
-    shapely.prepare(ground)  # most windows of a large area lie inside it: no intersection
 
     def labelled(win: Window) -> int:
         box = shapely.box(*rasterio.windows.bounds(win, transform))
-        if ground.contains_properly(box):
-            return int(win.width * win.height)
-        return int(box.intersection(ground).area / pixel + 0.5)
+        return int(ground.area_in(box) / pixel + 0.5)
 
     kept, _ = _plan(
         (height, width), labelled, transform, region, tile_spec, split_spec, fixed_split

@@ -1,0 +1,43 @@
+"""A ``splits.block_m`` larger than the regions is refused while the workflow is parsed, naming
+block_m and each region's size: a block goes whole to one split, so fewer blocks than splits
+leave a split without tiles (found before only at the manifest, after every shard was built)."""
+
+from __future__ import annotations
+
+import pytest
+
+from emb.prep.split_blocks import BlockGround, SplitBlocksError, check_blocks_hold_splits
+
+
+def ground(region: str, x0: float, y0: float, km: float = 2.0, **kw) -> BlockGround:
+    extent = (x0, y0, x0 + km * 1000, y0 + km * 1000)
+    return BlockGround(region, kw.get("split", "auto"), extent, kw.get("key", region))
+
+
+def test_a_region_inside_one_block_is_refused_naming_block_m_and_its_size() -> None:
+    one = [ground("field", 10_500.0, 20_500.0)]  # 2 x 2 km inside one 5120-m block
+    with pytest.raises(SplitBlocksError) as err:
+        check_blocks_hold_splits("aef", one, 5120.0, "areas.geojson")
+    text = str(err.value)
+    for needle in ("areas.geojson", "splits.block_m 5120 m", "aef", "region field is 2 km x 2 km",
+                   "(1 block)", "at most 1 of the 3 splits"):  # fmt: skip
+        assert needle in text, (needle, text)
+    check_blocks_hold_splits("aef", one, 640.0, "areas.geojson")  # 4 x 4 blocks: passes
+
+
+def test_the_bound_counts_blocks_per_draw_and_fixed_splits() -> None:
+    """Two regions of one split group draw over one extent: its blocks count once. A region
+    fixed to a split brings that split; three regions of one block each may fill all three."""
+    a, b = ground("a", 10_500.0, 20_500.0, key="g"), ground("b", 10_500.0, 20_500.0, key="g")
+    with pytest.raises(SplitBlocksError, match=r"at most 1 of the 3 splits \(group g is"):
+        check_blocks_hold_splits("aef", [a, b], 5120.0, "t.tsv")
+    fixed = [ground("v", 60_000.0, 0.0, split="val"), ground("t", 90_000.0, 0.0, split="test")]
+    check_blocks_hold_splits("aef", [a, *fixed], 5120.0, "t.tsv")
+    with pytest.raises(SplitBlocksError, match=r"at most 2 of the 3.*fixed splits \['val'\]"):
+        check_blocks_hold_splits("aef", [a, fixed[0]], 5120.0, "t.tsv")
+    apart = [ground(r, x, 20_500.0) for r, x in (("a", 10_500.0), ("b", 51_500.0))]
+    with pytest.raises(SplitBlocksError, match="at most 2 of the 3"):
+        check_blocks_hold_splits("aef", apart, 5120.0, "t.tsv")
+    check_blocks_hold_splits("aef", [*apart, ground("c", 61_500.0, 20_500.0)], 5120.0, "t.tsv")
+    across = [ground("x", 4_120.0, 4_120.0)]  # a 2 km region on the corner of four blocks
+    check_blocks_hold_splits("aef", across, 5120.0, "t.tsv")
