@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import math
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -61,10 +62,29 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
+def json_ready(data: Any) -> Any:
+    """``data`` with every non-finite float (NaN, inf: a missing value, e.g. the bound of a
+    class absent from a split) replaced by None, through dicts, lists and tuples."""
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, dict):
+        return {k: json_ready(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [json_ready(v) for v in data]
+    return data
+
+
+def json_text(data: Any, **kwargs: Any) -> str:
+    """Strict JSON of ``data``: missing values (NaN, inf) as ``null``, never the bare ``NaN``
+    that Python's json writes by default and that strict readers (``JSON.parse``, ``jq``)
+    refuse; anything else not JSON (a numpy scalar, a set) raises ``TypeError``."""
+    return json.dumps(json_ready(data), allow_nan=False, **kwargs)
+
+
 def write_json(path: Path | str, data: Any) -> None:
-    """Write ``data`` as indented JSON, atomically."""
+    """Write ``data`` as indented strict JSON (:func:`json_text`), atomically."""
     with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
+        tmp.write_text(json_text(data, indent=2, sort_keys=False) + "\n")
 
 
 @contextmanager

@@ -6,11 +6,17 @@ import numpy as np
 import pytest
 
 from emb.evaluation.bootstrap import (
+    DISTINGUISHABLE,
+    NO_VERDICT,
+    NOT_DISTINGUISHABLE,
+    BootstrapError,
     BootstrapSettings,
     block_intervals,
+    distinguishable,
     paired_difference,
     stacked_figures,
     verdict,
+    verdict_of,
 )
 from emb.metrics import scores_from_confusion
 
@@ -73,7 +79,7 @@ def test_resampling_tiles_under_covers_correlated_data() -> None:
     truth = scores_from_confusion(pop.sum((0, 1)))["oa"]
     rng = np.random.default_rng(5)
     picked = pop[rng.integers(0, len(pop), size=(600, 8))]  # (S, 8, 5, n, n)
-    s = BootstrapSettings(resamples=400, seed=2)
+    s = BootstrapSettings(resamples=400, seed=2, min_blocks=2)  # the floor lifted, to compare
     by_block = coverage(picked.sum(2), truth, "oa", s)
     by_tile = coverage(picked.reshape(600, 40, N_CLASSES, N_CLASSES), truth, "oa", s)
     assert by_tile < 0.80 < by_block
@@ -93,9 +99,49 @@ def test_paired_difference_uses_shared_blocks_only() -> None:
     assert same["miou"] == 0 and same["miou_lo"] == 0 == same["miou_hi"]
 
 
-def test_few_blocks_are_flagged() -> None:
-    cms = population(5, 1, 9)[:, 0]
-    iv = block_intervals(cms)
-    assert iv["blocks"] == 5 and not iv["reliable"]
-    diff = paired_difference({str(i): c for i, c in enumerate(cms)}, {"0": cms[0]})
-    assert "unreliable" in verdict("B - A", "miou", diff)
+def test_below_the_floor_there_is_no_interval_and_no_verdict() -> None:
+    """9 blocks: no bound at all (not a narrow one), the difference alone, and the sentence
+    says why; 10 blocks: an interval and a verdict."""
+    cms = population(12, 1, 9)[:, 0]
+    iv = block_intervals(cms[:9])
+    assert iv["blocks"] == 9 and not iv["reliable"]
+    assert iv["miou_lo"] is None and iv["oa_hi"] is None and iv["iou_lo"] == [None] * N_CLASSES
+    assert isinstance(block_intervals(cms[:10])["miou_lo"], float)
+    a = {str(i): c for i, c in enumerate(cms[:9])}
+    b = {k: np.diag(np.diag(c)) for k, c in a.items()}  # every pixel right: far better
+    diff = paired_difference(a, b)
+    assert diff["blocks"] == 9 and diff["oa"] > 0.05 and diff["oa_lo"] is None
+    assert verdict_of(diff, "oa") == NO_VERDICT
+    text = verdict("B - A OA L1", "oa", diff)
+    assert "only 9 shared test blocks (fewer than 10)" in text and "[" not in text
+    assert " distinguishable" not in text.replace("no interval and no verdict", "")
+    a["9"], b["9"] = cms[9], np.diag(np.diag(cms[9]))
+    assert verdict_of(paired_difference(a, b), "oa") == DISTINGUISHABLE
+
+
+def test_an_interval_touching_zero_is_never_distinguishable() -> None:
+    """12 blocks on which b equals a except one: the lower bound is 0 (or rounds to it), so
+    no verdict of a difference; a clear gap is one."""
+    cms = population(12, 1, 5)[:, 0]
+    a = {f"b{i}": cm for i, cm in enumerate(cms)}
+    b = dict(a)
+    b["b0"] = np.diag(np.diag(cms[0]))  # better on one block only
+    diff = paired_difference(a, b)
+    assert diff["reliable"] and round(diff["oa_lo"], 3) == 0.0 < diff["oa_hi"]
+    assert verdict_of(diff, "oa") == NOT_DISTINGUISHABLE
+    assert ": not distinguishable" in verdict("B - A OA L1", "oa", diff)
+    assert distinguishable(0.0, 0.18) is False and distinguishable(-0.2, 0.0) is False
+    assert distinguishable(0.0004, 0.18) is False  # shown as [+0.000, +0.180]
+    assert distinguishable(0.0006, 0.18) is True and distinguishable(-0.3, -0.3) is True
+    assert distinguishable(None, None) is None and distinguishable(float("nan"), 1.0) is None
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("resamples", 0), ("resamples", -5), ("seed", -1), ("level", 1.5),
+                         ("level", 0.0), ("min_blocks", 1)]
+)  # fmt: skip
+def test_settings_that_give_no_interval_are_refused_naming_the_option(
+    field: str, value: float
+) -> None:
+    with pytest.raises(BootstrapError, match=f"bootstrap {field}: expected .* found {value}"):
+        BootstrapSettings(**{field: value})

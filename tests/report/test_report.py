@@ -169,6 +169,73 @@ def test_summary_pairs_runs_on_shared_blocks_and_says_why_not(tmp_path: Path) ->
     for label in ("TESSERA - AEF (DeepLab)", "SegFormer - DeepLab (TESSERA)"):
         (why,) = p.loc[p["pair"] == label, "sentence"]
         assert "not paired" in why and "no test block in common" in why
+    assert (p.loc[p["level"].notna(), "verdict"] != "no verdict").all()
     page = html.read_text()
-    assert page.index("Paired comparisons") < page.index("Test-split metrics")
-    assert "can support" in page
+    assert page.index("can support") < page.index("Test split, all runs") < page.index("Paired")
+
+
+def test_paired_differences_are_the_first_named_run_minus_the_second(tmp_path: Path) -> None:
+    """Four runs of four accuracies on the same blocks: each pair's difference is its label's
+    first run minus its second (SegFormer - DeepLab, TESSERA - AEF), with a matching sign
+    and an interval around it; swapping a pair's runs turns these red."""
+    ids = [f"b{i}" for i in range(12)]
+    right = {"aef_segformer": 0.9, "aef_deeplab": 0.6, "tessera_segformer": 0.7,
+             "tessera_deeplab": 0.8}  # fmt: skip
+    runs = {r: (*r.split("_"), ids, acc) for r, acc in right.items()}
+    paths = [blocks_run(tmp_path, run, *spec) for run, spec in runs.items()]
+    out, pairs = tmp_path / "summary.csv", tmp_path / "pairs.csv"
+    summary_main(["--runs", *runs, "--metrics", *paths, "--out", str(out),
+                  "--pairs", str(pairs)])  # fmt: skip
+    table = pd.read_csv(out).set_index("run")
+    p = pd.read_csv(pairs)
+    named = {"TESSERA - AEF (SegFormer)": ("tessera_segformer", "aef_segformer"),
+             "TESSERA - AEF (DeepLab)": ("tessera_deeplab", "aef_deeplab"),
+             "SegFormer - DeepLab (AEF)": ("aef_segformer", "aef_deeplab"),
+             "SegFormer - DeepLab (TESSERA)": ("tessera_segformer", "tessera_deeplab")}  # fmt: skip
+    assert set(p["pair"]) == set(named)
+    for label, (first, second) in named.items():
+        rows = p[p["pair"] == label]
+        assert len(rows) == 9 and (rows["b"] == first).all() and (rows["a"] == second).all()
+        sign = np.sign(right[first] - right[second])
+        for _, r in rows.iterrows():
+            fig = f"{r['figure']}_{r['level']}"
+            want = table.loc[first, fig] - table.loc[second, fig]
+            assert r["difference"] == pytest.approx(want, abs=1e-12), (label, fig)
+            assert np.sign(r["difference"]) == sign and r["lo"] <= r["difference"] <= r["hi"]
+            assert (
+                r["verdict"] == "distinguishable" and f": {r['difference']:+.3f} [" in r["sentence"]
+            )
+
+
+def test_too_few_blocks_give_no_interval_and_no_verdict_anywhere(tmp_path: Path) -> None:
+    """4 shared blocks, and a metrics.json that still holds bounds (as evaluate wrote them
+    before the floor): summary.csv and pairs.csv hold no bound and no verdict, say why, and
+    the page shows the figures alone with the reason once."""
+    ids = [f"b{i}" for i in range(4)]
+    runs = {"aef_segformer": ("aef", "segformer", ids, 0.9),
+            "tessera_segformer": ("tessera", "segformer", ids, 0.6)}  # fmt: skip
+    paths = [blocks_run(tmp_path, run, *spec) for run, spec in runs.items()]
+    for path in paths:  # an older metrics.json: bounds from 4 blocks
+        m = json.loads(Path(path).read_text())
+        m.update({f"{f}_{lv}_{e}": m[f"{f}_{lv}"] for f in ("oa", "miou", "f1")
+                  for lv in LEVELS for e in ("lo", "hi")})  # fmt: skip
+        m["bootstrap"]["reliable"] = True
+        Path(path).write_text(json.dumps(m))
+    out, pairs, html = tmp_path / "summary.csv", tmp_path / "pairs.csv", tmp_path / "s.html"
+    summary_main(["--runs", *runs, "--metrics", *paths, "--out", str(out), "--pairs", str(pairs),
+                  "--html", str(html)])  # fmt: skip
+    table = pd.read_csv(out)
+    bounds = [f"{f}_{lv}_{e}" for f in ("oa", "miou", "f1") for lv in LEVELS for e in ("lo", "hi")]
+    assert table[bounds].isna().all().all() and (table["blocks"] == 4).all()
+    p = pd.read_csv(pairs)
+    assert len(p) == 9 and p[["lo", "hi"]].isna().all().all()
+    assert (p["verdict"] == "no verdict").all() and p["difference"].lt(0).all()
+    assert (
+        p["sentence"].str.contains("only 4 shared test blocks (fewer than 10)", regex=False).all()
+    )
+    assert not p["sentence"].str.contains(r"\[|: distinguishable|: not distinguishable").any()
+    page = html.read_text()
+    assert page.count("Below 10 blocks no interval and no verdict") == 1
+    assert "no verdict (4 shared blocks)" in page and "unreliable" not in page
+    miou = json.loads(Path(paths[0]).read_text())["miou_l1"]
+    assert f">{miou:.3f}</td>" in page and f"{miou:.3f} <span" not in page

@@ -27,6 +27,12 @@ rule summary:
             category="Summary",
             labels={"figure": "paired comparisons (CSV)"},
         ),
+        pairs_png=report(
+            "results/pairs.png",
+            caption="../report/pairs_figure.rst",
+            category="Summary",
+            labels={"figure": "paired differences (forest plot)"},
+        ),
         provenance=report(
             "results/provenance.html",
             caption="../report/provenance.rst",
@@ -49,7 +55,8 @@ rule summary:
     shell:
         "python -m emb.report.summary --runs {params.runs:q} --metrics {input.metrics:q}"
         " --out={output.csv:q} --html={output.html:q} --png={output.png:q}"
-        " --provenance={output.provenance:q} --pairs={output.pairs:q} --histories {params.histories:q} > {log:q} 2>&1"
+        " --provenance={output.provenance:q} --pairs={output.pairs:q} --pairs-png={output.pairs_png:q}"
+        " --histories {params.histories:q} > {log:q} 2>&1"
 
 
 rule curves:

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from emb.cluster.supervise import EX_TEMPFAIL
+from emb.io import json_text
 
 
 def earlier_failure(record: Path, attempt: int) -> tuple[int, str] | None:
@@ -49,7 +50,7 @@ def record_failure(record: Path, attempt: int, code: int) -> None:
     when = time.strftime("%Y-%m-%dT%H:%M:%S")
     errors = _last_lines(errors_file(record), 3)
     info = {"attempt": attempt, "code": code, "when": when, "errors": errors}
-    record.write_text(json.dumps(info) + "\n")
+    record.write_text(json_text(info) + "\n")
 
 
 def errors_file(record: Path) -> Path:

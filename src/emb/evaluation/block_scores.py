@@ -9,7 +9,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from emb.evaluation.bootstrap import BootstrapSettings, block_intervals
+from emb.evaluation.bootstrap import BootstrapSettings, block_intervals, support_record
 from emb.evaluation.runs import LEVELS, RunError
 from emb.io import atomic_path
 from emb.metrics import NUM_CLASSES, grouped_confusions
@@ -73,23 +73,36 @@ def block_stacks(blocks: dict) -> tuple[list[str], dict[str, dict[str, np.ndarra
     }
 
 
+def _plain(value: object) -> float | list | None:
+    """A bound as a plain float, a list of them, or None where there is no interval (NaN,
+    a class absent from every resample, stays NaN here: ``emb.io.write_json`` writes null)."""
+    if isinstance(value, np.ndarray) and value.ndim:
+        value = value.tolist()
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return None if value is None else float(value)
+
+
 def interval_record(stacks: dict, selected: str, settings: BootstrapSettings) -> dict:
     """metrics.json ``intervals``: {weights: {level: {oa_lo, oa_hi, miou_lo, ...}}}, the
-    selected weights' bounds also flat (``miou_l3_lo``) next to the figures."""
+    selected weights' bounds also flat (``miou_l3_lo``) next to the figures, and ``bootstrap``
+    (:func:`emb.evaluation.bootstrap.support_record`: the blocks, whether they are enough for
+    an interval, and why not). Bounds are None where there is no interval."""
     out: dict = {"per_weights": {}}
+    n_blocks = 0
     for w, levels in stacks.items():
         out["per_weights"][w] = {}
         for lv, cms in levels.items():
             iv = block_intervals(cms, settings)
+            n_blocks = iv["blocks"]
             out["per_weights"][w][lv] = {
-                k: (v.tolist() if isinstance(v, np.ndarray) and v.ndim else float(v))
-                for k, v in iv.items()
-                if k not in ("blocks", "reliable")
+                k: _plain(v) for k, v in iv.items() if k not in ("blocks", "reliable")
             }
     for lv in LEVELS:
         for fig in FIGURES:
             for end in ("lo", "hi"):
                 out[f"{fig}_{lv}_{end}"] = out["per_weights"][selected][lv][f"{fig}_{end}"]
+    out["bootstrap"] = support_record(n_blocks, settings)
     return out
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from emb.io import json_text
 from emb.loading.shard_index import (
     ArrayAt,
     SampleAt,
@@ -60,7 +61,7 @@ def write_sidecar(url: str | Path, tar_bytes: int, members: list[Member]) -> Non
         "samples": len(_group(members)),
         "members": members,
     }
-    Path(sidecar_path(url)).write_text(json.dumps(index, separators=(",", ":")))
+    Path(sidecar_path(url)).write_text(json_text(index, separators=(",", ":")))
 
 
 class MissingSidecarWarning(UserWarning):

@@ -11,7 +11,6 @@ region is complete.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import shutil
 import tempfile
@@ -26,7 +25,7 @@ import rasterio
 
 from emb import cli
 from emb.classes import IGNORE, N_L3
-from emb.io import reading
+from emb.io import json_text, reading
 from emb.loading.buffer_pool import BufferPool
 from emb.prep.moments import moments_array, stores_moments, tile_moments
 from emb.prep.shard_writer import Payload, TarShard, encode_npy, publish_shards, write_shards
@@ -102,7 +101,7 @@ def tile_samples(
             }
             sample: dict[str, str | Payload] = {"__key__": f"{region}_{tile.row}_{tile.col}"}
             sample.update({f"{name}.npy": encode_npy(a) for name, a in arrays.items()})
-            sample["meta.json"] = (json.dumps(meta).encode(),)
+            sample["meta.json"] = (json_text(meta).encode(),)
             yield sample
 
 

@@ -7,6 +7,8 @@ what goes where and the figures can be tested on small arrays.
 from __future__ import annotations
 
 import html
+import io
+import re
 from pathlib import Path
 
 import matplotlib
@@ -23,6 +25,14 @@ from emb.io import atomic_path  # noqa: E402
 
 LEVELS = ("l1", "l2", "l3")
 DPI = 110
+
+
+def png_bytes(fig: Figure) -> bytes:
+    """``fig`` as PNG bytes (what a page embeds inline), its memory released."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=DPI, bbox_inches="tight")
+    plt.close(fig)
+    return buffer.getvalue()
 
 
 def save(fig: Figure, path: Path | str) -> Path:
@@ -266,4 +276,125 @@ def html_page(title: str, tables: list[tuple[str, pd.DataFrame]], floatfmt: str 
     return (
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
         f"<style>{style}</style></head><body>{''.join(parts)}</body></html>\n"
+    )
+
+
+VERDICT_COLOURS = {"distinguishable": "tab:red", "not distinguishable": "tab:blue"}
+
+
+def forest_figure(pairs: pd.DataFrame, floor: int, figure: str = "miou") -> Figure:
+    """Paired differences as a forest plot: one line per pair and level (``figure``'s rows of
+    ``pairs.csv``), the difference and its interval, a vertical line at 0; a difference
+    without an interval is a hollow point with the reason beside it, a pair that was not
+    paired is its label and the reason.
+
+    ``floor``: the fewest shared blocks an interval needs (named in the reason).
+    """
+    paired = pairs[pairs["figure"] == figure] if "figure" in pairs else pairs.iloc[:0]
+    unpaired = pairs[pairs["level"].isna()] if "level" in pairs else pairs.iloc[:0]
+    rows = list(paired.itertuples(index=False)) + list(unpaired.itertuples(index=False))
+    n = max(len(rows), 1)
+    fig, ax = plt.subplots(figsize=(9, 1.3 + 0.34 * n))
+    ax.axvline(0.0, color="black", linewidth=0.8)
+    values = [v for r in rows for v in (r.difference, r.lo, r.hi) if pd.notna(v)]
+    span = max([abs(v) for v in values] + [0.05]) * 1.15
+    labels = []
+    for y, r in enumerate(rows):
+        if pd.isna(r.level):
+            labels.append(r.pair)
+            why = re.split(r" \(|: ", str(r.sentence).split(": not paired: ", 1)[-1])[0]
+            ax.text(-span * 0.97, y, f"not paired: {why}", va="center", fontsize=7,
+                    color="dimgrey")  # fmt: skip
+            continue
+        labels.append(f"{r.pair} {str(r.level).upper()}")
+        if pd.notna(r.lo) and pd.notna(r.hi):
+            colour = VERDICT_COLOURS.get(r.verdict, "tab:blue")
+            ax.errorbar(r.difference, y, xerr=[[r.difference - r.lo], [r.hi - r.difference]],
+                        fmt="o", color=colour, capsize=3, markersize=4)  # fmt: skip
+        else:
+            ax.plot(r.difference, y, "o", mfc="white", mec="dimgrey", markersize=5)
+            ax.annotate(f"no interval: {int(r.blocks)} shared blocks (< {floor})",
+                        (r.difference, y), xytext=(6, 0), textcoords="offset points",
+                        va="center", fontsize=7, color="dimgrey")  # fmt: skip
+    ax.set_yticks(range(len(labels)), labels, fontsize=8)
+    ax.set_ylim(n - 0.5, -0.5)  # the first pair on top
+    ax.set_xlim(-span, span)
+    name = {"miou": "mIoU", "oa": "OA", "f1": "macro F1"}.get(figure, figure)
+    ax.set_xlabel(f"{name} difference (b - a), 95% block-bootstrap interval")
+    handles = [plt.Line2D([], [], marker="o", color=c, linestyle="", label=v)
+               for v, c in VERDICT_COLOURS.items()]  # fmt: skip
+    handles.append(plt.Line2D([], [], marker="o", mfc="white", mec="dimgrey", linestyle="",
+                              label="no interval (too few blocks)"))  # fmt: skip
+    ax.legend(handles=handles, fontsize=7, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=3,
+              frameon=False)  # fmt: skip
+    ax.set_title(f"Paired differences on the test split ({name})", fontsize=9, pad=20)
+    fig.tight_layout()
+    return fig
+
+
+INTERVAL = re.compile(r"^([+-]?\d+\.\d+) \[([+-]?\d+\.\d+), ([+-]?\d+\.\d+)\]$")
+PAGE_STYLE = (
+    "body{font-family:sans-serif;font-size:13px;margin:12px 16px}"
+    "table{border-collapse:collapse;margin-bottom:1.2em}"
+    "th,td{padding:3px 7px;border-bottom:1px solid #ddd;text-align:left;vertical-align:top}"
+    "th{background:#f2f2f2}td.num{text-align:right;white-space:nowrap}td.iv{text-align:right}"
+    ".ci{white-space:nowrap;color:#555;font-size:12px}"
+    "ul.caveats{max-width:1100px;padding-left:1.2em}"
+    "img{max-width:100%;display:block;margin-bottom:0.8em}"
+)
+
+
+def _cell(value: object) -> str:
+    """One cell: an interval cell "0.886 [0.848, 0.931]" may wrap before its bracket, never
+    inside it; a number is right-aligned, text left-aligned."""
+    if value is None or (isinstance(value, float) and np.isnan(value)):
+        return "<td></td>"
+    if isinstance(value, float):
+        return f"<td class='num'>{value:.3f}</td>"
+    text = str(value)
+    found = INTERVAL.match(text)
+    if found:
+        v, lo, hi = found.groups()
+        return f"<td class='iv'>{v} <span class='ci'>[{lo}, {hi}]</span></td>"
+    if re.fullmatch(r"[+-]?\d+(\.\d+)?", text):
+        return f"<td class='num'>{html.escape(text)}</td>"
+    return f"<td>{html.escape(text)}</td>"
+
+
+def html_table(frame: pd.DataFrame, table_id: str, grouped: bool = False) -> str:
+    """``frame`` as an HTML table (id ``table_id``). ``grouped``: columns "mIoU L1", "mIoU L2",
+    ... get one header "mIoU" over "L1", "L2", ... (a narrow table, no repeated names)."""
+    cols = [str(c) for c in frame.columns]
+    if grouped:
+        parts = [c.rsplit(" ", 1) if re.search(r" L\d$", c) else [c, ""] for c in cols]
+        top, sub = [], []
+        for group, level in parts:
+            if level and top and top[-1][0] == group and top[-1][2]:
+                top[-1][1] += 1
+            else:
+                top.append([group, 1, bool(level)])
+            if level:
+                sub.append(level)
+        first = "".join(
+            f"<th colspan='{span}'>{html.escape(g)}</th>" if grouped_ else
+            f"<th rowspan='2'>{html.escape(g)}</th>"
+            for g, span, grouped_ in top
+        )  # fmt: skip
+        head = f"<tr>{first}</tr><tr>{''.join(f'<th>{s}</th>' for s in sub)}</tr>"
+    else:
+        head = "<tr>" + "".join(f"<th>{html.escape(c)}</th>" for c in cols) + "</tr>"
+    body = "".join(
+        "<tr>" + "".join(_cell(v) for v in row) + "</tr>"
+        for row in frame.itertuples(index=False, name=None)
+    )
+    return f"<table id='{table_id}'><thead>{head}</thead><tbody>{body}</tbody></table>"
+
+
+def html_sections(title: str, sections: list[tuple[str, str]]) -> str:
+    """A self-contained HTML page of titled sections, each already HTML."""
+    parts = "".join(f"<h3>{html.escape(name)}</h3>{content}" for name, content in sections)
+    return (
+        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        f"<style>{PAGE_STYLE}</style></head><body><h2>{html.escape(title)}</h2>{parts}"
+        "</body></html>\n"
     )

@@ -1,36 +1,56 @@
-"""Stage: all runs side by side: ``summary.csv`` (one row per run), an HTML copy of the table
-for the report, and ``summary.png`` (mIoU, macro-F1 and OA per level, grouped by run).
+"""Stage: all runs side by side: ``summary.csv`` (one row per run), ``summary.html`` (the page a
+reader opens first), ``summary.png`` (mIoU, macro-F1 and OA per level, grouped by run),
+``pairs.csv`` and ``pairs.png`` (the paired differences as a forest plot).
 
-Columns: ``run``, ``weights`` (the weight set the figures belong to: ema or raw), the nine
-``{miou,f1,oa}_{l1,l2,l3}`` figures each with its 95% block-bootstrap interval
-(``_lo``/``_hi``) and ``blocks`` (test blocks it resampled), then ``raw_miou_l3`` /
-``ema_miou_l3`` where present, ``epoch`` and ``samples``; then the provenance of the model
-(``git_commit``, ``git_dirty``, library versions, ``config_digest``, ``manifest_digest``,
-``host``, ``device`` of its training, from the checkpoint) and ``evaluated_git_commit``.
+Columns of summary.csv: ``run``, ``weights`` (the weight set the figures belong to: ema or
+raw), the nine ``{miou,f1,oa}_{l1,l2,l3}`` figures each with its 95% block-bootstrap interval
+(``_lo``/``_hi``, empty where the run has too few test blocks for one) and ``blocks`` (test
+blocks it resampled), then ``raw_miou_l3`` / ``ema_miou_l3`` where present, ``epoch`` and
+``samples``; then the provenance of the model (``git_commit``, ``git_dirty``, library
+versions, ``config_digest``, ``manifest_digest``, ``host``, ``device`` of its training, from
+the checkpoint) and ``evaluated_git_commit``.
 
-``pairs.csv`` (and the top of the HTML page): the standard paired comparisons, TESSERA - AEF
-per architecture and SegFormer - DeepLab per source, each difference with the interval of a
-bootstrap that draws the same test blocks for both runs (:mod:`emb.evaluation.bootstrap`),
-and a plain sentence; runs that share no test block are not paired, and the row says why.
+``pairs.csv``: the standard paired comparisons, TESSERA - AEF per architecture and SegFormer -
+DeepLab per source, each difference with the interval of a bootstrap that draws the same test
+blocks for both runs (:mod:`emb.evaluation.bootstrap`, which also decides when there are too few
+blocks for an interval and a verdict), the ``verdict`` and a plain sentence; runs that share no
+test block are not paired, and the row says why.
+
+The HTML page leads with what the test split can support (stated once), then the runs (one row
+per run, each cell "0.886 [0.848, 0.931]"), then the forest plot and a compact table of the
+pairs, then validation against test.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
+import html
 import json
 import logging
+import math
 from pathlib import Path
 
 import pandas as pd
 
 from emb import cli
-from emb.evaluation.bootstrap import BootstrapSettings, paired_difference, verdict
+from emb.evaluation.bootstrap import (
+    DIGITS,
+    FEW_BLOCKS_WHY,
+    NO_VERDICT,
+    BootstrapSettings,
+    enough_blocks,
+    paired_difference,
+    verdict,
+    verdict_of,
+)
 from emb.io import atomic_path
 from emb.report import plots
 
 log = logging.getLogger(__name__)
 LEVELS = ("l1", "l2", "l3")
 FIGURES = ("miou", "f1", "oa")
+HEADLINE_ORDER = ("miou", "oa", "f1")  # the runs table: mIoU first, then OA and macro F1
 SIDE_BY_SIDE_TITLE = "Validation (the one that chose best.pt) and test: one definition"
 PROVENANCE_TITLE = "What made each run's model: code, libraries, config and data (digests)"
 METRIC_COLUMNS = (
@@ -38,10 +58,14 @@ METRIC_COLUMNS = (
     | {f"{split}{f}_{lv}" for split in ("", "val_") for f in FIGURES for lv in LEVELS}
     | {f"{f}_{lv}_{e}" for f in FIGURES for lv in LEVELS for e in ("lo", "hi")}
 )
-PAIRS_TITLE = "Paired comparisons (same test blocks resampled for both runs, 95% intervals)"
+RUNS_TITLE = "Test split, all runs"
+PAIRS_TITLE = "Paired differences (b - a, the same test blocks resampled for both runs)"
+CAVEATS_TITLE = "What this test split can support"
 SOURCE_NAMES = {"aef": "AEF", "tessera": "TESSERA"}
 ARCH_NAMES = {"segformer": "SegFormer", "deeplab": "DeepLab"}
 FIGURE_NAMES = {"miou": "mIoU", "f1": "macro F1", "oa": "OA"}
+PAIR_COLUMNS = ["pair", "a", "b", "level", "figure", "difference", "lo", "hi", "blocks",
+                "reliable", "verdict", "sentence"]  # fmt: skip
 
 
 def standard_pairs(metas: dict[str, dict]) -> list[tuple[str, str, str]]:
@@ -59,22 +83,27 @@ def standard_pairs(metas: dict[str, dict]) -> list[tuple[str, str, str]]:
     return pairs
 
 
+def settings_of(metrics: dict) -> BootstrapSettings:
+    """The bootstrap a run's intervals were drawn with (resamples, seed, level from its
+    metrics.json); the block floor is always this code's (:func:`enough_blocks`)."""
+    boot = metrics.get("bootstrap") or {}
+    return BootstrapSettings(**{k: boot[k] for k in ("resamples", "seed", "level") if k in boot})
+
+
 def paired_comparisons(metas: dict[str, dict], blocks: dict[str, Path]) -> pd.DataFrame:
-    """One row per (pair, level, figure): difference, interval, shared blocks, a sentence; or
-    one row per pair that cannot be compared, saying why."""
+    """One row per (pair, level, figure): difference, interval (none below the block floor),
+    shared blocks, verdict, a sentence; or one row per pair that cannot be compared, saying
+    why."""
     from emb.evaluation.block_scores import read_blocks
 
     rows = []
     for label, a, b in standard_pairs(metas):
         ma, mb = metas[a], metas[b]
-        boot = ma.get("bootstrap") or {}
         why = None
-        if not boot or not blocks.get(a) or not blocks.get(b):
+        if not ma.get("bootstrap") or not blocks.get(a) or not blocks.get(b):
             why = "no per-block matrices (evaluated before blocks.npz existed): re-run evaluate"
         if why is None:
-            settings = BootstrapSettings(
-                **{k: boot[k] for k in ("resamples", "seed", "level", "min_blocks") if k in boot}
-            )
+            settings = settings_of(ma)
             for lv in LEVELS:
                 pa = read_blocks(blocks[a], ma["weights"], lv)
                 pb = read_blocks(blocks[b], mb["weights"], lv)
@@ -86,29 +115,33 @@ def paired_comparisons(metas: dict[str, dict], blocks: dict[str, Path]) -> pd.Da
                     )
                     break
                 for f in FIGURES:
-                    text = verdict(f"{label} {FIGURE_NAMES[f]} {lv.upper()}", f, diff)
+                    text = verdict(f"{label} {FIGURE_NAMES[f]} {lv.upper()}", f, diff, settings)
                     rows.append({
                         "pair": label, "a": a, "b": b, "level": lv, "figure": f,
                         "difference": diff[f], "lo": diff[f"{f}_lo"], "hi": diff[f"{f}_hi"],
-                        "blocks": diff["blocks"], "reliable": diff["reliable"], "sentence": text,
+                        "blocks": diff["blocks"], "reliable": diff["reliable"],
+                        "verdict": verdict_of(diff, f), "sentence": text,
                     })  # fmt: skip
         if why is not None:
             rows = [r for r in rows if r["pair"] != label]
-            rows.append({"pair": label, "a": a, "b": b, "sentence": f"{label}: not paired: {why}"})
-    columns = ["pair", "a", "b", "level", "figure", "difference", "lo", "hi", "blocks",
-               "reliable", "sentence"]  # fmt: skip
-    return pd.DataFrame(rows, columns=columns)
+            rows.append({"pair": label, "a": a, "b": b, "verdict": NO_VERDICT,
+                         "sentence": f"{label}: not paired: {why}"})  # fmt: skip
+    return pd.DataFrame(rows, columns=PAIR_COLUMNS)
 
 
 def summary_row(run: str, metrics: dict) -> dict:
-    """One run's row: the selected weights' figures, and L3 mIoU of each weight set."""
+    """One run's row: the selected weights' figures with their intervals (none where the run
+    has too few test blocks, whatever an older metrics.json holds), and L3 mIoU of each weight
+    set."""
     row = {"run": run, "weights": metrics.get("weights", "raw")}
+    blocks = (metrics.get("bootstrap") or {}).get("blocks")
+    enough = blocks is not None and enough_blocks(int(blocks), settings_of(metrics))
     for lv in LEVELS:
         for f in FIGURES:
             row[f"{f}_{lv}"] = metrics[f"{f}_{lv}"]
             for end in ("lo", "hi"):
-                row[f"{f}_{lv}_{end}"] = metrics.get(f"{f}_{lv}_{end}")
-    row["blocks"] = metrics.get("bootstrap", {}).get("blocks")
+                row[f"{f}_{lv}_{end}"] = metrics.get(f"{f}_{lv}_{end}") if enough else None
+    row["blocks"] = blocks
     for name in metrics.get("weight_sets", []):
         row[f"{name}_miou_l3"] = metrics[name]["l3"]["miou"]
     row.update({k: metrics.get(k) for k in ("epoch", "samples")})
@@ -147,30 +180,111 @@ def side_by_side(table: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def split_support(metas: dict[str, dict], pairs: pd.DataFrame) -> pd.DataFrame:
-    """In words, per run and per pair: whether the test split has enough blocks to judge."""
+def _number(value: object) -> float | None:
+    """A finite float, or None (a missing bound: None, NaN or an empty CSV cell)."""
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def interval_text(value: object, lo: object, hi: object, signed: bool = False) -> str:
+    """ "0.886 [0.848, 0.931]" (signed: "+0.012 [-0.004, +0.030]"); the figure alone where
+    there is no interval."""
+    sign = "+" if signed else ""
+    v, lo_, hi_ = _number(value), _number(lo), _number(hi)
+    if v is None:
+        return ""
+    text = f"{v:{sign}.{DIGITS}f}"
+    if lo_ is None or hi_ is None:
+        return text
+    return f"{text} [{lo_:{sign}.{DIGITS}f}, {hi_:{sign}.{DIGITS}f}]"
+
+
+def runs_cells(table: pd.DataFrame) -> pd.DataFrame:
+    """The runs table a reader came for: run, weights, test blocks, then mIoU, OA and macro F1
+    per level, each cell "0.886 [0.848, 0.931]" (the bounds and every other column stay in
+    summary.csv)."""
+    out = table[["run", "weights", "blocks"]].copy()
+    for f in HEADLINE_ORDER:
+        for lv in LEVELS:
+            out[f"{FIGURE_NAMES[f]} {lv.upper()}"] = [
+                interval_text(r[f"{f}_{lv}"], r.get(f"{f}_{lv}_lo"), r.get(f"{f}_{lv}_hi"))
+                for _, r in table.iterrows()
+            ]
+    out["blocks"] = [("" if _number(b) is None else str(int(b))) for b in out["blocks"]]
+    return out
+
+
+def pair_cells(pairs: pd.DataFrame, figure: str = "miou") -> pd.DataFrame:
+    """The compact pair table: pair, level, difference [lo, hi] of ``figure``, verdict (with
+    the shared blocks where there is no verdict); a pair that was not paired says why."""
     rows = []
-    for run, m in metas.items():
-        boot = m.get("bootstrap") or {}
-        rows.append({"what": run, "note": boot.get("note", "no intervals (re-run evaluate)")})
+    for _, r in pairs.iterrows():
+        if pd.isna(r["level"]):
+            rows.append({"pair": r["pair"], "level": "", "difference": "",
+                         "verdict": str(r["sentence"]).split(": not paired: ", 1)[-1]})  # fmt: skip
+            continue
+        if r["figure"] != figure:
+            continue
+        word = r["verdict"]
+        if word == NO_VERDICT:
+            word = f"{NO_VERDICT} ({int(r['blocks'])} shared blocks)"
+        rows.append({"pair": r["pair"], "level": str(r["level"]).upper(),
+                     "difference": interval_text(r["difference"], r["lo"], r["hi"], signed=True),
+                     "verdict": word})  # fmt: skip
+    name = f"{FIGURE_NAMES[figure]} difference [95% interval]"
+    frame = pd.DataFrame(rows, columns=["pair", "level", "difference", "verdict"])
+    return frame.rename(columns={"difference": name})
+
+
+def caveats(table: pd.DataFrame, metas: dict[str, dict], pairs: pd.DataFrame) -> list[str]:
+    """What the test split can support, said once: how intervals are made, the block floor
+    and why, the blocks of each run and of each pair."""
+    settings = settings_of(next(iter(metas.values()))) if metas else BootstrapSettings()
+    lines = [
+        f"Intervals: {settings.level:.0%} percentile intervals of a bootstrap over the test "
+        f"split's spatial blocks ({settings.resamples} resamples), never over tiles; a "
+        "difference is distinguishable only when its interval excludes 0.",
+        f"Below {settings.min_blocks} blocks no interval and no verdict is given, because "
+        f"{FEW_BLOCKS_WHY}: such a run shows its figure alone, such a pair its difference alone.",
+    ]
+    per_run = [f"{r} {b}" for r, b in zip(table["run"], runs_cells(table)["blocks"], strict=True)]
+    lines.append("Test blocks per run: " + ", ".join(per_run) + ".")
+    shared, apart = [], []
     for label, part in pairs.groupby("pair", sort=False):
         if part["level"].isna().all():
-            rows.append({"what": label, "note": part["sentence"].iloc[0]})
-            continue
-        n = int(part["blocks"].iloc[0])
-        ok = bool(part["reliable"].iloc[0])
-        told = part[(part["lo"] > 0) | (part["hi"] < 0)]
-        apart = ", ".join(
-            f"{FIGURE_NAMES[f]} {lv.upper()}"
-            for f, lv in zip(told["figure"], told["level"], strict=True)
-        )
-        note = (
-            f"{n} shared test blocks: "
-            + ("enough for an interval; " if ok else "too few for a reliable interval; ")
-            + (f"distinguishable on {apart}" if apart else "no figure is distinguishable")
-        )
-        rows.append({"what": label, "note": note})
-    return pd.DataFrame(rows, columns=["what", "note"])
+            apart.append(f"{label} ({part['sentence'].iloc[0].split(': not paired: ', 1)[-1]})")
+        else:
+            shared.append(f"{label} {int(part['blocks'].iloc[0])}")
+    if shared:
+        lines.append("Shared test blocks per pair: " + ", ".join(shared) + ".")
+    if apart:
+        lines.append("Not paired: " + "; ".join(apart) + ".")
+    return lines
+
+
+def summary_page(
+    table: pd.DataFrame, metas: dict[str, dict], pairs: pd.DataFrame, forest_png: bytes | None
+) -> str:
+    """summary.html: caveats once, the runs table, the forest plot and the compact pair table,
+    validation against test; self-contained (the plot inline), readable at 1400 px."""
+    notes = "".join(f"<li>{html.escape(line)}</li>" for line in caveats(table, metas, pairs))
+    forest = ""
+    if forest_png is not None:
+        data = base64.b64encode(forest_png).decode()
+        forest = (f"<img id='forest' alt='paired differences (forest plot)' "
+                  f"src='data:image/png;base64,{data}'>")  # fmt: skip
+    sections = [
+        (CAVEATS_TITLE, f"<ul class='caveats'>{notes}</ul>"),
+        (RUNS_TITLE, plots.html_table(runs_cells(table), "runs", grouped=True)),
+        (PAIRS_TITLE, forest + plots.html_table(pair_cells(pairs), "pairs")
+         + "<p>OA and macro-F1 differences: <code>pairs.csv</code>; every column of every run: "
+         "<code>summary.csv</code>.</p>"),
+        (SIDE_BY_SIDE_TITLE, plots.html_table(side_by_side(table), "side-by-side")),
+    ]  # fmt: skip
+    return plots.html_sections("emb summary", sections)
 
 
 def summarize(
@@ -191,11 +305,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--runs", nargs="+", required=True)
     parser.add_argument("--metrics", type=Path, nargs="+", required=True)
     parser.add_argument("--out", type=Path, required=True, help="summary.csv")
-    parser.add_argument("--html", type=Path, help="the table as HTML (for the report)")
+    parser.add_argument("--html", type=Path, help="summary.html (the page; the report shows it)")
     parser.add_argument("--png", type=Path, help="summary.png")
     parser.add_argument("--provenance", type=Path, help="the provenance table as HTML")
     parser.add_argument("--histories", type=Path, nargs="+", help="history.csv of each run")
     parser.add_argument("--pairs", type=Path, help="pairs.csv (the paired comparisons)")
+    parser.add_argument("--pairs-png", type=Path, help="pairs.png (the forest plot)")
     args = parser.parse_args(argv)
     table = summarize(args.runs, args.metrics, args.histories)
     with atomic_path(args.out) as tmp:
@@ -213,13 +328,16 @@ def main(argv: list[str] | None = None) -> None:
             pairs.to_csv(tmp, index=False)
     for sentence in pairs["sentence"]:
         log.info("%s", sentence)
+    forest_png = None
+    if args.pairs_png or args.html:
+        floor = BootstrapSettings().min_blocks
+        forest_png = plots.png_bytes(plots.forest_figure(pairs, floor))
+        if args.pairs_png:
+            with atomic_path(args.pairs_png) as tmp:
+                tmp.write_bytes(forest_png)
     if args.html:
-        tables = [(PAIRS_TITLE, pairs[["sentence", "blocks"]]),
-                  ("What this test split can support", split_support(metas, pairs)),
-                  ("Test-split metrics, all runs", table),
-                  (SIDE_BY_SIDE_TITLE, side_by_side(table))]  # fmt: skip
         with atomic_path(args.html) as tmp:
-            tmp.write_text(plots.html_page("emb summary", tables))
+            tmp.write_text(summary_page(table, metas, pairs, forest_png))
     if args.provenance:
         page = plots.html_page("emb provenance", [(PROVENANCE_TITLE, provenance_table(table))])
         with atomic_path(args.provenance) as tmp:
