@@ -271,3 +271,44 @@ def test_a_failed_region_in_a_grouped_job_is_named_in_its_logs(workdir: Path) ->
     assert failed and "region=bad_region" in failed[-1], [str(p) for p in group_logs]
     log = (workdir / "logs/align_labels/aef/bad_region.log").read_text()  # its own log: why
     assert f"ERROR emb.prep.align_labels: {aef}: cannot read it" in log, log
+
+
+@pytest.fixture
+def two_nodes(slurm) -> None:
+    """The local SLURM as two nodes of this machine (two slurmd, scripts/slurm/start.sh
+    --nodes 2); back to one node afterwards, for the tests after this one."""
+    cmd = ["timeout", "-k", "10", "300", str(REPO / "scripts/slurm/start.sh")]
+    start = subprocess.run([*cmd, "--nodes", "2"], capture_output=True, text=True)
+    assert start.returncode == 0, start.stdout[-3000:] + start.stderr[-3000:]
+    yield
+    subprocess.run(cmd, capture_output=True, text=True)
+
+
+def test_training_on_two_nodes_runs_one_srun_task_per_node_meeting_through_c10d(
+    two_nodes, tmp_path: Path
+) -> None:
+    """``nodes: 2`` for gpu_check and train through the profile (2 processes each: the plugin
+    refuses an ``mpi`` job of 1 task per node): srun starts one task on each node, the check
+    runs on both, the two torchrun agents meet at the first node; rank 0 alone logs."""
+    profile = yaml.safe_load((PROFILE / "config.v8+.yaml").read_text())
+    for rule in ("gpu_check", "train"):
+        profile["set-resources"][rule] = {**profile["set-resources"][rule], "nodes": 2}
+    (tmp_path / "two").mkdir()
+    (tmp_path / "two" / "config.v8+.yaml").write_text(yaml.safe_dump(profile))
+    work = tmp_path / "work"
+    shutil.copytree(REPO / "config", work / "config")
+    shutil.copytree(REPO / ".test", work / ".test")
+    result = snakemake(work, tmp_path / "two", "results/gpu_check.json",
+                       "results/runs/aef_segformer/train.json",
+                       "--config", "runs=[aef_segformer]")  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    log = (work / "logs/train/aef_segformer.log").read_text()
+    assert "launch: srun --nodes=2 --ntasks=2 --ntasks-per-node=1" in log
+    assert re.search(r"--nnodes=2 --rdzv_backend=c10d --rdzv_endpoint=127\.0\.0\.1:\d+", log)
+    run_dir = work / "results/runs/aef_segformer"
+    records = [json.loads((run_dir / f"ranks/rank{r}.json").read_text()) for r in range(4)]
+    assert [r["world"] for r in records] == [4] * 4
+    assert len({r["digest"] for r in records}) == 1
+    assert log.count("world size 4, batch") == 1  # rank 0's log, once for the job
+    report = json.loads((work / "results/gpu_check.json").read_text())
+    assert report["env"]["SLURM_STEP_ID"] == "0"

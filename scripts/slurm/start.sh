@@ -7,12 +7,16 @@
 # not already running, restarts slurmctld/slurmd if the config changed, then waits until
 # the node is idle and (unless --no-check) runs one tiny batch job.
 #
-# Usage:  start.sh [--accounting none|dbd] [--no-check]
+# Usage:  start.sh [--accounting none|dbd] [--nodes N] [--no-check]
 #   --accounting none  (default) no slurmdbd: `sacct` does NOT work; use squeue polling
 #                      (snakemake: --slurm-status-command squeue; MinJobAge=600 here).
 #   --accounting dbd   MariaDB + slurmdbd: `sacct`/`sacctmgr` work; the snakemake slurm
 #                      plugin works with its defaults. Adds ~300 MB of packages, ~5 s.
-# Env overrides: SLURM_LOCAL_DIR (default /tmp/emb-slurm), SLURM_LOCAL_ACCOUNTING,
+#   --nodes N          N nodes on this one machine (default 1, NodeName=localhost): node1..nodeN,
+#                      one slurmd each on ports 6818.. (Debian's Slurm is built with
+#                      --enable-multiple-slurmd: `scontrol show config` says MULTIPLE_SLURMD=Yes),
+#                      each with all CPUs and the memory below (they share them).
+# Env overrides: SLURM_LOCAL_DIR (default /tmp/emb-slurm), SLURM_LOCAL_ACCOUNTING, SLURM_LOCAL_NODES,
 #                SLURM_LOCAL_CPUS (default nproc --all), SLURM_LOCAL_MEM_MB (default 85% of RAM),
 #                SLURM_LOCAL_ETC_LINK=0 to NOT symlink /etc/slurm/slurm.conf (then every
 #                client needs SLURM_CONF, and the snakemake slurm-jobstep plugin breaks
@@ -22,17 +26,21 @@ set -euo pipefail
 
 BASE=${SLURM_LOCAL_DIR:-/tmp/emb-slurm}
 ACCT=${SLURM_LOCAL_ACCOUNTING:-none}
+NODES=${SLURM_LOCAL_NODES:-1}
 CHECK=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --accounting) ACCT=$2; shift 2 ;;
     --accounting=*) ACCT=${1#*=}; shift ;;
+    --nodes) NODES=$2; shift 2 ;;
+    --nodes=*) NODES=${1#*=}; shift ;;
     --no-check) CHECK=0; shift ;;
-    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
 done
 case "$ACCT" in none|dbd) ;; *) echo "--accounting must be none or dbd" >&2; exit 2 ;; esac
+case "$NODES" in ''|*[!0-9]*|0) echo "--nodes must be a positive integer, found '$NODES'" >&2; exit 2 ;; esac
 
 CLUSTER=local
 NODE=localhost
@@ -43,7 +51,25 @@ MUNGE_SOCK=$BASE/munge-run/munge.socket.2
 DB_PORT=3307
 DB_SOCK=$BASE/mysql/run/mysqld.sock
 CONF=$BASE/etc/slurm.conf
-export SLURM_CONF=$CONF   # daemons + commands in this script; slurmdbd reads $BASE/etc/slurmdbd.conf
+export SLURM_CONF=$CONF
+if [ "$NODES" = 1 ]; then
+  NAMES=("$NODE")
+  NODE_LINES="NodeName=$NODE CPUs=$CPUS RealMemory=$MEM_MB State=UNKNOWN"
+  SLURMD_FILES="SlurmdSpoolDir=$BASE/spool
+SlurmdPidFile=$BASE/run/slurmd.pid
+SlurmdLogFile=$BASE/log/slurmd.log"
+else  # several slurmd on this host: each its own name, port, spool, pid and log (%n)
+  NAMES=(); NODE_LINES=""
+  for i in $(seq "$NODES"); do
+    NAMES+=("node$i")
+    NODE_LINES+="NodeName=node$i NodeHostname=localhost NodeAddr=127.0.0.1 Port=$((6817 + i)) CPUs=$CPUS RealMemory=$MEM_MB State=UNKNOWN"$'\n'
+  done
+  NODE_LINES=${NODE_LINES%$'\n'}
+  SLURMD_FILES="SlurmdSpoolDir=$BASE/spool/%n
+SlurmdPidFile=$BASE/run/slurmd-%n.pid
+SlurmdLogFile=$BASE/log/slurmd-%n.log"
+fi
+slurmd_pidfile() { [ "$NODES" = 1 ] && echo "$BASE/run/slurmd.pid" || echo "$BASE/run/slurmd-$1.pid"; }   # daemons + commands in this script; slurmdbd reads $BASE/etc/slurmdbd.conf
 T0=$(date +%s)
 log() { printf '[start-local-slurm %3ss] %s\n' "$(( $(date +%s) - T0 ))" "$*"; }
 
@@ -124,11 +150,9 @@ SelectTypeParameters=CR_Core_Memory
 SchedulerType=sched/backfill
 ReturnToService=2
 StateSaveLocation=$BASE/state
-SlurmdSpoolDir=$BASE/spool
+$SLURMD_FILES
 SlurmctldPidFile=$BASE/run/slurmctld.pid
-SlurmdPidFile=$BASE/run/slurmd.pid
 SlurmctldLogFile=$BASE/log/slurmctld.log
-SlurmdLogFile=$BASE/log/slurmd.log
 SlurmctldPort=6817
 SlurmdPort=6818
 MailProg=/bin/true
@@ -142,7 +166,7 @@ KillWait=5
 InactiveLimit=0
 SlurmctldTimeout=30
 SlurmdTimeout=30
-NodeName=$NODE CPUs=$CPUS RealMemory=$MEM_MB State=UNKNOWN
+$NODE_LINES
 PartitionName=$PART Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 EOF
 )
@@ -216,7 +240,7 @@ fi
 
 # ---------------------------------------------------------------- slurmctld, slurmd
 if [ "$CONF_CHANGED" = 1 ]; then
-  stop_pidfile "$BASE/run/slurmd.pid" slurmd
+  for pf in "$BASE"/run/slurmd*.pid; do stop_pidfile "$pf" slurmd; done  # any node count before
   stop_pidfile "$BASE/run/slurmctld.pid" slurmctld
 fi
 if ! is_running "$BASE/run/slurmctld.pid" slurmctld; then
@@ -224,25 +248,31 @@ if ! is_running "$BASE/run/slurmctld.pid" slurmctld; then
   slurmctld -i          # -i: ignore unreadable state files instead of refusing to start
 fi
 wait_for 30 slurmctld scontrol ping
-if ! is_running "$BASE/run/slurmd.pid" slurmd; then
-  log "starting slurmd"
-  slurmd -N "$NODE"     # hostname is not 'localhost', so name the node explicitly
-fi
-node_ok() { sinfo -h -n "$NODE" -o %t | grep -qE '^(idle|mix|alloc|comp)'; }
-if ! wait_for 30 "node $NODE idle" node_ok; then
-  scontrol update NodeName="$NODE" State=RESUME || true
-  wait_for 15 "node $NODE idle after resume" node_ok
-fi
+for name in "${NAMES[@]}"; do
+  mkdir -p "$BASE/spool/$name"
+  if ! is_running "$(slurmd_pidfile "$name")" slurmd; then
+    log "starting slurmd $name"
+    slurmd -N "$name"   # hostname is not 'localhost' (nor node1..): name the node explicitly
+  fi
+done
+for name in "${NAMES[@]}"; do
+  node_ok() { sinfo -h -n "$name" -o %t | grep -qE '^(idle|mix|alloc|comp)'; }
+  if ! wait_for 30 "node $name idle" node_ok; then
+    scontrol update NodeName="$name" State=RESUME || true
+    wait_for 15 "node $name idle after resume" node_ok
+  fi
+done
 
 if [ "$CHECK" = 1 ]; then
-  out=$(cd "$BASE" && timeout 120 srun -p "$PART" -t 1 --mem 50 -n1 hostname 2>&1) \
+  out=$(cd "$BASE" && timeout 120 srun -p "$PART" -t 1 --mem 50 -N"$NODES" -n"$NODES" hostname 2>&1) \
     || { echo "check job (srun hostname) failed: $out" >&2; exit 1; }
   log "check job ran on: $out"
 fi
 
 log "SLURM up (accounting=$ACCT) in $(( $(date +%s) - T0 ))s"
 for d in munged:"$BASE/munge-run/munged.pid" mariadbd:"$BASE/mysql/run/mysqld.pid" \
-         slurmdbd:"$BASE/run/slurmdbd.pid" slurmctld:"$BASE/run/slurmctld.pid" slurmd:"$BASE/run/slurmd.pid"; do
+         slurmdbd:"$BASE/run/slurmdbd.pid" slurmctld:"$BASE/run/slurmctld.pid" \
+         $(for name in "${NAMES[@]}"; do echo "slurmd:$(slurmd_pidfile "$name")"; done); do
   is_running "${d#*:}" "${d%%:*}" && echo "  ${d%%:*} pid $(cat "${d#*:}")"
 done
 sinfo

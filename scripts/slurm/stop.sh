@@ -22,7 +22,7 @@ stop_pidfile() {  # stop_pidfile PIDFILE COMM
 
 # cancel leftover jobs first so slurmd does not leave orphans behind
 command -v scancel >/dev/null && [ -f "$SLURM_CONF" ] && timeout 10 scancel --quiet --user=root 2>/dev/null
-stop_pidfile "$BASE/run/slurmd.pid" slurmd
+for pf in "$BASE"/run/slurmd*.pid; do stop_pidfile "$pf" slurmd; done  # one per node
 stop_pidfile "$BASE/run/slurmctld.pid" slurmctld      # its child slurmscriptd exits with it
 stop_pidfile "$BASE/run/slurmdbd.pid" slurmdbd
 stop_pidfile "$BASE/mysql/run/mysqld.pid" mariadbd

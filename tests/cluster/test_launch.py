@@ -13,7 +13,16 @@ import pytest
 from conftest import REPO, venv_env
 from fake_gpus import fake_gpu_command
 
-from emb.cluster.launch import NPROC_ENV, Launch, c10d_port, command, environment, rule_options
+from emb.cluster.launch import (
+    NPROC_ENV,
+    Launch,
+    c10d_port,
+    command,
+    environment,
+    parse_args,
+    prepare,
+    rule_options,
+)
 from emb.cluster.retries import earlier_failure, record_failure
 from emb.cluster.supervise import (
     EX_TEMPFAIL,
@@ -44,13 +53,29 @@ def test_several_nodes_run_one_srun_task_per_node_meeting_at_the_first_node() ->
     cmd = command(launch, *TRAIN, "nid001:29442", "1234")
     assert cmd[:6] == ["srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1",
                        "--cpus-per-task=56", "--kill-on-bad-exit=1"]  # fmt: skip
-    assert cmd[6:11] == ["python", "-m", "emb.cluster.launch", "--supervise", "--"]
-    torchrun = cmd[11:]
+    assert cmd[6:13] == ["python", "-m", "emb.cluster.launch", "--supervise", "--nodes=2",
+                         "--rdzv-timeout=600", "--"]  # fmt: skip
+    torchrun = cmd[13:]
     assert torchrun[0] == "torchrun"
     for arg in ("--nnodes=2", "--rdzv_backend=c10d", "--rdzv_endpoint=nid001:29442",
-                "--rdzv_id=1234", "--nproc_per_node=8"):  # fmt: skip
+                "--rdzv_id=1234", "--nproc_per_node=8",
+                "--rdzv_conf=join_timeout=600,read_timeout=600"):  # fmt: skip
         assert arg in torchrun
     assert "--standalone" not in torchrun
+
+
+def test_nodes_started_by_hand_meet_at_the_endpoint_given() -> None:
+    """Without SLURM (``--endpoint``): the node command runs directly, the same torchrun an
+    srun task runs; the rendezvous waits ``rdzv_timeout_s``; on one machine, where every
+    node's host matches the endpoint, ``hosts_endpoint`` says which node hosts it."""
+    launch = Launch(nodes=2, endpoint="127.0.0.1:29500", hosts_endpoint=False, rdzv_timeout_s=30)
+    cmd = command(launch, *TRAIN, launch.endpoint, "job7")
+    assert cmd[:6] == ["torchrun", "--nnodes=2", "--rdzv_backend=c10d",
+                       "--rdzv_endpoint=127.0.0.1:29500", "--rdzv_id=job7",
+                       "--rdzv_conf=join_timeout=30,read_timeout=30,is_host=0"]  # fmt: skip
+    srun = command(Launch(nodes=2, srun=True), *TRAIN, "127.0.0.1:29500", "job7")
+    at = srun.index("torchrun")
+    assert srun[at : at + 5] == cmd[:5]  # an srun task runs the same torchrun
 
 
 def test_srun_on_one_node_stays_standalone_unless_c10d_is_asked() -> None:
@@ -104,7 +129,10 @@ def test_environment_defaults_expand_at_launch_and_never_override_the_user() -> 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"nodes": 2}, "2 nodes need srun"),
+        ({"nodes": 2}, r"2 nodes need srun \(a SLURM allocation\) or --endpoint HOST:PORT"),
+        ({"nodes": 2, "endpoint": "nohost"}, "endpoint: expected HOST:PORT, found 'nohost'"),
+        ({"nodes": 2, "endpoint": "h:1", "srun": True}, "found both"),
+        ({"rdzv_timeout_s": 0}, "rdzv_timeout_s must be >= 1, found 0"),
         ({"nproc_per_node": 0}, "nproc_per_node must be >= 1, found 0"),
         ({"rendezvous": "etcd"}, "rendezvous must be one of"),
         ({"env": ("NOEQUALS",)}, "expected NAME=VALUE"),
@@ -281,14 +309,19 @@ def test_processes_that_fit_the_gpus_launch() -> None:
     assert "--nproc_per_node=2" in done.stdout
 
 
-def test_each_srun_task_checks_its_own_gpus() -> None:
+def test_each_srun_task_checks_its_own_gpus(tmp_path: Path) -> None:
     """Under srun (or a container) the node command runs in ``--supervise``: the check is there,
-    with the processes per node from the launch's environment."""
-    env = {**venv_env(), NPROC_ENV: "2"}
-    cmd = fake_gpu_command(1, "emb.cluster.launch", "--supervise", "--", "true")
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2
-    assert "2 processes per node but 1 visible GPU(s)" in done.stderr
-    env[NPROC_ENV] = "1"
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
+    with the processes per node the launcher exported. The task's command and environment are
+    the launcher's own (``prepare``), run as srun runs them on each node (issue 42)."""
+    base = {k: v for k, v in venv_env().items() if k != NPROC_ENV and not k.startswith("SLURM_")}
+    for nproc, expected in ((2, 2), (1, 0)):
+        args = parse_args(["--srun", "--nproc-per-node", str(nproc), "--", "json.tool",
+                           "--help"])  # fmt: skip
+        _, cmd, env = prepare(args, base)
+        task = cmd[cmd.index("python") + 3 :]  # srun's options and "python -m MODULE" dropped
+        assert task[0] == "--supervise"
+        done = subprocess.run(fake_gpu_command(1, "emb.cluster.launch", *task), env=env,
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert done.returncode == expected, done.stderr
+        if expected:
+            assert f"{nproc} processes per node but 1 visible GPU(s)" in done.stderr

@@ -7,7 +7,14 @@ data set because training was started the wrong way:
 - one node, N processes: ``torchrun --standalone --nproc_per_node=N -m MODULE ARGS``;
 - inside a SLURM allocation (``--srun``): ``srun`` starts one task per node, each task runs the
   node command above; across several nodes (or with ``--rendezvous c10d``) torchrun meets the
-  other nodes through a c10d rendezvous on the first node of the allocation.
+  other nodes through a c10d rendezvous on the first node of the allocation (its ``NodeAddr``);
+- nodes started without SLURM (``--endpoint HOST:PORT``, the same ``--run-id`` on each): the
+  same torchrun, run here; tests start two such nodes on one machine.
+
+Across nodes the rendezvous waits ``--rdzv-timeout`` seconds (600) for every node, and each
+node's launcher beats in a store on the first node (:mod:`emb.cluster.watch`): when the node
+command fails, the launcher names the nodes that stopped beating (exit 75: the retry resumes
+from ``last.pt``) or never came.
 
 Why ``srun`` even on one node: Snakemake's SLURM plugin runs a rule with an ``mpi`` resource in
 the batch step, and ``sbatch --signal=USR1@N`` (without ``B:``) signals job steps only. The
@@ -45,12 +52,13 @@ from pathlib import Path
 from emb.cli import ERROR_FILE_ENV
 from emb.cluster.gpu_check import too_many_processes
 from emb.cluster.retries import earlier_failure, errors_file, record_failure
-from emb.cluster.slurm import SlurmError, first_node, job_end_time
+from emb.cluster.slurm import SlurmError, first_node, job_end_time, node_address
 from emb.cluster.supervise import EX_TEMPFAIL, LaunchError, resumable_exit, supervise
 
 RENDEZVOUS = ("auto", "standalone", "c10d")
 LAUNCH_ID_ENV = "EMB_LAUNCH_ID"  # unique per launch: a retry's ranks never meet an earlier one's
 C10D_BASE_PORT = 29400
+RDZV_TIMEOUT_S = 600  # a node waits this long for the others (torchrun's join_timeout default)
 NPROC_ENV = "EMB_NPROC_PER_NODE"  # processes per node, for the GPU check in each srun task
 
 
@@ -68,6 +76,9 @@ class Launch:
     container_args: str = ""
     container_runtime: str = "apptainer"
     env: tuple[str, ...] = field(default=())  # NAME=VALUE defaults, $VARS expanded at launch
+    endpoint: str = ""  # HOST:PORT where nodes started without srun meet (c10d)
+    hosts_endpoint: bool | None = None  # this node hosts the rendezvous (None: by host name)
+    rdzv_timeout_s: int = RDZV_TIMEOUT_S  # how long a node waits for the others to arrive
 
     def __post_init__(self) -> None:
         for name in ("nodes", "nproc_per_node", "threads"):
@@ -75,15 +86,26 @@ class Launch:
                 raise LaunchError(f"{name} must be >= 1, found {getattr(self, name)}")
         if self.rendezvous not in RENDEZVOUS:
             raise LaunchError(f"rendezvous must be one of {RENDEZVOUS}, found {self.rendezvous!r}")
-        if self.nodes > 1 and not self.srun:
-            raise LaunchError(f"{self.nodes} nodes need srun (a SLURM allocation); found srun off")
+        if self.nodes > 1 and not (self.srun or self.endpoint):
+            raise LaunchError(
+                f"{self.nodes} nodes need srun (a SLURM allocation) or --endpoint HOST:PORT "
+                "(each node started by hand); found neither"
+            )
+        if self.endpoint and self.srun:
+            raise LaunchError("--endpoint is for nodes started without srun; found both")
+        if self.endpoint and not re.fullmatch(r"[\w.:\[\]-]+:\d+", self.endpoint):
+            raise LaunchError(f"endpoint: expected HOST:PORT, found {self.endpoint!r}")
+        if self.rdzv_timeout_s < 1:
+            raise LaunchError(f"rdzv_timeout_s must be >= 1, found {self.rdzv_timeout_s}")
         for item in self.env:
             if "=" not in item or not item.split("=", 1)[0].isidentifier():
                 raise LaunchError(f"env entry {item!r}: expected NAME=VALUE")
 
     @property
     def c10d(self) -> bool:
-        return self.rendezvous == "c10d" or (self.rendezvous == "auto" and self.nodes > 1)
+        return self.rendezvous == "c10d" or (
+            self.rendezvous == "auto" and (self.nodes > 1 or bool(self.endpoint))
+        )
 
 
 def node_command(
@@ -93,8 +115,14 @@ def node_command(
     if launch.per_node or (launch.nproc_per_node == 1 and not launch.c10d):
         return ["python", "-m", module, *args]
     if launch.c10d:
+        # join_timeout: the whole rendezvous; read_timeout: a node reaching the endpoint's
+        # store before the first node hosts it keeps trying that long (torch's default: 60 s)
+        conf = f"join_timeout={launch.rdzv_timeout_s},read_timeout={launch.rdzv_timeout_s}"
+        if launch.hosts_endpoint is not None:  # needed where every host matches the endpoint
+            conf += f",is_host={int(launch.hosts_endpoint)}"
         rdzv = [f"--nnodes={launch.nodes}", "--rdzv_backend=c10d",
-                f"--rdzv_endpoint={endpoint}", f"--rdzv_id={run_id}"]  # fmt: skip
+                f"--rdzv_endpoint={endpoint}", f"--rdzv_id={run_id}",
+                f"--rdzv_conf={conf}"]  # fmt: skip
     else:
         rdzv = ["--standalone", "--nnodes=1"]
     return ["torchrun", *rdzv, f"--nproc_per_node={launch.nproc_per_node}",
@@ -111,7 +139,10 @@ def srun_command(launch: Launch, node: list[str]) -> list[str]:
 
 def contained(launch: Launch, node: list[str]) -> list[str]:
     """``node`` under the launcher's supervision, inside ``launch.container`` when one is set."""
-    supervised = ["python", "-m", "emb.cluster.launch", "--supervise", "--", *node]
+    supervised = ["python", "-m", "emb.cluster.launch", "--supervise"]
+    if launch.nodes > 1 and not launch.per_node:  # each task watches the other nodes
+        supervised += [f"--nodes={launch.nodes}", f"--rdzv-timeout={launch.rdzv_timeout_s}"]
+    supervised += ["--", *node]
     if not launch.container:
         return supervised
     runtime = [launch.container_runtime, "exec", *shlex.split(launch.container_args)]
@@ -208,6 +239,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1, help="CPU threads per process")
     parser.add_argument("--srun", action="store_true", help="one srun task per node (SLURM)")
     parser.add_argument("--rendezvous", choices=RENDEZVOUS, default="auto")
+    parser.add_argument(
+        "--endpoint", default="", help="HOST:PORT of the first node, for nodes started without srun"
+    )
+    parser.add_argument(
+        "--hosts-endpoint",
+        choices=("yes", "no"),
+        help="this node hosts the rendezvous (default: the endpoint's host)",
+    )
+    parser.add_argument("--node-name", default="", help="this node in messages (default: host)")
+    parser.add_argument("--run-id", default="", help="with --endpoint: the same on every node")
+    parser.add_argument("--rdzv-timeout", type=int, default=RDZV_TIMEOUT_S,
+                        help="seconds a node waits for the others at the rendezvous")  # fmt: skip
     parser.add_argument("--per-node", action="store_true", help="one plain process per node")
     parser.add_argument("--container", default="", help="image for each srun task")
     parser.add_argument("--container-args", default="", help="apptainer exec options")
@@ -229,12 +272,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def prepare(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[list[str], dict]:
-    """The command and environment for ``args``; SLURM is asked only inside a job."""
+def prepare(
+    args: argparse.Namespace, environ: Mapping[str, str]
+) -> tuple[Launch, list[str], dict[str, str]]:
+    """The launch, command and environment for ``args``; SLURM is asked only inside a job."""
     runtime = "apptainer" if shutil.which("apptainer") else "singularity"
     launch = Launch(args.nodes, args.nproc_per_node, args.threads, args.srun, args.rendezvous,
                     args.per_node, args.container, args.container_args, runtime,
-                    tuple(args.env))  # fmt: skip
+                    tuple(args.env), args.endpoint,
+                    None if args.hosts_endpoint is None else args.hosts_endpoint == "yes",
+                    args.rdzv_timeout)  # fmt: skip
     if args.container and not Path(args.container).is_file():
         raise LaunchError(f"container image {args.container} does not exist")
     job_id = environ.get("SLURM_JOB_ID")
@@ -243,26 +290,81 @@ def prepare(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[list[
         end = job_end_time(job_id)
         if end is not None:
             env["SLURM_JOB_END_TIME"] = str(end)
-    endpoint = ""
-    if launch.c10d and not launch.per_node:
-        host = first_node(job_id) if job_id else socket.gethostname()
+    endpoint = launch.endpoint
+    if launch.c10d and not launch.per_node and not endpoint:
+        host = node_address(first_node(job_id)) if job_id else socket.gethostname()
         endpoint = f"{host}:{c10d_port(job_id)}"
-    cmd = command(launch, args.command[0], args.command[1:], endpoint, job_id or "local")
+    run_id = args.run_id or job_id or "local"
+    cmd = command(launch, args.command[0], args.command[1:], endpoint, run_id)
     env = environment(launch, env)
     env[LAUNCH_ID_ENV] = uuid.uuid4().hex
     env[NPROC_ENV] = str(1 if launch.per_node else launch.nproc_per_node)
-    return cmd, env
+    return launch, cmd, env
+
+
+def run_node(cmd: list[str], env: Mapping[str, str] | None, watch: dict | None) -> int:
+    """``cmd`` under supervision. Across nodes, a failure names the nodes that were lost or
+    never came; a node lost after all had come is worth a retry (exit 75: nothing is wrong
+    with the run, and its ``last.pt`` resumes it)."""
+    if watch is None:
+        return supervise(cmd, env)
+    from emb.cluster.watch import NodeWatch
+
+    nodes = NodeWatch(**watch)
+    try:
+        code = supervise(cmd, env)
+        lost, started = nodes.lost() if code != 0 else ([], False)
+    finally:
+        nodes.close()
+    if not lost:
+        return code
+    name = watch["name"]
+    if not started:
+        why = f"waited for {'; '.join(lost)} (--rdzv-timeout)"
+        print(f"error: {name}: {why}: not all {watch['nodes']} nodes started; exit {code}",
+              file=sys.stderr, flush=True)  # fmt: skip
+        return code
+    print(f"error: {name}: lost {'; '.join(lost)}; this node stops too (exit {code}); a retry "
+          "resumes from the last checkpoint", file=sys.stderr, flush=True)  # fmt: skip
+    return EX_TEMPFAIL
+
+
+def node_name(given: str = "") -> str:
+    """This node's name in messages: SLURM's node name, else the host name."""
+    return given or os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
+def watch_options(args: argparse.Namespace, launch: Launch, cmd: list[str]) -> dict | None:
+    """The heartbeat settings of a multi-node launch whose node command runs here."""
+    endpoint = next((a.split("=", 1)[1] for a in cmd if a.startswith("--rdzv_endpoint=")), "")
+    if launch.nodes < 2 or launch.per_node or not endpoint:
+        return None
+    hosts = launch.hosts_endpoint
+    if hosts is None:  # in SLURM, the first node of the allocation (that is where it points)
+        slurm = os.environ.get("SLURM_NODEID")
+        host = endpoint.rsplit(":", 1)[0]
+        hosts = slurm == "0" if slurm is not None else host in (socket.gethostname(), "localhost")
+    return {"endpoint": endpoint, "name": node_name(args.node_name), "nodes": launch.nodes,
+            "hosts": hosts, "connect_s": float(launch.rdzv_timeout_s)}  # fmt: skip
+
+
+def supervised_main(args: argparse.Namespace) -> None:
+    """Inside an srun task (or container): check the GPUs, run the node command (watched
+    across nodes)."""
+    nproc = int(os.environ.get(NPROC_ENV, "1"))
+    try:
+        check_node(nproc)
+    except LaunchError as err:
+        print(f"error: {node_name(args.node_name)}: {err}", file=sys.stderr)
+        sys.exit(2)
+    launch = Launch(args.nodes, srun=True, rdzv_timeout_s=args.rdzv_timeout)
+    sys.exit(run_node(args.command, None, watch_options(args, launch, args.command)))
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    if args.supervise:  # inside an srun task (or container): check the GPUs, run the command
-        try:
-            check_node(int(os.environ.get(NPROC_ENV, "1")))
-        except LaunchError as err:
-            print(f"error: {socket.gethostname()}: {err}", file=sys.stderr)
-            sys.exit(2)
-        sys.exit(supervise(args.command))
+    if args.supervise:
+        supervised_main(args)
     started = time.time()
     record = args.failure_record
     earlier = earlier_failure(record, args.attempt) if record and not args.dry_run else None
@@ -270,16 +372,18 @@ def main(argv: list[str] | None = None) -> None:
         print(f"error: {earlier[1]}", file=sys.stderr)
         sys.exit(earlier[0])
     try:
-        cmd, env = prepare(args, os.environ)
+        launch, cmd, env = prepare(args, os.environ)
+        watch = None
         if not (args.srun or args.container or args.per_node):  # the node command runs here
             check_node(args.nproc_per_node)
+            watch = watch_options(args, launch, cmd)
         if record:
             record.parent.mkdir(parents=True, exist_ok=True)
             env[ERROR_FILE_ENV] = str(errors_file(record))  # why it failed, for a retry
         print("launch:", shlex.join(cmd), flush=True)
         if args.dry_run:
             return
-        code = resumable_exit(supervise(cmd, env), args.checkpoint, started)
+        code = resumable_exit(run_node(cmd, env, watch), args.checkpoint, started)
     except (LaunchError, SlurmError) as err:
         print(f"error: {err}", file=sys.stderr)
         code = 2

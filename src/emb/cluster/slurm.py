@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import time
 
@@ -27,6 +28,13 @@ def first_node(job_id: str) -> str:
         ["squeue", "-h", "-j", job_id, "-o", "%N"]
     )
     return _slurm(["scontrol", "show", "hostnames", nodelist]).split()[0]
+
+
+def node_address(node: str) -> str:
+    """Where ``node`` is reached (its ``NodeAddr``; the name itself where SLURM has none):
+    the name need not resolve, e.g. several slurmd on one host."""
+    found = re.search(r"\bNodeAddr=(\S+)", _slurm(["scontrol", "show", "node", "-o", node]))
+    return found.group(1) if found else node
 
 
 def _slurm(cmd: list[str]) -> str:
