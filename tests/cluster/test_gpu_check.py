@@ -17,9 +17,10 @@ import pytest
 from conftest import REPO, venv_env
 from fake_gpus import fake_gpu_command
 from snakemake.cli import parse_set_resources
+from snakemake.resources import Resources
 from snakemake.settings.types import ResourceSettings
 
-from emb.cluster.gpu_check import DeviceMismatch, check_devices, gpu_request
+from emb.cluster.gpu_check import DeviceMismatch, check_devices, checked_shape, gpu_request
 
 
 def test_matching_devices_pass_and_each_mismatch_is_named() -> None:
@@ -135,3 +136,50 @@ def test_the_rule_expects_the_machines_gpus_unless_a_number_is_set(tmp_path: Pat
     assert result.returncode == 1
     assert "expected 2 GPU(s) per node, found 1" in result.stderr
     assert "set by the profile or --set-resources" in result.stderr
+
+
+def test_the_checked_shape_comes_from_the_rules_resources_as_set() -> None:
+    resources = Resources.from_mapping({"nodes": 1, "tasks_per_node": 3, "cpus_per_task": 4})
+    assert checked_shape(resources) == "--nodes=1 --processes=3 --threads=4"
+    given = parse_set_resources(["gpu_check:tasks_per_node=2", "gpu_check:nodes=2"])
+    resources.update(given["gpu_check"])  # as Snakemake applies --set-resources to the rule
+    assert checked_shape(resources) == "--nodes=2 --processes=2 --threads=4"
+    with pytest.raises(ValueError, match=r"gpu_check:tasks_per_node: expected an integer >= 1"):
+        checked_shape(Resources.from_mapping({"tasks_per_node": "2 if attempt else 1"}))
+
+
+def gpu_check_job(workdir: Path, *args: str) -> subprocess.CompletedProcess:
+    # the target before args: --configfile takes every word after it
+    cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(workdir),
+           "--cores", "2", "results/gpu_check.json", *args]  # fmt: skip
+    done = subprocess.run(
+        cmd, cwd=workdir, env=venv_env(), capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    return done
+
+
+@pytest.mark.slow
+def test_a_changed_count_of_nodes_processes_or_threads_reruns_the_check(tmp_path: Path) -> None:
+    """Issue 41, item 3: launch.nproc_per_node 1 -> 2 left the check of 1 process in place
+    (the count reached the rule through resources only). Each count now reruns it."""
+    shutil.copytree(REPO / "config", tmp_path / "config")
+    two = tmp_path / "two.yaml"
+    two.write_text("launch:\n  nproc_per_node: 2\n  threads: 1\n")
+    gpu_check_job(tmp_path)
+    report = tmp_path / "results/gpu_check.json"
+    assert json.loads(report.read_text())["processes"] == 1
+    assert "Nothing to be done" in gpu_check_job(tmp_path, "-n").stdout  # a stable param
+    for change in (
+        ("--configfile", "config/config.yaml", str(two)),
+        ("--set-resources", "gpu_check:tasks_per_node=3"),
+        ("--set-resources", "gpu_check:cpus_per_task=2"),
+        ("--set-resources", "gpu_check:nodes=2"),
+    ):
+        plan = gpu_check_job(tmp_path, "-n", *change).stdout
+        assert "rule gpu_check:" in plan and "Params have changed" in plan, (change, plan)
+    gpu_check_job(tmp_path, "--configfile", "config/config.yaml", str(two))
+    checked = json.loads(report.read_text())
+    assert (checked["processes"], checked["threads"], checked["cpus_expected"]) == (2, 1, 2)
+    plan = gpu_check_job(tmp_path, "-n", "--configfile", "config/config.yaml", str(two))
+    assert "Nothing to be done" in plan.stdout

@@ -5,6 +5,8 @@ Runs are trained in this process (world size 1)."""
 from __future__ import annotations
 
 import csv
+import json
+import time
 from pathlib import Path
 
 import pytest
@@ -20,6 +22,8 @@ from training_runs import (
 from emb.training import checkpoint
 from emb.training.checkpoint import CheckpointError
 from emb.training.config import ConfigError
+from emb.training.stop import StopRequest
+from emb.training.train import train
 
 
 def history(run_dir: Path) -> list[dict[str, str]]:
@@ -130,3 +134,20 @@ def test_resume_from_a_checkpoint_that_does_not_exist_is_an_error_naming_the_key
     assert (run_dir / "last.pt").read_bytes() == saved
     with pytest.raises(SystemExit, match="train.resume_from"):
         resolve_config(tiny_demo, run_dir, "train.restart=false", "train.resume_from=best")
+
+
+def test_a_forced_rerun_keeps_the_train_json_snakemake_deleted(
+    tiny_demo: TinyDemo, tmp_path: Path
+) -> None:
+    """``--forcerun train``: Snakemake deletes the declared train.json, then starts the stage;
+    the earlier run's train.json is still kept in previous/<time>/ with its checkpoints."""
+    run_dir = tmp_path / "run"
+    config = resolve_config(tiny_demo, run_dir, "train.max_updates=2")
+    train(config, {}, time.time(), StopRequest())
+    first = (run_dir / "train.json").read_bytes()
+    (run_dir / "train.json").unlink()  # what Snakemake does before it reruns the job
+    train(config, {}, time.time(), StopRequest())
+    (aside,) = (run_dir / "previous").iterdir()
+    assert (aside / "train.json").read_bytes() == first
+    assert (aside / "best.pt").is_file() and (aside / "history.csv").is_file()
+    assert json.loads((run_dir / "train.json").read_text())["steps"] == 2  # the new run's

@@ -133,7 +133,7 @@ def test_max_updates_and_validation_every_n_updates(tiny_demo, tmp_path) -> None
 
 def test_batch_of_one_per_gpu_warns(tiny_demo, tmp_path, capsys) -> None:
     config = resolve_config(tiny_demo, tmp_path / "run", "train.max_updates=1",
-                            "train.batch_size=1")  # fmt: skip
+                            "train.batch_size=1", "train.val_min_batch=1")  # fmt: skip
     train_here(config)
     assert "train.batch_size is 1 per GPU" in capsys.readouterr().err
 

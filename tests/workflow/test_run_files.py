@@ -5,9 +5,14 @@ dry runs of the whole workflow reached these."""
 from __future__ import annotations
 
 import os
+import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from conftest import REPO, venv_env
 
 from emb.training import run_files
 
@@ -41,9 +46,45 @@ def test_a_runs_files_are_defaults_its_own_the_demo_then_every_runs_overlays_onc
     ]
 
 
-def test_train_reads_its_config_and_its_sources_manifest_and_statistics() -> None:
-    assert run_files.train_inputs("tessera_deeplab", "tessera") == {
-        "config": "results/runs/tessera_deeplab/config.yaml",
-        "manifest": "results/shards/tessera/manifest.json",
-        "stats": "results/stats/tessera/stats.json",
+def planned_jobs(stdout: str) -> list[dict[str, str]]:
+    """The jobs ``snakemake -n`` lists: rule, and each ``key: value`` line (input, output,
+    wildcards)."""
+    jobs = []
+    for block in re.split(r"\n(?=(?:local)?rule \w+:)", stdout):
+        head = re.match(r"(?:local)?rule (\w+):", block)
+        if head:
+            lines = re.findall(r"^    (\w+): (.*)$", block, re.M)
+            jobs.append({"rule": head.group(1), **dict(lines)})
+    return jobs
+
+
+def test_train_reads_its_config_and_its_sources_manifest_and_statistics(tmp_path: Path) -> None:
+    """What rule train of a TESSERA run reads is what that run's train_config job and its
+    source's manifest and channel_stats jobs write (a dry run of the real workflow), and
+    what run_files.train_inputs names."""
+    shutil.copytree(REPO / "config", tmp_path / "config")
+    cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(tmp_path),
+           "-n", "--cores", "2", "results/runs/tessera_deeplab/train.json"]  # fmt: skip
+    done = subprocess.run(
+        cmd, cwd=tmp_path, env=venv_env(), capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    jobs = planned_jobs(done.stdout)
+    (train,) = [job for job in jobs if job["rule"] == "train"]
+    producer = {out: job for job in jobs for out in job.get("output", "").split(", ")}
+    made_by = {
+        path: (producer[path]["rule"], producer[path].get("wildcards", ""))
+        for path in train["input"].split(", ")
+    }
+    assert sorted(made_by.values()) == [
+        ("channel_stats", "source=tessera"),
+        ("gpu_check", ""),
+        ("manifest", "source=tessera"),
+        ("train_config", "run=tessera_deeplab"),
+    ]
+    named = run_files.train_inputs("tessera_deeplab", "tessera")
+    assert {key: made_by[path][0] for key, path in named.items()} == {
+        "config": "train_config",
+        "manifest": "manifest",
+        "stats": "channel_stats",
     }

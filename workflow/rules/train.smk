@@ -32,8 +32,11 @@ rule train_config:
 # rules the same resources). gpus_per_node set by the profile or --set-resources is checked
 # strictly (the cluster profiles); left at the rule's default (0, an integer for the SLURM
 # plugin) the check expects whatever the machine has, so a local GPU run just works. More
-# processes per node than visible GPUs fails either way.
-from emb.cluster.gpu_check import gpu_request
+# processes per node than visible GPUs fails either way. What it checks (nodes, processes,
+# threads, GPUs) is in its params, so a changed count reruns it (a param that reads resources
+# is one Snakemake never compares); train reads the check as ancient: a check rerun for a new
+# count does not retrain a finished run by itself (--forcerun train does).
+from emb.cluster.gpu_check import checked_shape, gpu_request
 
 
 rule gpu_check:
@@ -58,10 +61,10 @@ rule gpu_check:
     params:
         launch=launch_options,
         gpus=lambda wildcards: gpu_request(workflow.resource_settings),
+        shape=lambda wildcards: checked_shape(rules.gpu_check.rule.resources),
     shell:
         "python -m emb.cluster.launch --per-node {params.launch} -- emb.cluster.gpu_check"
-        " {params.gpus} --processes={resources.tasks_per_node:q}"
-        " --threads={resources.cpus_per_task:q} --out={output:q} > {log:q} 2>&1"
+        " {params.gpus} {params.shape} --out={output:q} > {log:q} 2>&1"
 
 
 # Checkpoints (best.pt, last.pt) are not declared outputs: Snakemake deletes the outputs of a
@@ -73,7 +76,7 @@ rule gpu_check:
 rule train:
     input:
         unpack(get_run_inputs),
-        gpu_check="results/gpu_check.json",
+        gpu_check=ancient("results/gpu_check.json"),
     output:
         "results/runs/{run}/train.json",
     log:

@@ -21,6 +21,7 @@ import shutil
 import socket
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from emb.cluster.profile import ResourceSettings, profile_resource
@@ -99,6 +100,28 @@ def gpu_request(
     return shlex.join([f"--gpus={gpus}", f"--source={where}"])
 
 
+# the check's shape: resource -> its option (gpus_per_node is gpu_request's --gpus)
+SHAPE = {"nodes": "--nodes", "tasks_per_node": "--processes", "cpus_per_task": "--threads"}
+
+
+def checked_shape(resources: Mapping[str, object], rule: str = "gpu_check") -> str:
+    """``--nodes``, ``--processes`` and ``--threads`` of the check, from ``rule``'s resources
+    as Snakemake built them (the rule's own, then the profile's or ``--set-resources``).
+
+    A param, so that a changed count reruns the check: Snakemake never compares a param that
+    takes ``resources`` (a derived one), and a check that saw 1 process would vouch for 3.
+    Read from the rule object, not from a job's resources, so it is known without them."""
+    options = []
+    for key, option in SHAPE.items():
+        value = getattr(resources[key], "raw", resources[key]) if key in resources else 1
+        if isinstance(value, str) and value.strip().isdigit():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"resource {rule}:{key}: expected an integer >= 1, found {value!r}")
+        options.append(f"{option}={value}")
+    return shlex.join(options)
+
+
 def expected_gpus(value: str) -> int | None:
     """``--gpus``: an integer >= 0, or ``auto`` (None: what the machine has)."""
     if value == "auto":
@@ -123,6 +146,7 @@ def main(argv: list[str] | None = None) -> None:
         "--gpus", type=expected_gpus, required=True, help="GPUs per node requested, or auto"
     )
     parser.add_argument("--source", default=RULE_DEFAULT, help="where --gpus was set")
+    parser.add_argument("--nodes", type=int, default=1, help="nodes of the job")
     parser.add_argument("--processes", type=int, default=1, help="processes per node")
     parser.add_argument("--threads", type=int, default=1, help="CPU threads per process")
     parser.add_argument("--out", type=Path, required=True, help="report (written on node 0)")
@@ -137,6 +161,9 @@ def main(argv: list[str] | None = None) -> None:
         "gpus_source": args.source,
         "gpus_found": found,
         "devices": [torch.cuda.get_device_name(i) for i in range(found)],
+        "nodes": args.nodes,  # the shape checked: a changed one reruns the check
+        "processes": args.processes,
+        "threads": args.threads,
         "cpus_expected": args.processes * args.threads,
         "cpus_found": cpus,
         "smi": smi_listing(),

@@ -138,6 +138,13 @@ class LoopConfig:
 
     def __post_init__(self) -> None:
         check_grad_scaler(self.precision, self.grad_scaler)
+        if self.val_min_batch > self.batch_size:  # known before any job: refused at parse time
+            raise ConfigError(
+                f"train.val_min_batch: {self.val_min_batch} is larger than train.batch_size "
+                f"{self.batch_size}; a validation batch holds at most batch_size samples, so "
+                "every one would be skipped and the run would never validate (no best.pt); "
+                f"expected val_min_batch <= {self.batch_size}"
+            )
         if self.resume_from.startswith("epoch_") and not self.resume_from[6:].isdigit():
             raise ConfigError(
                 f"train.resume_from: expected last, best, epoch_N (N an epoch number) or a "

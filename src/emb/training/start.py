@@ -12,7 +12,9 @@
 
 Starting over moves the earlier run's files into ``previous/<time>/``; resuming from a chosen
 checkpoint hard-links them there first (the run then replaces them as it goes). Nothing is
-deleted. Only rank 0 touches files; every rank reads the same checkpoint and so decides alike.
+deleted: ``train.json``, which Snakemake deletes before it reruns the job, is restored there
+from its copy ``ranks/train.json``. Only rank 0 touches files; every rank reads the same
+checkpoint and so decides alike.
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ from emb.training.config import ConfigError, TrainConfig
 from emb.training.distributed import barrier
 
 RUN_FILES = ("*.pt", "*.pt.sha256", "history.csv", "train.json", "tb", "ranks", "keys", "wandb")
+# train.json's copy (emb.training.train): Snakemake deletes the declared train.json before a
+# rerun (--forcerun train, a changed config), so the set-aside restores it from this copy
+SUMMARY_COPY = Path("ranks") / "train.json"
 
 
 @dataclass(frozen=True)
@@ -166,6 +171,9 @@ def set_aside(run_dir: Path, how: str) -> Path:
             shutil.copytree(path, target / path.name, copy_function=_link_or_copy)
         else:
             _link_or_copy(path, target / path.name)
+    copy = target / SUMMARY_COPY
+    if copy.is_file() and not (target / "train.json").exists():
+        _link_or_copy(copy, target / "train.json")  # the train.json Snakemake deleted
     return target
 
 

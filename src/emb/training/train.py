@@ -4,7 +4,8 @@ The glue around :func:`emb.training.loop.run`: torchrun's environment (RANK, LOC
 WORLD_SIZE), the job's deadline (SLURM or ``train.time_limit_s``), the SIGUSR1/SIGTERM flag and
 exit codes. Rank 0 alone writes ``history.csv``, TensorBoard logs and checkpoints; every rank
 writes ``ranks/rank{r}.json`` (shards read, batches per epoch, a digest of its parameters) so
-tests can check DDP from the outside. The declared output ``train.json`` is written last.
+tests can check DDP from the outside. The declared output ``train.json`` is written last, and
+only beside ``best.pt``; a validation split no rank can score is refused before anything starts.
 
 Exit codes (:mod:`emb.cli`): 0 done; 2 bad input or config; 3 diverged; 66 an input
 missing; 73 an output not writable; 74 disk full (the previous checkpoint
@@ -31,11 +32,17 @@ from emb.cluster.slurm import SlurmError, job_end_time
 from emb.io import is_disk_full, write_json
 from emb.training.config import ConfigError, TrainConfig, load
 from emb.training.loop import Stopped, run
+from emb.training.run_inputs import read_checked_manifest
+from emb.training.start import SUMMARY_COPY
 from emb.training.stop import EXIT_STOPPED, StopRequest
 from emb.training.trainer import TrainingDiverged
 
 EXIT_CONFIG, EXIT_DIVERGED, EXIT_DISK_FULL = 2, 3, 74  # 74: EX_IOERR
 log = logging.getLogger(__name__)
+
+
+class NotValidated(ValueError):
+    """Training ended without a validated checkpoint (``best.pt``): nothing to evaluate."""
 
 
 def job_deadline(cfg: TrainConfig, env: dict[str, str], started: float) -> float | None:
@@ -63,6 +70,9 @@ def train(config: Path, env: dict[str, str], started: float, stop: StopRequest) 
     if device.type == "cuda":
         torch.cuda.set_device(device)
     cfg = load(config)
+    # before the process group and before anything is set aside: a validation split that no
+    # rank can score is refused now, not found after training (a run that never validated)
+    read_checked_manifest(cfg, world)
     if world > 1:
         dist.init_process_group(
             "nccl" if device.type == "cuda" else "gloo",
@@ -73,7 +83,24 @@ def train(config: Path, env: dict[str, str], started: float, stop: StopRequest) 
     stop.deadline, stop.margin_s = job_deadline(cfg, env, started), cfg.train.stop_margin_s
     summary = run(cfg, config.parent, rank, world, device, stop)
     if rank == 0:
-        write_json(config.parent / "train.json", summary)
+        write_summary(config.parent, summary)
+
+
+def write_summary(run_dir: Path, summary: dict) -> None:
+    """``train.json``, written only beside the ``best.pt`` evaluate reads (else a run that
+    never validated would look finished), and its copy ``ranks/train.json`` first: Snakemake
+    deletes the declared ``train.json`` before a rerun starts, and the copy is what
+    :func:`emb.training.start.set_aside` keeps of it in ``previous/``."""
+    best = run_dir / "best.pt"
+    if not best.is_file():
+        raise NotValidated(
+            f"{run_dir}: training ended at optimizer step {summary['steps']} without {best.name} "
+            f"(best val_miou_l3 {summary['best_val_miou_l3']}: no validation gave a score to "
+            f"keep; see {run_dir / 'history.csv'}); {run_dir / 'train.json'} is not written, "
+            "so evaluate does not start on a run with no model"
+        )
+    write_json(run_dir / SUMMARY_COPY, summary)
+    write_json(run_dir / "train.json", summary)
 
 
 @cli.stage

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from emb.training.checkpoint import unwrap
 from emb.training.checkpointer import Checkpointer
 from emb.training.ema import ModelEma
+from emb.training.run_inputs import ValidationTooSmall
 from emb.training.run_log import RunLog
 from emb.training.stop import StopRequest
 from emb.training.trainer import StepResult, Trainer
@@ -107,6 +108,13 @@ class Validator:
         if self.ema is not None:
             self.ema.update_buffers(trainer.model)
         result = trainer.validate(self.batches(), self.models, self.bn_batch_stats, self.min_batch)
+        if not result["val_samples"]:  # summed over ranks: every rank raises alike
+            raise ValidationTooSmall(
+                f"validation at optimizer step {trainer.step} scored no sample (every batch "
+                f"held fewer than train.val_min_batch {self.min_batch} samples, or the val "
+                "split is empty): the run cannot choose a best model; give the val split more "
+                "samples per rank or lower train.val_min_batch"
+            )
         seconds = time.perf_counter() - started
         self.stop.record_validation(seconds)
         pos.validated_step = trainer.step
