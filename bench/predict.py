@@ -1,28 +1,32 @@
-"""Prediction benchmark: each figure is a ratio of two things timed side by side in one run.
+"""Prediction benchmark: the map job against its parts, side by side in one run, each figure
+printed as its contender finishes.
 
-Contenders alternate and each keeps its best time, so both see the same machine.
+For each model (``tiny``: the tests' smallest, so that inference is cheap as on a GPU;
+``demo``: the demo's AEF SegFormer; ``full``: the run file's, without the demo overlay) on an
+S x S x 64 int8 raster, overlap 0.5, block 1024, batch 16, contenders alternate and each keeps
+its best time:
 
-- predict_ratio_block{B}: ``predict_raster`` (read, quantize, forward, blend, COG write) on an
-  SxSx64 int8 raster with overlap 0.5 and block B, against inference alone on the same
-  windows (``Dequantize`` + model on the grid's unique windows, read beforehand, same batch
-  size): the share of the time that goes into inference (goal >= 0.6 at block 1024). Below
-  1 it pays for reading, blending, writing and the windows that straddle two blocks, which
-  are computed for each.
-- overlap_cost: time at overlap 0.5 / time at overlap 0 (both block 1024); about the ratio of
-  window counts (~4) when inference dominates.
-- predict_mpx_per_s_1proc: megapixels per second of the predict stage's real job form, ``python
-  -m emb.cluster.launch --nproc-per-node 1 --threads 1 -- emb.evaluation.predict --regions
-  TABLE`` on a table of two SxS rasters: their megapixels over the wall time of the whole job
-  (process start, model load, both maps, publishing).
-- predict_mpx_per_s_per_proc_2proc: the same table by one job with ``--nproc-per-node 2``
-  (torchrun, 1 thread each; one region per rank): megapixels / seconds / 2.
-- processes_2_over_1: time of the 1-process job / time of the 2-process job (2.0 = perfect
-  scaling; CPU processes share cores and memory bandwidth here, GPU processes each hold a GPU
-  of their own). Both jobs must write byte-identical ``{region}.tif`` maps, or the bench fails.
-  On a machine with one GPU the 2-process job cannot run (one process per GPU): it is left out
-  and these two figures are null (the launcher would refuse it in one line, not hang).
+- ``job``: ``predict_raster`` (every block read once with its halo, windows blended and
+  classified on the model's device, the map and its COG written);
+- its parts: ``read`` (every block read once, halo included, in shard form, on the device),
+  ``model`` (the grid's unique windows, cut beforehand, de-quantized and through the model),
+  ``write`` (a map's bytes into the tiled GeoTIFF and its COG);
+- ``old``: the same job through the algorithm this one replaced (emb 0dcd26c's
+  ``emb.evaluation.windows``, loaded from git: each window read on its own, straddling windows
+  computed for each block, blending and argmax in numpy), when git has that commit.
 
-Usage: ``python bench/predict.py [--quick] [--json PATH] [--size S] [--tile T]``.
+Per model: ``job_over_parts`` = job / (read + model + write) (goal on 2 CPU cores with the tiny
+model: <= 1.5) and ``old_over_job`` (goal with the full model: >= 1, not slower than before),
+and Mpx/s and km^2/hour at 10 m of every contender.
+
+Then the predict stage's job form: ``python -m emb.cluster.launch --nproc-per-node N ...
+-- emb.evaluation.predict --regions TABLE`` on a table of two rasters with 1 and 2 processes
+(``predict_mpx_per_s_1proc``, ``processes_2_over_1``; both jobs must write byte-identical
+maps). On a machine with one GPU the 2-process job is refused by the launcher in one line:
+the bench reports that line.
+
+Usage: ``python bench/predict.py [--quick] [--models tiny demo] [--size S] [--tile T]
+[--repeats N] [--no-jobs] [--json PATH]``.
 """
 
 from __future__ import annotations
@@ -34,7 +38,9 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
 
 import numpy as np
@@ -43,23 +49,27 @@ import torch
 import yaml
 from affine import Affine
 
-from emb.classes import load_class_map
-from emb.evaluation.predict import predict_raster
-from emb.evaluation.runs import TrainedRun
-from emb.evaluation.windows import PredictSpec, read_window, tile_origins
-from emb.models import build_model
-from emb.rasters import shard_arrays
-from emb.training import checkpoint
-from emb.training.config import TrainConfig
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_predict import map_contenders, side_by_side, unique_windows  # noqa: E402
+
+from emb.evaluation.inference import Inference  # noqa: E402
+from emb.evaluation.map_files import map_profile, tmp_sibling, to_cog  # noqa: E402
+from emb.evaluation.runs import TrainedRun  # noqa: E402
+from emb.evaluation.windows import PredictSpec  # noqa: E402
+from emb.models import build_model  # noqa: E402
+from emb.training import checkpoint  # noqa: E402
+from emb.training.config import TrainConfig  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
+OLD_COMMIT = "0dcd26c"  # the last commit with the host-side algorithm
+TINY_MODEL = {"widths": [8, 16, 16, 32], "depths": [1, 1, 1, 1], "decoder_dim": 16}
 
 
 def write_raster(path: Path, size: int, seed: int = 0) -> Path:
     rng = np.random.default_rng(seed)
     profile = dict(driver="GTiff", count=64, width=size, height=size, dtype="int8",
                    nodata=-128, crs="EPSG:32615", transform=Affine(10, 0, 4e5, 0, -10, 5e6),
-                   tiled=True, blockxsize=256, blockysize=256)  # fmt: skip
+                   tiled=True, blockxsize=256, blockysize=256, compress="DEFLATE")  # fmt: skip
     with rasterio.open(path, "w", **profile) as dst:
         for _, window in dst.block_windows(1):
             shape = (64, window.height, window.width)
@@ -67,24 +77,60 @@ def write_raster(path: Path, size: int, seed: int = 0) -> Path:
     return path
 
 
-def demo_run(tmp: Path) -> TrainedRun:
-    """The demo's AEF SegFormer, freshly initialized (weights do not change the cost)."""
+def bench_run(tmp: Path, model: str) -> TrainedRun:
+    """An AEF SegFormer of size ``model``, freshly initialized (weights do not change the
+    cost), its manifest a stub naming the tile."""
+    files = {"tiny": ("defaults", "aef_segformer", "demo"), "demo": ("defaults", "aef_segformer",
+             "demo"), "full": ("defaults", "aef_segformer")}[model]  # fmt: skip
     config: dict = {}
-    for name in ("defaults", "aef_segformer", "demo"):
+    for name in files:
         data = yaml.safe_load((REPO / f"config/train/{name}.yaml").read_text())
         for key, value in data.items():
             config[key] = {**config.get(key, {}), **value}
-    config["data"].update(manifest=str(tmp / "none.json"), classes=str(REPO / "config/classes.csv"))
+    if model == "tiny":
+        config["model"].update(TINY_MODEL)
+    manifest = tmp / "manifest.json"
+    manifest.write_text(json.dumps({"tile_size": 256}))
+    config["data"].update(manifest=str(manifest), classes=str(REPO / "config/classes.csv"))
     cfg = TrainConfig.from_dict(config)
-    model = build_model(cfg.model)
-    return TrainedRun(tmp / "run" / "best.pt", cfg, {"raw": model.state_dict()}, 0)
+    torch.manual_seed(0)
+    net = build_model(cfg.model)
+    return TrainedRun(tmp / f"run-{model}" / "best.pt", cfg, {"raw": net.state_dict()}, 0)
 
 
-def save_run(run: TrainedRun) -> Path:
-    """The run as a folder the predict stage can open."""
-    run.path.parent.mkdir(parents=True, exist_ok=True)
-    checkpoint.save(run.path, {"model": run.weights["raw"], "config": run.cfg.resolved, "epoch": 0})
-    return run.path.parent
+def old_module() -> types.ModuleType | None:
+    """emb 0dcd26c's ``emb.evaluation.windows``, from git (None without that history)."""
+    done = subprocess.run(["git", "show", f"{OLD_COMMIT}:src/emb/evaluation/windows.py"],
+                          cwd=REPO, capture_output=True, text=True)  # fmt: skip
+    if done.returncode:
+        print(f"old path left out: git show {OLD_COMMIT} failed ({done.stderr.strip()})")
+        return None
+    module = types.ModuleType("emb_windows_0dcd26c")
+    sys.modules[module.__name__] = module  # its dataclasses look their module up
+    exec(compile(done.stdout, f"{OLD_COMMIT}:windows.py", "exec"), module.__dict__)  # noqa: S102
+    return module
+
+
+def old_job(old: types.ModuleType, run: TrainedRun, raster: Path, spec: PredictSpec,
+            out: Path) -> Callable[[], None]:  # fmt: skip
+    """The map and its COG as emb 0dcd26c made them (``predict_block`` + ``classify``)."""
+    model, dequantize = run.model(run.selected).eval(), run.dequantize()
+    old_spec = old.PredictSpec(spec.tile, spec.overlap, spec.block, spec.batch_size)
+    on = Inference(torch.device("cpu"))
+
+    def run_old() -> None:
+        tmp = tmp_sibling(out, "map")
+        with ExitStack() as stack:
+            src = stack.enter_context(rasterio.open(raster))
+            dst = stack.enter_context(rasterio.open(tmp, "w", **map_profile(src, 1)))
+            for block in old.blocks(src.height, src.width, spec.block):
+                acc, wsum, valid = old.predict_block(model, dequantize, src, "aef", block,
+                                                     old_spec, on)  # fmt: skip
+                ids, _ = old.classify(acc, wsum, valid, False)
+                dst.write(ids, 1, window=block)
+        to_cog(tmp, out, "MODE")
+
+    return run_old
 
 
 def region_table(path: Path, rasters: list[Path]) -> Path:
@@ -95,11 +141,17 @@ def region_table(path: Path, rasters: list[Path]) -> Path:
     return path
 
 
-def predict_job(run_dir: Path, table: Path, out_dir: Path, nproc: int, tile: int) -> float:
-    """Seconds for one predict job mapping every region of ``table`` into ``out_dir`` (fresh)
-    on ``nproc`` processes of 1 thread, started through the launcher as the rule starts it."""
-    if out_dir.exists():
-        raise SystemExit(f"{out_dir} exists; each predict job needs a fresh folder")
+def save_run(run: TrainedRun) -> Path:
+    """The run as a folder the predict stage can open."""
+    run.path.parent.mkdir(parents=True, exist_ok=True)
+    checkpoint.save(run.path, {"model": run.weights["raw"], "config": run.cfg.resolved, "epoch": 0})
+    return run.path.parent
+
+
+def predict_job(run_dir: Path, table: Path, out_dir: Path, nproc: int, tile: int) -> float | str:
+    """Seconds for one predict job mapping every region of ``table`` into ``out_dir`` on
+    ``nproc`` processes of 1 thread, as the rule starts it; the launcher's one-line refusal
+    (a string) where it refuses the job (more processes than a GPU machine's GPUs)."""
     cmd = [sys.executable, "-m", "emb.cluster.launch", "--nproc-per-node", str(nproc),
            "--threads", "1", "--", "emb.evaluation.predict", "--run-dir", str(run_dir),
            "--regions", str(table), "--classes", str(REPO / "config/classes.csv"),
@@ -111,56 +163,47 @@ def predict_job(run_dir: Path, table: Path, out_dir: Path, nproc: int, tile: int
     tick = time.perf_counter()
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
     seconds = time.perf_counter() - tick
+    if done.returncode == 2 and torch.cuda.device_count() and nproc > torch.cuda.device_count():
+        return (done.stderr.strip().splitlines() or ["(no message)"])[-1]
     if done.returncode != 0:
         tail = (done.stdout + done.stderr)[-4000:]
         raise SystemExit(f"predict job ({nproc} processes) failed ({done.returncode}):\n{tail}")
     return seconds
 
 
-def job_processes() -> list[int]:
-    """Process counts for the predict jobs: 1 and 2, but never more processes than GPUs on a
-    GPU machine (a second rank on a one-GPU machine would ask for a ``cuda:1`` it lacks)."""
-    gpus = torch.cuda.device_count()
-    return [1] if gpus == 1 else [1, 2]
-
-
-def map_bytes(out_dir: Path, regions: list[str]) -> dict[str, bytes]:
-    """Each region's ``{region}.tif``, as bytes."""
-    missing = [r for r in regions if not (out_dir / f"{r}.tif").is_file()]
-    if missing:
-        raise SystemExit(f"{out_dir}: no map for {', '.join(missing)}")
-    return {r: (out_dir / f"{r}.tif").read_bytes() for r in regions}
-
-
-def best_of(fns: dict[str, Callable[[], None]], repeats: int) -> dict[str, float]:
-    best = dict.fromkeys(fns, float("inf"))
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            tick = time.perf_counter()
-            fn()
-            best[name] = min(best[name], time.perf_counter() - tick)
-    return best
-
-
-def model_only(run: TrainedRun, raster: Path, spec: PredictSpec) -> Callable[[], None]:
-    """De-quantization and forward passes over the grid's unique windows, read beforehand."""
-    model, dequantize = run.model("raw"), run.dequantize()
-    with rasterio.open(raster) as src:
-        rows = tile_origins(0, src.height, src.height, spec.tile, spec.stride)
-        cols = tile_origins(0, src.width, src.width, spec.tile, spec.stride)
-        arrays = [shard_arrays("aef", read_window(src, r, c, spec.tile), src.nodata)["emb"]
-                  for r in rows for c in cols]  # fmt: skip
-    batches = []
-    for i in range(0, len(arrays), spec.batch_size):
-        emb = torch.from_numpy(np.stack(arrays[i : i + spec.batch_size]))
-        batches.append({"emb": emb, "label": torch.zeros(emb.shape[0], 1, 1)})
-
-    @torch.no_grad()
-    def run_all() -> None:
-        for batch in batches:
-            model(dequantize(batch)[0])["l3"].numpy()
-
-    return run_all
+def jobs(run: TrainedRun, tmp: Path, rasters: list[Path], size: int, tile: int,
+         repeats: int) -> dict:  # fmt: skip
+    """The predict stage's job form with 1 and 2 processes, alternated, maps compared."""
+    run_dir = save_run(run)
+    table = region_table(tmp / "regions.tsv", rasters)
+    regions = [f"r{i}" for i in range(len(rasters))]
+    seconds: dict[int, float] = {}
+    refused: str | None = None
+    first: dict[str, bytes] = {}
+    for i in range(repeats):
+        for nproc in (1, 2):
+            out_dir = tmp / f"job{nproc}-{i}" / "maps"
+            took = predict_job(run_dir, table, out_dir, nproc, tile)
+            if isinstance(took, str):
+                refused = took
+                print(f"predict job, 2 processes: refused: {took}", flush=True)
+                continue
+            seconds[nproc] = min(seconds.get(nproc, float("inf")), took)
+            print(f"predict job, {nproc} process(es): {took:.1f} s", flush=True)
+            made = {r: (out_dir / f"{r}.tif").read_bytes() for r in regions}
+            first = first or made
+            differ = [r for r in regions if made[r] != first[r]]
+            if differ:
+                raise SystemExit(f"{out_dir}: the {nproc}-process job wrote other maps than "
+                                 f"the first job for {', '.join(differ)}")  # fmt: skip
+    mpx = len(rasters) * size * size / 1e6
+    two = seconds.get(2)
+    return {
+        "predict_mpx_per_s_1proc": round(mpx / seconds[1], 3),
+        "predict_mpx_per_s_per_proc_2proc": None if two is None else round(mpx / two / 2, 3),
+        "processes_2_over_1": None if two is None else round(seconds[1] / two, 3),
+        "two_process_refusal": refused,
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -168,60 +211,47 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="a 512 px raster, one repeat")
     parser.add_argument("--size", type=int, default=2048)
     parser.add_argument("--tile", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--models", nargs="+", choices=("tiny", "demo", "full"),
+                        default=["tiny", "demo"])  # fmt: skip
+    parser.add_argument("--no-old", action="store_true", help="leave out the old path")
+    parser.add_argument("--no-jobs", action="store_true", help="leave out the launched jobs")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
-    size, repeats = (512, 1) if args.quick else (args.size, 2)
-    torch.set_num_threads(max(1, torch.get_num_threads()))
-    cmap = load_class_map(REPO / "config/classes.csv")
-    results: dict[str, float | None] = {}
+    size, repeats = (512, 1) if args.quick else (args.size, args.repeats)
+    results: dict = {"size": size, "tile": args.tile, "threads": torch.get_num_threads()}
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    on = Inference(device, "bf16" if device.type == "cuda" else "fp32")
+    old = None if args.no_old or device.type == "cuda" else old_module()
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         raster = write_raster(tmp / "aef.tif", size)
-        run = demo_run(tmp)
-
-        def predict(overlap: float, block: int) -> Callable[[], None]:
-            spec = PredictSpec(args.tile, overlap, block, 16)
-            return lambda: predict_raster(run, "raw", raster, cmap, spec, tmp / "map.tif")
-
         spec = PredictSpec(args.tile, 0.5, 1024, 16)
-        blocks = [512, 1024, 2048]
-        fns = {"model": model_only(run, raster, spec)}
-        fns.update({f"block{b}": predict(0.5, b) for b in blocks})
-        fns["overlap0"] = predict(0.0, 1024)
-        times = best_of(fns, repeats)
-        for b in blocks:
-            results[f"predict_ratio_block{b}"] = round(times["model"] / times[f"block{b}"], 3)
-        results["overlap_cost"] = round(times["block1024"] / times["overlap0"], 3)
-        results["predict_mpx_per_s_block1024"] = round(size * size / times["block1024"] / 1e6, 3)
-        run_dir = save_run(run)
-        second = write_raster(tmp / "aef2.tif", size, seed=1)
-        table = region_table(tmp / "regions.tsv", [raster, second])
-        regions = ["r0", "r1"]
-        seconds = dict.fromkeys(job_processes(), float("inf"))
-        first: dict[str, bytes] = {}  # the maps of the first job, which every job must write
-        for i in range(repeats):  # alternating, best of each, a fresh folder per job
-            for nproc in seconds:
-                out_dir = tmp / f"job{nproc}-{i}" / "maps"
-                took = predict_job(run_dir, table, out_dir, nproc, args.tile)
-                seconds[nproc] = min(seconds[nproc], took)
-                made = map_bytes(out_dir, regions)
-                first = first or made
-                differ = [f"{r}.tif" for r in regions if made[r] != first[r]]
-                if differ:
-                    raise SystemExit(
-                        f"{out_dir}: the {nproc}-process job wrote other bytes than the first "
-                        f"(1-process) job for {', '.join(differ)}"
-                    )
-        mpx = 2 * size * size / 1e6
-        results["predict_mpx_per_s_1proc"] = round(mpx / seconds[1], 3)
-        two = seconds.get(2)  # None on a one-GPU machine: no second process
-        results["predict_mpx_per_s_per_proc_2proc"] = (
-            None if two is None else round(mpx / two / 2, 3)
-        )
-        results["processes_2_over_1"] = None if two is None else round(seconds[1] / two, 3)
-    print(json.dumps(results, indent=2))
+        px = size * size
+        print(f"{size} x {size} px AEF raster, tile {args.tile}, overlap 0.5, block 1024, "
+              f"batch 16, {unique_windows(raster, spec)} unique windows, {device}, "
+              f"{torch.get_num_threads()} threads", flush=True)  # fmt: skip
+        for name in args.models:
+            run = bench_run(tmp, name)
+            extra = {"old": old_job(old, run, raster, spec, tmp / "old.tif")} if old else None
+            rows = side_by_side(map_contenders(run, raster, spec, on, tmp, extra), repeats, px,
+                                name)  # fmt: skip
+            if "old" in rows:
+                rows["old_over_job"] = rows["old"]["s"] / rows["job"]["s"]
+                print(
+                    f"  {name}: old path {rows['old']['s']:.2f} s against the job "
+                    f"{rows['job']['s']:.2f} s: {rows['old_over_job']:.2f}x",
+                    flush=True,
+                )
+            results[name] = rows
+        if not args.no_jobs:
+            second = write_raster(tmp / "aef2.tif", size, seed=1)
+            run = bench_run(tmp, args.models[0])
+            results["jobs"] = jobs(run, tmp, [raster, second], size, args.tile, repeats)
+    text = json.dumps(results, indent=2)
+    print(text)
     if args.json:
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
+        args.json.write_text(text + "\n")
 
 
 if __name__ == "__main__":

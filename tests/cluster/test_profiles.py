@@ -163,7 +163,10 @@ def own_data(
                     f"{files['cdl']}\t")  # fmt: skip
     table.write_text("\n".join(rows) + "\n")
     env = cluster_env(tmp)
-    result = dry_run(tmp, REPO / "profiles" / request.param, env, "--config", f"regions={table}")
+    blocks = tmp / "blocks.yaml"  # blocks small enough for the tiny rasters' three splits
+    blocks.write_text("splits:\n  block_m: 320\n")
+    result = dry_run(tmp, REPO / "profiles" / request.param, env, "--configfile",
+                     "config/config.yaml", str(blocks), "--config", f"regions={table}")  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     configs = {}
     for job in jobs_of(result.stdout):

@@ -13,7 +13,7 @@ Outputs: ``metrics.json``, ``per_class.csv`` (one row per weight set, level and 
 Every figure gets a 95% interval from a bootstrap over those blocks
 (:mod:`emb.evaluation.bootstrap`): ``miou_l3_lo``/``_hi`` next to ``miou_l3``, ``intervals``
 per weight set, ``iou_lo``/``iou_hi`` in ``per_class.csv``, and ``bootstrap`` (settings,
-number of blocks, and a plain note where fewer than 10 make the intervals unreliable).
+number of blocks, and why there is no interval: below 10 blocks every bound is null).
 
 Run under torchrun (the launcher, as training), every rank scores its own shards and the
 confusion matrices are summed across ranks: exact integers, so the figures do not depend on the
@@ -23,10 +23,11 @@ number of processes. Rank 0 writes the outputs.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import logging
+import math
 import os
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
@@ -53,7 +54,9 @@ from emb.io import atomic_path, write_json
 from emb.loading.batches import LoaderSpec, eval_batches, shard_sample_counts, shards_for_rank
 from emb.loading.sidecar import index_shard
 from emb.metrics import (
+    NUM_CLASSES,
     empty_confusions,
+    grouped_confusions,
     scores_from_confusion,
     sum_over_ranks,
     update,
@@ -99,22 +102,45 @@ def confusion_matrices(
     sample_blocks = [block_of.get(s.key, s.key) for url in mine for s in index_shard(url)] \
         if blocks is not None else []  # fmt: skip
     block_counts = BlockCounts(sample_blocks, list(models), device)
-    keys = iter(sample_blocks)
+    # each sample's block row, on the device once: a batch takes a slice, no copy per batch
+    rows = to_device(torch.tensor([block_counts.index[b] for b in sample_blocks],
+                                  dtype=torch.int64), device)  # fmt: skip
+    start = 0
     for batch in eval_batches(shards, spec, rank, world, shard_samples):
-        progress.advance(len(batch["emb"]))
-        batch_blocks = list(itertools.islice(keys, len(batch["emb"])))
-        x, y = dequantize({k: v.to(device, non_blocking=True) for k, v in batch.items()})
+        size = len(batch["emb"])
+        progress.advance(size)
+        batch_rows, start = rows[start : start + size], start + size
+        x, y = dequantize({k: to_device(v, device) for k, v in batch.items()})
         x, targets = run_on.inputs(x), targets_of(y)
         for name, model in models.items():
             with run_on.autocast():
                 logits = model(x)
             update(cms[name], logits, targets)
             if blocks is not None:
-                block_counts.add(name, batch_blocks, logits, targets)
+                add_block_counts(block_counts, name, batch_rows, logits, targets)
     progress.done()
     if blocks is not None:
         merge_blocks(blocks, block_counts.as_dict())
     return {name: sum_over_ranks(per_level) for name, per_level in cms.items()}
+
+
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``t`` on ``device`` without the host waiting for the device: a copy from pageable
+    memory waits for every queued kernel, so on a GPU the batch is pinned first."""
+    if device.type == "cuda" and not t.is_pinned():
+        t = t.pin_memory()
+    return t.to(device, non_blocking=True)
+
+
+def add_block_counts(
+    counts: BlockCounts, weights: str, rows: torch.Tensor, logits: dict, targets: dict
+) -> None:
+    """A batch into ``counts`` by its samples' block ``rows`` (a device tensor): what
+    ``BlockCounts.add`` does, without building and copying the rows from host ids per batch."""
+    for lv, n in NUM_CLASSES.items():
+        counts.counts[weights][lv] += grouped_confusions(
+            logits[lv].argmax(1), targets[lv], n, rows, len(counts.ids)
+        )
 
 
 def metrics_record(cms: dict[str, dict[str, np.ndarray]], selected: str) -> dict:
@@ -215,20 +241,9 @@ def evaluate(
     }
     settings = settings or BootstrapSettings()
     ids, stacks = block_stacks(blocks)
+    # bounds (None below the block floor) and ``bootstrap`` (blocks, reliable, note): both
+    # decided in emb.evaluation.bootstrap, the one place summary.csv and pairs.csv ask too
     intervals = interval_record(stacks, run.selected, settings)
-    reliable = len(ids) >= settings.min_blocks
-    record["bootstrap"] = {
-        **settings.record(),
-        "unit": "spatial block (meta.json 'block'; the tile where a sample has none)",
-        "blocks": len(ids),
-        "reliable": reliable,
-        "note": (
-            f"{len(ids)} test blocks: 95% intervals resample blocks"
-            if reliable
-            else f"only {len(ids)} test blocks (< {settings.min_blocks}): the intervals are "
-            "unreliable (too few independent units to know the spread)"
-        ),
-    }
     record.update({k: v for k, v in intervals.items() if k != "per_weights"})
     record["intervals"] = intervals["per_weights"]
     record["provenance"]["bootstrap"] = settings.record()
@@ -250,8 +265,37 @@ def evaluate_ranks(
         dist.init_process_group(backend, timeout=timedelta(seconds=loop.collective_timeout_s))
     return evaluate(
         args.run_dir, args.classes, args.split, args.checkpoint, args.batch_size, run_on,
-        rank, world, BootstrapSettings(resamples=args.resamples, seed=args.seed),
+        rank, world, BootstrapSettings(resamples=args.resamples, seed=args.seed, level=args.level),
     )  # fmt: skip
+
+
+def bounded(kind: type, least: int) -> Callable[[str], int]:
+    """An argparse type: a ``kind`` number >= ``least``, refused in one line otherwise (the
+    option is named by argparse)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or value < least:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {least}, found {text!r}")
+        return value
+
+    return parse
+
+
+def confidence_level(text: str) -> float:
+    """An argparse type: a confidence level strictly between 0 and 1 (0.95 = 95%)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < 1:  # NaN fails too
+        raise argparse.ArgumentTypeError(
+            f"expected a confidence level between 0 and 1 (e.g. 0.95), found {text!r}"
+        )
+    return value
 
 
 @cli.stage
@@ -264,8 +308,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out-dir", type=Path, required=True, help="results/eval/{run}")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--threads", type=int, default=1, help="CPU threads per process")
-    parser.add_argument("--resamples", type=int, default=1000, help="block-bootstrap resamples")
-    parser.add_argument("--seed", type=int, default=0, help="block-bootstrap seed")
+    parser.add_argument("--resamples", type=bounded(int, 1), default=1000,
+                        help="block-bootstrap resamples (>= 1)")  # fmt: skip
+    parser.add_argument("--seed", type=bounded(int, 0), default=0,
+                        help="block-bootstrap seed (>= 0)")  # fmt: skip
+    parser.add_argument("--level", type=confidence_level, default=0.95,
+                        help="confidence level of the intervals, in (0, 1)")  # fmt: skip
     args = parser.parse_args(argv)
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     local = int(os.environ["LOCAL_RANK"]) if "LOCAL_RANK" in os.environ else None

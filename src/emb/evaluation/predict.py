@@ -4,9 +4,11 @@ The rule runs it once per run (``--regions``), through the launcher: each rank m
 of the regions into a staging folder and the last rank to finish publishes them
 (:mod:`emb.evaluation.region_maps`). ``--raster`` maps one region by hand.
 
-Each raster goes block by block through :func:`emb.evaluation.windows.predict_block` (sliding
-windows of the training tile size, overlapping logits blended so tile edges leave no seams,
-memory bounded by the block, not the raster) and into the files of
+Each raster goes block by block through :func:`emb.evaluation.windows.map_blocks` (sliding
+windows of the training tile size, every block read once and every window computed once,
+overlapping logits blended and classified on the model's device so tile edges leave no seams
+and only uint8 comes back; memory bounded by the block and one strip of the raster's width)
+and into the files of
 :mod:`emb.evaluation.map_files`: a Cloud-Optimized GeoTIFF with the input's CRS, transform and
 shape, uint8 L3 ids, 255 = nodata (wherever the input embedding is nodata), a colour table of
 the CDL's colours (the input CDL's own table when it has one), class names in the metadata, in
@@ -19,6 +21,8 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -32,7 +36,6 @@ from emb.cli import Interrupted
 from emb.cluster.launch import LAUNCH_ID_ENV
 from emb.evaluation.inference import Inference, inference
 from emb.evaluation.map_files import (
-    NODATA,
     describe_map,
     describe_probabilities,
     map_profile,
@@ -50,8 +53,7 @@ from emb.evaluation.region_maps import (
     share_of_rank,
 )
 from emb.evaluation.runs import RunError, TrainedRun, open_run
-from emb.evaluation.windows import PredictSpec, blocks, classify, predict_block
-from emb.io import reading
+from emb.evaluation.windows import MapBlock, PredictSpec, blocks, map_blocks
 from emb.prep.manifest import read_manifest
 from emb.progress import Progress
 from emb.provenance import digest_file, provenance
@@ -68,8 +70,9 @@ def predict_raster(
     """Write the L3 map of ``raster`` (and optionally probabilities) as COGs, coloured with
     ``colours`` ((61, 3) uint8; the official CDL colours by default).
 
-    Blocks go into tiled temporary GeoTIFFs, which GDAL then copies into COGs (the COG driver
-    only copies); the final files appear atomically, complete or not at all.
+    Blocks go into tiled temporary GeoTIFFs, written in a thread while the next block is
+    mapped, which GDAL then copies into COGs (the COG driver only copies); the final files
+    appear atomically, complete or not at all.
     """
     run_on = run_on or Inference(torch.device("cpu"))
     raster = Path(raster)
@@ -83,7 +86,7 @@ def predict_raster(
     tmp_prob = tmp_sibling(probabilities, "prob") if probabilities else None
     try:
         with ExitStack() as stack:
-            src = stack.enter_context(rasterio.open(raster))
+            src = stack.enter_context(rasterio.open(raster, num_threads=decode_threads()))
             run.check_in_dim(src.count, str(raster))
             out.parent.mkdir(parents=True, exist_ok=True)
             dst = stack.enter_context(rasterio.open(tmp_map, "w", **map_profile(src, 1)))
@@ -91,20 +94,19 @@ def predict_raster(
             if tmp_prob is not None:
                 profile = map_profile(src, len(names))
                 prob = stack.enter_context(rasterio.open(tmp_prob, "w", **profile))
-            todo = list(blocks(src.height, src.width, spec.block))
-            progress = Progress(len(todo), "blocks", f"{raster.name} map", log)
-            for block in todo:
-                with reading(raster):
-                    acc, wsum, valid = predict_block(
-                        model, dequantize, src, run.cfg.data.source, block, spec, run_on
-                    )
-                ids, probs = classify(acc, wsum, valid, prob is not None)
-                dst.write(ids, 1, window=block)
-                if prob is not None:
-                    if probs is None:  # a block without a single valid pixel
-                        probs = np.full((len(names), block.height, block.width), NODATA, np.uint8)
-                    prob.write(probs, window=block)
+            writer = stack.enter_context(ThreadPoolExecutor(1, thread_name_prefix="emb-write"))
+            total = sum(1 for _ in blocks(src.height, src.width, spec.grid_block))
+            progress = Progress(total, "blocks", f"{raster.name} map", log)
+            pending: deque[Future] = deque()
+            mapped = map_blocks(model, dequantize, src, run.cfg.data.source, spec, run_on,
+                                len(names), prob is not None)  # fmt: skip
+            for block in mapped:
+                pending.append(writer.submit(write_block, dst, prob, block))
+                while len(pending) > 2:  # bounded: at most two blocks wait for the disk
+                    pending.popleft().result()
                 progress.advance()
+            while pending:
+                pending.popleft().result()
             progress.done()
             colours = l3_colours(cmap) if colours is None else colours
             describe_map(dst, cmap, tags, colours)
@@ -117,6 +119,25 @@ def predict_raster(
         tmp_map.unlink(missing_ok=True)
         if tmp_prob is not None:
             tmp_prob.unlink(missing_ok=True)
+
+
+def decode_threads() -> int:
+    """GDAL's decoding threads for the input raster: the process's torch threads (the rule's
+    threads on a CPU; on a GPU node, the cores the launcher gave the process)."""
+    return max(1, torch.get_num_threads())
+
+
+def write_block(
+    dst: rasterio.io.DatasetWriter, prob: rasterio.io.DatasetWriter | None, block: MapBlock
+) -> None:
+    """One mapped block into the temporary map (and probabilities), once its bytes are on
+    the host."""
+    block.wait()
+    dst.write(block.ids.numpy(), 1, window=block.window)
+    if prob is not None:
+        if block.probs is None:
+            raise ValueError(f"block {block.window}: probabilities asked for but not mapped")
+        prob.write(block.probs.numpy(), window=block.window)
 
 
 def default_tile(run: TrainedRun) -> int:

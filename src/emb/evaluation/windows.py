@@ -1,21 +1,39 @@
-"""Sliding-window inference over a raster, one block at a time, with blended window edges.
+"""Sliding-window maps on the model's device: one read per block, every window computed once,
+windows blended and classified where the model runs, only uint8 bytes back to the host.
 
-Sliding windows of the training tile size run over the raster on one global grid (origins at
-multiples of ``stride = tile - overlap``); where windows overlap, their L3 logits are blended
-with a tent weight that falls towards each window's edge, so a pixel is decided mostly by the
-windows that see it in their interior and tile edges leave no seams. The raster is processed
-block by block: memory holds one block's blended logits ((61 + 1) x block^2 float32) and one
-batch of windows, whatever the raster's size; windows that straddle two blocks are computed
-for each. Windows are read by pixel offsets, so bottom-up rasters (AEF COGs, ``transform.e >
-0``) work like north-up ones, and every window goes through :func:`emb.rasters.shard_arrays`
-and the run's own :class:`~emb.loading.dequantize.Dequantize`: the model sees exactly what
-training fed it.
+Windows of the training tile size lie on one global grid (origins at multiples of ``stride =
+tile - overlap``); where they overlap, their L3 logits are blended with a tent weight that falls
+towards each window's edge, so a pixel is decided mostly by the windows that see it in their
+interior and tile edges leave no seams.
+
+The raster is processed in blocks aligned to that grid (side: ``predict.block`` rounded up to
+a multiple of the stride). Each window belongs to the block that holds its origin, so no window
+is computed twice. A block is read once with a halo of ``tile - stride`` pixels below and to
+the right (every window it owns lies inside; GDAL decodes with several threads), turned into
+shard form by :func:`emb.rasters.shard_arrays` and copied to the device once, compact (int8;
+pinned memory and a non-blocking copy on a GPU). There the windows are cut as views,
+de-quantized by the run's own :class:`~emb.loading.dequantize.Dequantize` (the model sees
+exactly what training fed it), batched through the model, and their tent-weighted logits summed
+into a buffer of the block and its halo. The halo's sums belong to pixels of later blocks: the
+strip to the right (with the corner below it) goes to the next block of the row, the strip
+below to the next row of blocks. When a block's pixels hold every window's share, the argmax,
+the nodata mask and the probabilities are computed on the device; only uint8 comes back. A
+reader thread reads and prepares the next block while the device works on this one, and a
+writer thread writes the previous one. On a CPU the same code runs with torch tensors.
+
+Memory on the device: the block with its halo (int8), its sums ((classes + 1) x (block +
+halo)^2 float32), one batch, and the strip carried to the next row of blocks ((classes + 1) x
+halo x raster width float32: 250 MiB for an 8192 px wide raster at tile 256, overlap 0.5).
+Windows are placed by pixel offsets, so bottom-up rasters (AEF COGs, ``transform.e > 0``) work
+like north-up ones.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,8 +44,13 @@ from torch import nn
 
 from emb.evaluation.inference import Inference
 from emb.evaluation.map_files import NODATA, PROB_SCALE
+from emb.io import reading
 from emb.loading.dequantize import Dequantize
 from emb.rasters import embedding_nodata, shard_arrays, valid_pixels
+
+log = logging.getLogger(__name__)
+
+STRIP_BYTES = 64 << 20  # a float raster's block is read and quantized in strips of this size
 
 
 @dataclass(frozen=True)
@@ -42,6 +65,19 @@ class PredictSpec:
     @property
     def stride(self) -> int:
         return self.tile - int(round(self.tile * self.overlap))
+
+    @property
+    def halo(self) -> int:
+        """Pixels a block's windows reach beyond it, below and to the right."""
+        return self.tile - self.stride
+
+    @property
+    def grid_block(self) -> int:
+        """Side of the blocks the raster is processed in: ``block`` rounded up to a multiple
+        of the stride (blocks own whole rows of windows) and at least the halo (a block's
+        windows reach no further than the next block)."""
+        steps = max(math.ceil(self.block / self.stride), math.ceil(self.halo / self.stride), 1)
+        return steps * self.stride
 
     def check(self, multiple: int = 1) -> None:
         if self.tile <= 0 or self.tile % multiple:
@@ -69,6 +105,13 @@ def tile_origins(start: int, stop: int, length: int, tile: int, stride: int) -> 
     return [k * stride for k in range(first, min(last, (stop - 1) // stride) + 1)]
 
 
+def owned_origins(start: int, side: int, length: int, tile: int, stride: int) -> list[int]:
+    """Origins of the grid's windows in [start, start + side): those a block owns."""
+    last = window_count(length, tile, stride) - 1
+    first = -(-start // stride)
+    return [k * stride for k in range(first, min(last, (start + side - 1) // stride) + 1)]
+
+
 def blend_weights(tile: int) -> np.ndarray:
     """(tile, tile) float32 tent, highest at the centre and near 0 (never 0) at the edges."""
     i = np.arange(tile, dtype=np.float32) + 0.5
@@ -82,101 +125,222 @@ def fill_value(src: rasterio.DatasetReader) -> float:
     return np.nan if nodata is None else nodata
 
 
-def read_window(src: rasterio.DatasetReader, row: int, col: int, tile: int) -> np.ndarray:
-    """(D, tile, tile) pixels at (row, col), padded with nodata where the raster ends."""
-    h = min(tile, src.height - row)
-    w = min(tile, src.width - col)
-    data = src.read(window=Window(col, row, w, h))
-    if (h, w) == (tile, tile):
-        return data
-    out = np.full((src.count, tile, tile), fill_value(src), dtype=data.dtype)
-    out[:, :h, :w] = data
-    return out
-
-
 def blocks(height: int, width: int, block: int) -> Iterator[Window]:
+    """The raster's blocks of side ``block``, row by row (the last ones cut at the edges)."""
     for row in range(0, height, block):
         for col in range(0, width, block):
             yield Window(col, row, min(block, width - col), min(block, height - row))
 
 
-@torch.no_grad()
-def _window_logits(
-    model: nn.Module, dequantize: Dequantize, arrays: list[dict[str, np.ndarray]],
-    run: Inference,
-) -> np.ndarray:  # fmt: skip
-    """(B, 61, T, T) float32 L3 logits of a batch of windows in compact shard form."""
-    device = run.device
-    batch = {k: torch.from_numpy(np.stack([a[k] for a in arrays])).to(device) for k in arrays[0]}
-    batch["label"] = torch.zeros(batch["emb"].shape[0], *batch["emb"].shape[-2:], device=device)
-    x, _ = dequantize(batch)
-    with run.autocast():
-        logits = model(run.inputs(x))["l3"]
-    return logits.float().cpu().numpy()
+@dataclass
+class BlockData:
+    """One block as read, with its halo: compact shard arrays and the windows it owns."""
+
+    window: Window  # the block's own pixels (the map's block)
+    arrays: dict[str, torch.Tensor]  # compact (D, h, w) / (h, w) from the block's first pixel
+    valid: torch.Tensor  # (h, w) bool: embedding present
+    origins: list[tuple[int, int]]  # owned windows with a valid pixel, in block pixels
+    owned: int  # every window the block owns (the skipped all-nodata ones too)
 
 
-def predict_block(
+@dataclass
+class MapBlock:
+    """One block of the map: uint8 ids and, when asked, uint8 probabilities (C, h, w)."""
+
+    window: Window
+    ids: torch.Tensor
+    probs: torch.Tensor | None
+    ready: torch.cuda.Event | None = None  # set when the device-to-host copies are done
+
+    def wait(self) -> None:
+        if self.ready is not None:
+            self.ready.synchronize()
+
+
+class BlockReader:
+    """Reads a raster's blocks with their halos and prepares them for the device: shard
+    form, validity and the windows worth a model call. Runs in a thread of its own."""
+
+    def __init__(self, src: rasterio.DatasetReader, source: str, spec: PredictSpec,
+                 device: torch.device) -> None:  # fmt: skip
+        self.src, self.source, self.spec, self.device = src, source, spec, device
+        self.nodata = embedding_nodata(src.dtypes[0], src.nodata)
+        self.fill = fill_value(src)
+        self.reads = 0  # GDAL reads, for the bench and the tests
+
+    def extent(self, start: int, length: int) -> tuple[list[int], int]:
+        """The owned origins along an axis and how far the block's data must reach."""
+        spec = self.spec
+        side = spec.grid_block
+        origins = owned_origins(start, side, length, spec.tile, spec.stride)
+        core = min(side, length - start)
+        return origins, max([core, *(o + spec.tile - start for o in origins)])
+
+    def read(self, window: Window) -> BlockData:
+        r0, c0 = window.row_off, window.col_off
+        src, tile = self.src, self.spec.tile
+        rows, data_h = self.extent(r0, src.height)
+        cols, data_w = self.extent(c0, src.width)
+        arrays = self._compact(r0, c0, data_h, data_w)
+        valid = valid_pixels(self.source, arrays)
+        origins = [(r - r0, c - c0) for r in rows for c in cols
+                   if valid[r - r0 : r - r0 + tile, c - c0 : c - c0 + tile].any()]  # fmt: skip
+        return BlockData(window, {k: self._pinned(v) for k, v in arrays.items()},
+                         self._pinned(valid), origins, len(rows) * len(cols))  # fmt: skip
+
+    def _compact(self, r0: int, c0: int, height: int, width: int) -> dict[str, np.ndarray]:
+        """Shard arrays of the (height, width) pixels from (r0, c0), padded with nodata beyond
+        the raster; int8 in one read, float rasters in strips of :data:`STRIP_BYTES`."""
+        src = self.src
+        item = np.dtype(src.dtypes[0]).itemsize
+        step = height if item == 1 else max(1, STRIP_BYTES // (src.count * width * item))
+        out: dict[str, np.ndarray] = {}
+        for y in range(0, height, step):
+            n = min(step, height - y)
+            h = max(0, min(n, src.height - r0 - y))
+            w = min(width, src.width - c0)
+            data = src.read(window=Window(c0, r0 + y, w, h)) if h else None
+            self.reads += int(h > 0)
+            if data is None or data.shape[1:] != (n, width):
+                part = np.full((src.count, n, width), self.fill, src.dtypes[0])
+                if data is not None:
+                    part[:, :h, :w] = data
+                data = part
+            where = f"{src.name}: block at row {r0 + y}, column {c0}"
+            strip = shard_arrays(self.source, data, self.nodata, name=where)
+            if step >= height:
+                return strip
+            for key, value in strip.items():
+                into = out.setdefault(key, np.empty((*value.shape[:-2], height, width),
+                                                    value.dtype))  # fmt: skip
+                into[..., y : y + n, :] = value
+        return out
+
+    def _pinned(self, array: np.ndarray) -> torch.Tensor:
+        """A host tensor the device can copy from without blocking (pinned on a GPU)."""
+        t = torch.from_numpy(np.ascontiguousarray(array))
+        return t.pin_memory() if self.device.type == "cuda" else t
+
+
+class BlockMapper:
+    """Blends and classifies the blocks of one raster on the model's device, in row order,
+    carrying the sums of each block's halo to the blocks that own those pixels."""
+
+    def __init__(self, model: nn.Module, dequantize: Dequantize, run: Inference,
+                 spec: PredictSpec, classes: int, width: int,
+                 probabilities: bool) -> None:  # fmt: skip
+        self.model, self.dequantize, self.run, self.spec = model, dequantize, run, spec
+        self.classes, self.probabilities = classes, probabilities
+        self.device = run.device
+        self.weights = torch.from_numpy(blend_weights(spec.tile)).to(self.device)
+        halo = spec.halo
+        self.below = (torch.zeros(classes + 1, halo, width, device=self.device)
+                      if halo else None)  # fmt: skip
+        self.right: torch.Tensor | None = None  # the previous block's right strip
+        self.windows = 0  # windows through the model
+
+    def _to_device(self, t: torch.Tensor) -> torch.Tensor:
+        return t.to(self.device, non_blocking=True)
+
+    @torch.no_grad()
+    def map_block(self, block: BlockData, height: int, width: int) -> MapBlock:
+        """The block's map, from its windows and the halo sums of the blocks before it."""
+        spec, tile, c = self.spec, self.spec.tile, self.classes
+        win = block.window
+        r0, c0, bh, bw = win.row_off, win.col_off, win.height, win.width
+        acc_h = min(height, r0 + bh + spec.halo) - r0
+        acc_w = min(width, c0 + bw + spec.halo) - c0
+        acc = torch.zeros(c + 1, acc_h, acc_w, device=self.device)  # sums, then weight sum
+        if c0 == 0:
+            self.right = None
+        if self.below is not None and r0 > 0:
+            top = min(spec.halo, bh)
+            acc[:, :top, :bw] += self.below[:, :top, c0 : c0 + bw]
+        if self.right is not None:
+            acc[:, :, : self.right.shape[-1]] += self.right
+        arrays = {k: self._to_device(v) for k, v in block.arrays.items()}
+        valid = self._to_device(block.valid)
+        for i in range(0, len(block.origins), spec.batch_size):
+            chunk = block.origins[i : i + spec.batch_size]
+            logits = self._logits(arrays, chunk)
+            for (r, col), window_logits in zip(chunk, logits, strict=True):
+                h, w = min(tile, acc_h - r), min(tile, acc_w - col)
+                weight = self.weights[:h, :w]
+                acc[:c, r : r + h, col : col + w].addcmul_(window_logits[:, :h, :w], weight)
+                acc[c, r : r + h, col : col + w] += weight
+        self.right = acc[:, :, bw:] if acc_w > bw else None
+        if self.below is not None and acc_h > bh:
+            self.below[:, : acc_h - bh, c0 : c0 + bw] = acc[:, bh:, :bw]
+        return self._classify(win, acc[:, :bh, :bw], valid[:bh, :bw])
+
+    @torch.no_grad()
+    def _logits(
+        self, arrays: dict[str, torch.Tensor], chunk: list[tuple[int, int]]
+    ) -> torch.Tensor:
+        """(B, C, T, T) float32 L3 logits of the windows at ``chunk`` (block pixels)."""
+        tile = self.spec.tile
+        batch = {k: torch.stack([v[..., r : r + tile, c : c + tile] for r, c in chunk])
+                 for k, v in arrays.items()}  # fmt: skip
+        batch["label"] = torch.zeros(len(chunk), 1, 1, device=self.device)
+        x, _ = self.dequantize(batch)
+        with self.run.autocast():
+            logits = self.model(self.run.inputs(x))["l3"]
+        if logits.shape[1] != self.classes:
+            raise ValueError(
+                f"the model gives {logits.shape[1]} L3 logits per pixel, expected "
+                f"{self.classes} (the classes' L3 names)"
+            )
+        self.windows += len(chunk)
+        return logits.float()
+
+    def _classify(self, win: Window, acc: torch.Tensor, valid: torch.Tensor) -> MapBlock:
+        """Blended sums -> uint8 ids (255 = nodata) and optionally uint8 probabilities
+        (round(p * 254), 255 = nodata), started on their way to the host."""
+        c = self.classes
+        nodata = torch.tensor(NODATA, dtype=torch.uint8, device=self.device)
+        ids = torch.where(valid, acc[:c].argmax(0).to(torch.uint8), nodata)
+        probs = None
+        if self.probabilities:
+            wsum = acc[c]
+            mean = acc[:c] / torch.where(wsum > 0, wsum, torch.ones_like(wsum))
+            p = torch.softmax(mean, dim=0)  # max-subtracted inside
+            probs = torch.where(valid, torch.round(p * PROB_SCALE).to(torch.uint8), nodata)
+        if self.device.type != "cuda":
+            return MapBlock(win, ids, probs)
+        host = [_pinned_copy(ids), None if probs is None else _pinned_copy(probs)]
+        ready = torch.cuda.Event()
+        ready.record()
+        return MapBlock(win, host[0], host[1], ready)
+
+
+def _pinned_copy(t: torch.Tensor) -> torch.Tensor:
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    return host.copy_(t, non_blocking=True)
+
+
+def map_blocks(
     model: nn.Module, dequantize: Dequantize, src: rasterio.DatasetReader, source: str,
-    block: Window, spec: PredictSpec, run: Inference,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
-    """Blended L3 logits (C, h, w) float32, weight sum (h, w) and valid mask (h, w) of one block.
+    spec: PredictSpec, run: Inference, classes: int, probabilities: bool,
+) -> Iterator[MapBlock]:  # fmt: skip
+    """Every block of ``src`` mapped, in row order, the next block read in a thread while
+    this one is on the device."""
+    reader = BlockReader(src, source, spec, run.device)
+    mapper = BlockMapper(model, dequantize, run, spec, classes, src.width, probabilities)
+    todo = list(blocks(src.height, src.width, spec.grid_block))
 
-    Pixels of the block covered only by windows without any valid pixel keep weight 0.
-    """
-    r0, c0, bh, bw = block.row_off, block.col_off, block.height, block.width
-    tile, weights = spec.tile, blend_weights(spec.tile)
-    nodata = embedding_nodata(src.dtypes[0], src.nodata)
-    acc: np.ndarray | None = None
-    wsum = np.zeros((bh, bw), np.float32)
-    valid = np.zeros((bh, bw), bool)
-    rows = tile_origins(r0, r0 + bh, src.height, tile, spec.stride)
-    cols = tile_origins(c0, c0 + bw, src.width, tile, spec.stride)
-    origins = [(r, c) for r in rows for c in cols]
-    for i in range(0, len(origins), spec.batch_size):
-        chunk, arrays, masks = [], [], []
-        for r, c in origins[i : i + spec.batch_size]:
-            where = f"{src.name}: window at row {r}, column {c}"
-            compact = shard_arrays(source, read_window(src, r, c, tile), nodata, name=where)
-            mask = valid_pixels(source, compact)
-            if mask.any():  # an all-nodata window costs no model call
-                chunk.append((r, c))
-                arrays.append(compact)
-                masks.append(mask)
-        if not chunk:
-            continue
-        logits = _window_logits(model, dequantize, arrays, run)
-        if acc is None:
-            acc = np.zeros((logits.shape[1], bh, bw), np.float32)
-        for (r, c), window_logits, mask in zip(chunk, logits, masks, strict=True):
-            # the part of window (r, c) inside the block, in block and in window coordinates
-            y0, y1 = max(r, r0), min(r + tile, r0 + bh)
-            x0, x1 = max(c, c0), min(c + tile, c0 + bw)
-            b = np.s_[y0 - r0 : y1 - r0, x0 - c0 : x1 - c0]
-            t = np.s_[y0 - r : y1 - r, x0 - c : x1 - c]
-            acc[(slice(None), *b)] += weights[t] * window_logits[(slice(None), *t)]
-            wsum[b] += weights[t]
-            valid[b] = mask[t]
-    if acc is None:
-        acc = np.zeros((0, bh, bw), np.float32)
-    return acc, wsum, valid
+    def read(window: Window) -> BlockData:
+        with reading(src.name):
+            return reader.read(window)
 
-
-def classify(
-    acc: np.ndarray, wsum: np.ndarray, valid: np.ndarray, probabilities: bool
-) -> tuple[np.ndarray, np.ndarray | None]:
-    """Blended logits -> (h, w) uint8 L3 ids (255 = nodata) and optionally (C, h, w) uint8
-    probabilities (round(p * 254), 255 = nodata). Works in place on ``acc`` (no second copy
-    of the block's logits)."""
-    if acc.shape[0] == 0:
-        return np.full(valid.shape, NODATA, np.uint8), None
-    ids = np.where(valid, acc.argmax(0), NODATA).astype(np.uint8)
-    if not probabilities:
-        return ids, None
-    acc /= np.where(wsum > 0, wsum, 1.0)  # weighted mean logits
-    acc -= acc.max(0, keepdims=True)
-    np.exp(acc, out=acc)
-    acc /= acc.sum(0, keepdims=True)
-    acc *= PROB_SCALE
-    probs = np.rint(acc, out=acc).astype(np.uint8)
-    probs[:, ~valid] = NODATA
-    return ids, probs
+    skipped = 0
+    with ThreadPoolExecutor(1, thread_name_prefix="emb-read") as pool:
+        ahead: Future | None = pool.submit(read, todo[0]) if todo else None
+        for i in range(len(todo)):
+            assert ahead is not None
+            block = ahead.result()
+            ahead = pool.submit(read, todo[i + 1]) if i + 1 < len(todo) else None
+            yield mapper.map_block(block, src.height, src.width)
+            skipped += block.owned - len(block.origins)
+    log.info("%s: %d blocks read once each (%d GDAL reads), %d windows through the model, "
+             "%d without data skipped", src.name, len(todo), reader.reads, mapper.windows,
+             skipped)  # fmt: skip
