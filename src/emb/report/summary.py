@@ -83,6 +83,17 @@ def standard_pairs(metas: dict[str, dict]) -> list[tuple[str, str, str]]:
     return pairs
 
 
+def read_metrics(path: Path) -> dict:
+    """A run's metrics.json, its bootstrap settings checked (a level outside (0, 1), say, is
+    refused here in one line naming the file, not later without it)."""
+    metrics = json.loads(Path(path).read_text())
+    try:
+        settings_of(metrics)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{path}: bootstrap: {err}") from None
+    return metrics
+
+
 def settings_of(metrics: dict) -> BootstrapSettings:
     """The bootstrap a run's intervals were drawn with (resamples, seed, level from its
     metrics.json); the block floor is always this code's (:func:`enough_blocks`)."""
@@ -292,7 +303,7 @@ def summarize(
 ) -> pd.DataFrame:
     rows = []
     for i, (run, path) in enumerate(zip(runs, metrics_paths, strict=True)):
-        row = summary_row(run, json.loads(Path(path).read_text()))
+        row = summary_row(run, read_metrics(Path(path)))
         if histories and Path(histories[i]).is_file():
             row.update(validation_at_best(Path(histories[i]), row["weights"]))
         rows.append(row)
@@ -315,9 +326,7 @@ def main(argv: list[str] | None = None) -> None:
     table = summarize(args.runs, args.metrics, args.histories)
     with atomic_path(args.out) as tmp:
         table.to_csv(tmp, index=False)
-    metas = {
-        r: json.loads(Path(p).read_text()) for r, p in zip(args.runs, args.metrics, strict=True)
-    }
+    metas = {r: read_metrics(p) for r, p in zip(args.runs, args.metrics, strict=True)}
     blocks = {
         r: Path(p).parent / "blocks.npz" for r, p in zip(args.runs, args.metrics, strict=True)
     }
