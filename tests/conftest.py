@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 import rasterio
+import slow_tests
+import torch
 
 from emb.classes import ClassMap, load_class_map
 from emb.prep.align_labels import align_labels
@@ -17,6 +19,11 @@ from emb.prep.demo_region import DEMO_REGIONS, write_region
 from emb.prep.manifest import merge_indexes
 from emb.prep.shards import build_region
 from emb.prep.tiles import SplitSpec, TileSpec
+
+# One intra-op thread in the test process (subprocesses get OMP_NUM_THREADS=1 from venv_env):
+# on a busy 2-core machine torch's default of a thread per core made the tiny fits 15x slower
+# (221 against 15 ms a step), and the first evaluate call set 1 anyway, in mid-session.
+torch.set_num_threads(1)
 
 REPO = Path(__file__).resolve().parents[1]
 CLASSES_CSV = REPO / "config" / "classes.csv"
@@ -95,3 +102,18 @@ def tiny_demo(tmp_path_factory: pytest.TempPathFactory, class_map: ClassMap) -> 
         manifest.write_text(json.dumps(merge_indexes(indexes, paths)))
         manifests[source] = manifest
     return TinyDemo(root, rasters, labels, manifests)
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects: the marks added here must count
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The slow tier (tests/slow_tests.py): mark its tests, and stop on an entry naming nothing."""
+    here = config.invocation_params.dir
+    whole = any((here / arg).resolve() in (REPO, REPO / "tests") for arg in config.args)
+    problems = slow_tests.check(config.rootpath, items, config.args, whole)
+    if problems:
+        raise pytest.UsageError(
+            "tests/slow_tests.py names tests or fixtures that do not exist:\n  "
+            + "\n  ".join(problems)
+        )
+    slow_tests.mark(config.rootpath, items)
+    config.stash[slow_tests.COLLECTED] = list(items)
