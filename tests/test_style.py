@@ -35,4 +35,6 @@ def test_no_package_module_is_over_500_lines() -> None:
     sizes = {p: len(p.read_text().splitlines()) for p in (REPO / "src" / "emb").rglob("*.py")}
     assert sizes, "no modules found under src/emb"
     too_long = {str(p.relative_to(REPO)): n for p, n in sizes.items() if n > MAX_MODULE_LINES}
-    assert not too_long, f"modules over {MAX_MODULE_LINES} lines (does each still hold one idea?): {too_long}"
+    assert not too_long, (
+        f"modules over {MAX_MODULE_LINES} lines (does each still hold one idea?): {too_long}"
+    )

@@ -143,7 +143,7 @@ def build_loop(
 ) -> Loop:  # fmt: skip
     """Everything the loop needs, checked, then started as :mod:`emb.training.start` decides
     (resumed, fresh or fine-tuned); files are written only after that."""
-    manifest = read_checked_manifest(cfg, world)
+    manifest = read_checked_manifest(cfg)
     cfg = build_config(cfg, manifest.get("tile_size"), run_dir)
     train, val = manifest["splits"]["train"], manifest["splits"]["val"]
     plan = build_plan(cfg, train, world)
