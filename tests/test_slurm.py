@@ -50,12 +50,15 @@ def slurm() -> None:
         subprocess.run(["timeout", "-k", "10", "120", str(REPO / "scripts/slurm/stop.sh")])
 
 
-def snakemake(workdir: Path, profile: Path, *args: str) -> subprocess.CompletedProcess:
-    """One Snakemake run on the local SLURM, from ``workdir``, ended by a timeout in any case."""
+def snakemake(
+    workdir: Path, profile: Path, *args: str, configfiles: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess:
+    """One Snakemake run on the local SLURM, from ``workdir``, ended by a timeout in any case;
+    ``configfiles`` are merged over the tests' ``.test/config.yaml``."""
     # targets and --config go before --configfile: both options take lists of values
     cmd = ["timeout", "-k", "30", str(RUN_LIMIT_S), "snakemake", "-s", str(REPO / "Snakefile"),
            "-d", str(workdir), "--profile", str(profile), *args,
-           "--configfile", ".test/config.yaml"]  # fmt: skip
+           "--configfile", ".test/config.yaml", *configfiles]  # fmt: skip
     started = time.time()
     result = subprocess.run(cmd, cwd=workdir, env=venv_env(), capture_output=True, text=True,
                             timeout=RUN_LIMIT_S + 60)  # fmt: skip
@@ -261,8 +264,12 @@ def test_a_failed_region_in_a_grouped_job_is_named_in_its_logs(workdir: Path) ->
     table.write_text("region\tyear\taef\ttessera\tcdl\tsplit\n"
                      f"bad_region\t2024\t{aef}\t\t{demo / 'cdl.tif'}\tauto\n")  # fmt: skip
 
+    blocks = workdir / ".test/blocks.yaml"  # blocks small enough for the 1.28 km region
+    blocks.parent.mkdir(exist_ok=True)
+    blocks.write_text("splits:\n  block_m: 320\n")
     result = snakemake(workdir, PROFILE, "results/shards/aef/bad_region/index.json",
-                       "--config", "runs=[aef_segformer]", f"regions={table}")  # fmt: skip
+                       "--config", "runs=[aef_segformer]", f"regions={table}",
+                       configfiles=(str(blocks),))  # fmt: skip
 
     assert result.returncode != 0
     assert "Error in group prep" in result.stdout + result.stderr
