@@ -327,12 +327,15 @@ def test_your_own_regions_get_the_full_size_tiling_and_the_demo_keeps_its_own(
     table = tmp_path / "mine.tsv"
     table.write_text("region\tyear\taef\ttessera\tcdl\tsplit\n"
                      f"mine\t2024\t{demo / 'aef.tif'}\t\t{demo / 'cdl.tif'}\tauto\n")  # fmt: skip
+    blocks = tmp_path / "blocks.yaml"  # 5120 m blocks would leave this 1.28 km region one
+    blocks.write_text("splits:\n  block_m: 640\n")  # block: refused before any job
+    own = ["--config", f"regions={table}", "--configfile", ".test/config.yaml", str(blocks)]
     shells = {}
-    for name, extra in (("own", ["--config", f"regions={table}"]), ("demo", [])):
+    for name, extra in (("own", own), ("demo", ["--configfile", ".test/config.yaml", str(blocks)])):
         result = snakemake(finished_run, "-n", "-p", "-F", "results/shards/aef/manifest.json",
                            *extra)  # fmt: skip
         assert result.returncode == 0, result.stderr[-3000:]
         shells[name] = result.stdout
     assert "--tile-size=256 --stride=256" in shells["own"]
-    assert "--block-m=5120" in shells["own"] and "--max-samples=256" in shells["own"]
+    assert "--block-m=640" in shells["own"] and "--max-samples=256" in shells["own"]
     assert "--tile-size=32 --stride=32" in shells["demo"] and "--block-m=320" in shells["demo"]
