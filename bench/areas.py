@@ -32,9 +32,9 @@ import shapely
 from affine import Affine
 from pyproj import CRS
 
-from emb.areas.geo import WGS84, reproject, zone_box
 from emb.areas.plan import plan_areas
 from emb.areas.vrt import write_mosaic
+from emb.geo import WGS84, reproject, zone_box
 
 EXTENT = (-97.0, 40.0, -90.0, 44.0)  # lon/lat box of the index
 IOWA = (-96.6, 40.4, -90.2, 43.5)  # the area: about Iowa's bounding box

@@ -6,7 +6,7 @@ edge at several ``tiles.min_valid``, per value: ``bound``, the most any tiling c
 while each tile lies in one split block (the labelled pixels of every block that holds
 ``min_valid`` of a tile of them, as if tiles could cover them whole); ``grid``, the share the
 grid's tiles cover; ``+half``, with the training tiles half a tile off the grid
-(emb.prep.tile_fill); the kept tiles and their ``fill`` (labelled pixels over all pixels of
+(emb.prep.shifted_tiles); the kept tiles and their ``fill`` (labelled pixels over all pixels of
 the kept tiles: what the shards and the training steps spend on nodata).
 
 Synthetic 10 m regions at 64 random offsets from the block grid, labelled everywhere

@@ -1,5 +1,5 @@
 """Peak memory of the per-region and per-source stages as a function of the raster's size: the
-figures behind the ``mem_mb`` the rules ask for (``emb.cluster.resources``).
+figures behind the ``mem_mb`` the rules ask for (``emb.workflow.resources``).
 
 For each side S (default 1024, 2048, 4096) and source (AEF: 64 int8 bands; TESSERA: 128
 float32 bands, half the side by default: the same bytes at S/2), writes a tiled SxS raster and
@@ -11,7 +11,7 @@ it in ``max_rss``): ``align_labels``, ``shards``, ``manifest`` and ``channel_sta
 
 Prints one row per (stage, source, side): megapixels, peak RSS (MiB) and seconds, then per
 stage and source the least-squares line ``peak = a + b * megapixels`` and the largest
-measured peak over the model's request (``emb.cluster.resources.mem_mb``; must be < 1).
+measured peak over the model's request (``emb.workflow.resources.mem_mb``; must be < 1).
 
 Usage: ``python bench/memory.py [--sides 1024 2048 4096] [--tessera-sides ...] [--json PATH]``.
 """
@@ -36,7 +36,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from data import write_raster  # noqa: E402
 
-from emb.cluster.resources import mem_mb  # noqa: E402
+from emb.workflow.resources import mem_mb  # noqa: E402
 
 WRAPPER = (
     "import resource, subprocess, sys; subprocess.run(sys.argv[1:], check=True); "

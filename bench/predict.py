@@ -57,8 +57,8 @@ from emb.evaluation.map_files import map_profile, tmp_sibling, to_cog  # noqa: E
 from emb.evaluation.runs import TrainedRun  # noqa: E402
 from emb.evaluation.windows import PredictSpec  # noqa: E402
 from emb.models import build_model  # noqa: E402
-from emb.training import checkpoint  # noqa: E402
-from emb.training.config import TrainConfig  # noqa: E402
+from emb.training import checkpoint_file  # noqa: E402
+from emb.training.run_config import TrainConfig  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 OLD_COMMIT = "0dcd26c"  # the last commit with the host-side algorithm
@@ -144,7 +144,9 @@ def region_table(path: Path, rasters: list[Path]) -> Path:
 def save_run(run: TrainedRun) -> Path:
     """The run as a folder the predict stage can open."""
     run.path.parent.mkdir(parents=True, exist_ok=True)
-    checkpoint.save(run.path, {"model": run.weights["raw"], "config": run.cfg.resolved, "epoch": 0})
+    checkpoint_file.save(
+        run.path, {"model": run.weights["raw"], "config": run.cfg.resolved, "epoch": 0}
+    )
     return run.path.parent
 
 

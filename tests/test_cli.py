@@ -160,7 +160,7 @@ def test_each_kind_of_error_has_its_exit_code(err: BaseException, code: int) -> 
 
 
 def test_an_emb_value_error_is_bad_input_and_its_message_one_line() -> None:
-    from emb.training.config import ConfigError
+    from emb.training.run_config import ConfigError
 
     err = ConfigError("run.yaml: train.epochs:\n  expected >= 1,\n  found 0")
     assert cli.exit_code(err) == cli.EXIT_INPUT

@@ -10,7 +10,7 @@ from conftest import TinyDemo
 from training_runs import resolve_config, train_here
 
 from emb import provenance as prov
-from emb.training import checkpoint
+from emb.training import checkpoint_file
 
 
 def test_the_block_names_commit_versions_digests_host_and_device() -> None:
@@ -36,11 +36,11 @@ def test_train_json_and_checkpoints_carry_the_runs_provenance(
 ) -> None:
     config = resolve_config(tiny_demo, tmp_path / "run", "train.epochs=1")
     block = train_here(config)["provenance"]  # what train.json holds
-    resolved = checkpoint.load(config.parent / "best.pt")["config"]
+    resolved = checkpoint_file.load(config.parent / "best.pt")["config"]
     assert block["config_digest"] == prov.digest_config(resolved)
     manifest = yaml.safe_load(config.read_text())["data"]["manifest"]
     assert block["manifest_digest"] == prov.digest_file(manifest)
     for name in ("best.pt", "last.pt"):
-        state = checkpoint.load(config.parent / name)
+        state = checkpoint_file.load(config.parent / name)
         assert state["provenance"] == block, name
         assert state["run"] == "run", name

@@ -21,7 +21,7 @@ import pytest
 import yaml
 from conftest import REPO, corrupt_copy, venv_env
 
-from emb.cluster.profile import local_node
+from emb.workflow.profile import local_node
 
 pytestmark = pytest.mark.slurm
 

@@ -17,7 +17,7 @@ import yaml
 from conftest import REPO, venv_env
 
 from emb.provenance import digest_config, digest_file
-from emb.training import checkpoint
+from emb.training import checkpoint_file
 
 RULES = ["demo_region", "align_labels", "shards", "manifest", "channel_stats", "train_config",
          "train", "evaluate", "summary", "predict", "curves", "data_report"]  # fmt: skip
@@ -238,7 +238,7 @@ def test_metrics_summary_and_maps_name_the_code_config_and_data_that_made_them(
     table = pd.read_csv(finished_run / "results" / "summary.csv").set_index("run")
     for run in RUNS:
         source = run.split("_")[0]
-        trained = checkpoint.load(finished_run / f"results/runs/{run}/best.pt")
+        trained = checkpoint_file.load(finished_run / f"results/runs/{run}/best.pt")
         metrics = json.loads((finished_run / f"results/eval/{run}/metrics.json").read_text())
         manifest = finished_run / f"results/shards/{source}/manifest.json"
         expected = {

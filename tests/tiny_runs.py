@@ -22,9 +22,9 @@ from emb.loading.batches import LoaderSpec, shard_sample_counts, train_batches
 from emb.loading.dequantize import Dequantize
 from emb.models import ModelConfig, build_model
 from emb.prep.channel_stats import main as channel_stats_main
-from emb.training import checkpoint
-from emb.training.config import TrainConfig
+from emb.training import checkpoint_file
 from emb.training.loss import HierarchyTargets
+from emb.training.run_config import TrainConfig
 from emb.training.train_config import resolve
 
 SMALL_MODEL = {"widths": [8, 16, 16, 32], "depths": [1, 1, 1, 1], "decoder_dim": 16}
@@ -93,7 +93,7 @@ def write_run(run_dir: Path, config: dict, model: dict, ema: dict | None = None)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     state = {"model": model, "config": config, "epoch": 3, "ema": ema}
-    checkpoint.save(run_dir / "best.pt", state)
+    checkpoint_file.save(run_dir / "best.pt", state)
     return run_dir
 
 

@@ -15,10 +15,10 @@ import pytest
 import torch
 from conftest import REPO, TinyDemo, venv_env
 
-from emb.training import checkpoint
-from emb.training.config import load
+from emb.training import checkpoint_file
 from emb.training.loop import Stopped, run
-from emb.training.stop import StopRequest
+from emb.training.run_config import load
+from emb.training.stop_request import StopRequest
 from emb.training.train_config import main as resolve_config_main
 
 STAMP = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d "  # what starts each line of the run log
@@ -62,7 +62,7 @@ def interrupt(config: Path) -> int:
     stop.signal = signal.SIGUSR1
     with pytest.raises(Stopped):
         train_here(config, stop)
-    return checkpoint.load(config.parent / "last.pt")["step"]
+    return checkpoint_file.load(config.parent / "last.pt")["step"]
 
 
 def manifest_with_val(demo: TinyDemo, out: Path, shards: list[int], source: str = "aef") -> Path:
@@ -130,7 +130,7 @@ def workers(
 
 def resumable_state(path: Path) -> dict:
     """The parts of a checkpoint that a resumed run must reproduce bitwise."""
-    state = checkpoint.load(path)
+    state = checkpoint_file.load(path)
     return {k: state[k] for k in ("model", "optimizer", "ema", "scheduler", "step", "loader")}
 
 

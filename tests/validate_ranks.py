@@ -20,16 +20,16 @@ from emb.classes import load_class_map
 from emb.loading.batches import LoaderSpec, eval_batches, shard_sample_counts
 from emb.loading.dequantize import Dequantize
 from emb.models import build_model
-from emb.training import checkpoint
-from emb.training.config import TrainConfig
+from emb.training import checkpoint_file
 from emb.training.loss import HierarchyTargets, MultiHeadLoss
+from emb.training.run_config import TrainConfig
 from emb.training.trainer import Trainer
 
 
 def main(ckpt: Path, out: Path, as_trained: bool = False) -> None:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo")
-    state = checkpoint.load(ckpt)
+    state = checkpoint_file.load(ckpt)
     cfg = TrainConfig.from_dict(state["config"])
     models = {}
     for name in ("ema", "raw") if as_trained and state.get("ema") is not None else ("raw",):

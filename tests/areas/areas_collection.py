@@ -23,7 +23,7 @@ from affine import Affine
 from conftest import REPO, venv_env
 from pyproj import CRS, Transformer
 
-from emb.areas.geo import WGS84, reproject, zone_box
+from emb.geo import WGS84, reproject, zone_box
 
 YEAR = 2024
 AREA = (-96.012, 42.002, -95.988, 42.020)  # crosses the 14N / 15N boundary at 96 W

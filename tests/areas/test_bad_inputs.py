@@ -20,8 +20,8 @@ from conftest import REPO
 from pyproj import CRS
 
 from emb.areas import AreasError
-from emb.areas.geo import WGS84, reproject
-from emb.areas.workflow import plan_from_config
+from emb.geo import WGS84, reproject
+from emb.workflow.areas import plan_from_config
 
 
 @pytest.fixture(scope="module")

@@ -24,9 +24,9 @@ from pyproj import CRS, Transformer
 from rasterio.features import geometry_mask
 from rasterio.windows import from_bounds
 
-from emb.areas.geo import WGS84, reproject, zone_box
 from emb.areas.plan import plan_areas
 from emb.areas.vrt import write_mosaic
+from emb.geo import WGS84, reproject, zone_box
 
 ZONES = {"14N": 32614, "15N": 32615}
 

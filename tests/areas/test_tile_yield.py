@@ -19,9 +19,9 @@ from emb.areas import AreasError
 from emb.areas.plan import plan_areas
 from emb.areas.tile_yield import check_tile_yield, region_grid, specs_of
 from emb.areas.vrt import mosaic_grid, part_grid
-from emb.areas.workflow import plan_from_config
 from emb.classes import IGNORE
 from emb.prep.tiles import Ground, SplitSpec, TileSpec, count_tiles, plan_tiles, tile_windows
+from emb.workflow.areas import plan_from_config
 
 
 @pytest.fixture(scope="module")

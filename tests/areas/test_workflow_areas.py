@@ -20,7 +20,7 @@ from pyproj import CRS, Transformer
 from rasterio.features import geometry_mask
 from rasterio.windows import from_bounds
 
-from emb.areas.geo import WGS84, reproject, zone_box
+from emb.geo import WGS84, reproject, zone_box
 
 ZONES = {"14N": 32614, "15N": 32615}
 RUNS = ["aef_segformer", "tessera_segformer"]

@@ -1,11 +1,11 @@
-"""What a SLURM job or group asks for, and the check of it against a node (emb.cluster.fit),
-and the measured memory and time of the CPU stages (emb.cluster.resources)."""
+"""What a SLURM job or group asks for, and the check of it against a node (emb.workflow.fit),
+and the measured memory and time of the CPU stages (emb.workflow.resources)."""
 
 from __future__ import annotations
 
 import pytest
 
-from emb.cluster.fit import (
+from emb.workflow.fit import (
     FitError,
     Node,
     Request,
@@ -14,7 +14,7 @@ from emb.cluster.fit import (
     largest_group_fix,
     members_per_group,
 )
-from emb.cluster.resources import launched_mem_mb, mem_mb, runtime
+from emb.workflow.resources import launched_mem_mb, mem_mb, runtime
 
 NODE = Node("debug", cores=2, mem_mb=20000, max_runtime=60)
 

@@ -20,7 +20,8 @@ from snakemake.cli import parse_set_resources
 from snakemake.resources import Resources
 from snakemake.settings.types import ResourceSettings
 
-from emb.cluster.gpu_check import DeviceMismatch, check_devices, checked_shape, gpu_request
+from emb.cluster.gpu_check import DeviceMismatch, check_devices
+from emb.workflow.stage_options import checked_shape, gpu_request
 
 
 def test_matching_devices_pass_and_each_mismatch_is_named() -> None:

@@ -21,7 +21,6 @@ from emb.cluster.launch import (
     environment,
     parse_args,
     prepare,
-    rule_options,
 )
 from emb.cluster.retries import earlier_failure, record_failure
 from emb.cluster.supervise import (
@@ -31,6 +30,7 @@ from emb.cluster.supervise import (
     process_parents,
     resumable_exit,
 )
+from emb.workflow.stage_options import rule_options
 
 TRAIN = ["emb.training.train", ["--config", "results/runs/r/config.yaml"]]
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from emb.cluster.profile import (
+from emb.workflow.profile import (
     ProfileError,
     check_runtime,
     container_image,

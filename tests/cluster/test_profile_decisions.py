@@ -1,4 +1,4 @@
-"""What the workflow decides from the profile while it parses (emb.cluster.profile), asked
+"""What the workflow decides from the profile while it parses (emb.workflow.profile), asked
 with Snakemake's own resource settings: GPU rules on a GPU partition, and the prediction job's
 minutes within the partition's limit. Before, only dry runs with a profile reached these."""
 
@@ -8,8 +8,8 @@ import pytest
 from snakemake.resources import Resources
 from snakemake.settings.types import ResourceSettings
 
-from emb.cluster import profile
-from emb.cluster.profile import ProfileError
+from emb.workflow import profile
+from emb.workflow.profile import ProfileError
 
 
 def settings(default: dict, **rules: dict) -> ResourceSettings:

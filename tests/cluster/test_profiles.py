@@ -13,7 +13,7 @@ import pytest
 import yaml
 from conftest import REPO, TinyDemo
 
-from emb.cluster.profile import ProfileError, container_image, gpus_per_node, require_env
+from emb.workflow.profile import ProfileError, container_image, gpus_per_node, require_env
 
 CLUSTERS = {  # profile -> what its training jobs must ask SLURM for
     "betzy": {"slurm_partition=accel", "gres=gpu:4", "tasks_per_node=4", "gpus_per_node=4",

@@ -29,7 +29,7 @@ from training_runs import assert_bitwise_equal, resolve_config, resumable_state,
 
 from emb.cluster.supervise import EX_TEMPFAIL
 from emb.cluster.watch import PORT_OFFSET
-from emb.training import checkpoint
+from emb.training import checkpoint_file
 
 pytestmark = pytest.mark.slow
 EPOCHS = 2  # 3 optimizer steps an epoch on the tiny demo with a global batch of 8 (today)
@@ -224,7 +224,7 @@ def test_a_stop_asked_on_one_node_stops_both_and_resumes_on_one_node(
     codes = dict(zip(procs, finish(list(procs.values())), strict=True))
     logs = {n: (tmp_path / f"{n}.log").read_text() for n in procs}
     assert codes == {"node0": EX_TEMPFAIL, "node1": EX_TEMPFAIL}, logs
-    state = checkpoint.load(config.parent / "last.pt")
+    state = checkpoint_file.load(config.parent / "last.pt")
     assert not state["finished"]
     stopped = {r: json.loads((config.parent / "ranks" / f"rank{r}.stopped.json").read_text())
                for r in (0, 1)}  # fmt: skip
@@ -251,7 +251,7 @@ def test_a_lost_node_ends_the_other_with_its_name_and_a_retry_resumes(
     first = min(procs, key=lambda n: rank_of(procs[n]))
     per_epoch = steps_per_epoch(tmp_path / f"{first}.log", procs[first])
     wait_for_step(tmp_path / f"{first}.log", 2 * per_epoch + 1, procs[first])  # epoch 3
-    saved = checkpoint.load(config.parent / "last.pt")["step"]  # epoch 2's at least
+    saved = checkpoint_file.load(config.parent / "last.pt")["step"]  # epoch 2's at least
     tick = time.monotonic()
     kill_node(procs[lost])
     (survivor,) = [n for n in procs if n != lost]
@@ -267,7 +267,7 @@ def test_a_lost_node_ends_the_other_with_its_name_and_a_retry_resumes(
     assert finish(list(retry.values())) == [0, 0]
     text = "".join((tmp_path / f"r{n}.log").read_text() for n in procs)
     assert f"resumed from {config.parent / 'last.pt'} at epoch" in text
-    assert checkpoint.load(config.parent / "last.pt")["step"] == 6 * per_epoch > saved
+    assert checkpoint_file.load(config.parent / "last.pt")["step"] == 6 * per_epoch > saved
 
 
 def test_a_node_waits_for_a_first_node_that_starts_late(config_text: str, tmp_path: Path) -> None:

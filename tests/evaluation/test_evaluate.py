@@ -88,7 +88,7 @@ def test_confusion_matrices_count_every_labelled_test_pixel_once(
     """The raw weights' matrices, rebuilt by running the model tile by tile outside evaluate."""
     manifest = tiny_demo.manifest("aef")
     state = torch.load(evaluated["run_dir"] / "best.pt", weights_only=True)
-    from emb.training.config import TrainConfig
+    from emb.training.run_config import TrainConfig
 
     model = build_model(TrainConfig.from_dict(state["config"]).model)
     model.load_state_dict(state["model"])
@@ -142,7 +142,7 @@ def test_confusion_pngs_and_iou_bars_are_written(evaluated) -> None:
 
 
 def test_confusion_figure_is_row_normalized_with_class_names() -> None:
-    from emb.report.plots import confusion_figure
+    from emb.plots import confusion_figure
 
     cm = np.array([[6, 0, 2], [0, 0, 0], [1, 0, 3]])  # class "b" neither occurs nor is predicted
     fig = confusion_figure(cm, ["a", "b", "c"], "t")
@@ -240,7 +240,7 @@ def test_checkpoint_class_count_not_matching_classes_csv_is_an_error(
 ) -> None:
     config = resolved_config(tiny_demo, tmp_path, "aef", "segformer")
     config["model"]["num_classes"] = [2, 7, 40]
-    from emb.training.config import TrainConfig
+    from emb.training.run_config import TrainConfig
 
     model = build_model(TrainConfig.from_dict(config).model)
     run_dir = write_run(tmp_path / "runs" / "forty", config, model.state_dict())

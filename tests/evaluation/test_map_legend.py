@@ -16,8 +16,8 @@ from conftest import CLASSES_CSV, TinyDemo
 from tiny_runs import tiny_run
 
 from emb.classes import load_class_map
+from emb.colours import dominant_codes, official_palette
 from emb.evaluation.predict import main as predict_main
-from emb.report.colours import dominant_codes, official_palette
 
 
 @pytest.fixture(scope="module")

@@ -14,8 +14,8 @@ from emb.classes import load_class_map
 from emb.evaluation.evaluate import evaluate
 from emb.evaluation.runs import open_run
 from emb.loading.batches import LoaderSpec, eval_batches, shard_sample_counts
+from emb.loading.shard_manifest import read_manifest
 from emb.metrics import FIGURES, scores_from_confusion
-from emb.prep.manifest import read_manifest
 from emb.training.loss import HierarchyTargets, MultiHeadLoss
 from emb.training.trainer import Trainer
 

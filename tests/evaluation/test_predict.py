@@ -14,6 +14,7 @@ from conftest import CLASSES_CSV, TinyDemo
 from tiny_runs import resolved_config, tiny_run, write_run
 
 from emb.classes import load_class_map
+from emb.colours import official_palette
 from emb.evaluation.map_files import read_north_up
 from emb.evaluation.predict import main as predict_main
 from emb.evaluation.predict import predict_raster
@@ -22,7 +23,6 @@ from emb.evaluation.windows import PredictSpec, blend_weights, tile_origins, win
 from emb.models import build_model
 from emb.prep.demo_region import DEMO_REGIONS, write_region
 from emb.rasters import shard_arrays, valid_pixels
-from emb.report.colours import official_palette
 
 TILE = 32  # the tiny demo's training tile
 REGIONS = [r.name for r in DEMO_REGIONS]  # demo_a is stored bottom-up, demo_b north-up
@@ -223,7 +223,7 @@ def test_memory_is_bounded_by_the_block_not_the_raster(tiny_demo: TinyDemo, tmp_
     block costs more."""
     cmap = load_class_map(CLASSES_CSV)
     config = resolved_config(tiny_demo, tmp_path, "aef", "segformer")
-    from emb.training.config import TrainConfig
+    from emb.training.run_config import TrainConfig
 
     model = build_model(TrainConfig.from_dict(config).model)
     run = open_run(write_run(tmp_path / "runs" / "init", config, model.state_dict()), cmap,

@@ -28,7 +28,7 @@ from emb.evaluation.region_maps import (
     share_of_rank,
 )
 from emb.prep.demo_region import DEMO_REGIONS
-from emb.training import checkpoint
+from emb.training import checkpoint_file
 
 REGIONS = [r.name for r in DEMO_REGIONS]
 HEADER = ["region", "year", "aef", "tessera", "cdl", "split"]
@@ -202,8 +202,8 @@ def test_maps_staged_with_another_checkpoint_are_made_again(
     run_dir = shutil.copytree(trained, tmp_path / "run")
     table, out = fail_on_a_bad_region(run_dir, tiny_demo, tmp_path)
     staged = stats(out.parent / ".partial" / out.name)
-    state = checkpoint.load(run_dir / "best.pt")
-    checkpoint.save(run_dir / "best.pt", {**state, "epoch": state["epoch"] + 1})  # trained on
+    state = checkpoint_file.load(run_dir / "best.pt")
+    checkpoint_file.save(run_dir / "best.pt", {**state, "epoch": state["epoch"] + 1})  # trained on
 
     write_table(table, demo_rows(tiny_demo))
     done = predict_regions(run_dir, table, out)

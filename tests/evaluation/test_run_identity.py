@@ -15,7 +15,7 @@ import pytest
 from conftest import CLASSES_CSV, TinyDemo, venv_env
 from training_runs import interrupt, resolve_config, train_here
 
-from emb.training import checkpoint
+from emb.training import checkpoint_file
 
 
 @pytest.fixture(scope="module")
@@ -83,11 +83,11 @@ def test_evaluating_after_the_data_changed_is_refused(
     shutil.copytree(two_runs / "aef_r", run_dir)
     manifest = tmp_path / "manifest.json"  # the run's data, rebuilt since it was trained
     shutil.copyfile(tiny_demo.manifests["aef"], manifest)
-    state = checkpoint.load(run_dir / "best.pt")
+    state = checkpoint_file.load(run_dir / "best.pt")
     config = run_dir / "config.yaml"
     config.write_text(config.read_text().replace(str(tiny_demo.manifests["aef"]), str(manifest)))
     state["config"]["data"]["manifest"] = str(manifest)
-    checkpoint.save(run_dir / "best.pt", state)
+    checkpoint_file.save(run_dir / "best.pt", state)
     assert evaluate(run_dir, tmp_path / "same").returncode == 0  # same bytes: same data
     rebuild(manifest)
 

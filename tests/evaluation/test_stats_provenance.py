@@ -15,7 +15,7 @@ from conftest import CLASSES_CSV, TinyDemo, venv_env
 from training_runs import resolve_config, train_here
 
 from emb.provenance import UNUSED, digest_stats
-from emb.training import checkpoint
+from emb.training import checkpoint_file
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +52,7 @@ def test_train_json_checkpoints_and_metrics_carry_the_stats_digest(
         == expected
     )
     for name in ("best.pt", "last.pt"):
-        assert checkpoint.load(run_dir / name)["provenance"]["stats_digest"] == expected, name
+        assert checkpoint_file.load(run_dir / name)["provenance"]["stats_digest"] == expected, name
     result = stage("emb.evaluation.evaluate", run_dir, tmp_path / "eval")
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = json.loads((tmp_path / "eval" / "metrics.json").read_text())

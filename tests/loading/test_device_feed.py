@@ -21,10 +21,10 @@ from emb.loading.batch_reader import pinned_array
 from emb.loading.batches import LoaderSpec, shard_sample_counts, train_batches
 from emb.loading.buffer_pool import BufferPool
 from emb.loading.device_feed import _Feed, on_device
-from emb.prep.manifest import read_manifest
-from emb.training.config import load
+from emb.loading.shard_manifest import read_manifest
 from emb.training.loop import build_loop, parameter_digest
-from emb.training.stop import StopRequest
+from emb.training.run_config import load
+from emb.training.stop_request import StopRequest
 
 gpu = [
     pytest.mark.gpu,

@@ -12,7 +12,8 @@ from rasterio.crs import CRS
 from rasterio.transform import from_origin
 from rasterio.warp import transform as warp_points
 
-from emb.prep.footprints import Footprint, ground_groups, ground_metre_problem, utm_epsg
+from emb.geo import utm_epsg
+from emb.prep.footprints import Footprint, ground_groups, ground_metre_problem
 from emb.prep.regions import RegionsError, check_regions, read_regions
 from emb.prep.tiles import SplitSpec, TileSpec, plan_tiles
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from emb.prep.split_blocks import BlockGround, SplitBlocksError, check_blocks_hold_splits
+from emb.prep.tiles import BlockGround, SplitBlocksError, check_blocks_hold_splits
 
 
 def ground(region: str, x0: float, y0: float, km: float = 2.0, **kw) -> BlockGround:

@@ -26,13 +26,13 @@ from pathlib import Path
 
 import torch
 
-from emb.training import checkpoint, train
+from emb.training import checkpoint_file, train
 from emb.training.trainer import Trainer
 
 
 def slow_writes(bytes_per_s: float) -> None:
     piece = 16 * 1024
-    write, write_checksums = checkpoint.HashingWriter.write, checkpoint._write_checksums
+    write, write_checksums = checkpoint_file.HashingWriter.write, checkpoint_file._write_checksums
 
     def slow_write(self, data) -> int:
         view = memoryview(data).cast("B")
@@ -46,8 +46,8 @@ def slow_writes(bytes_per_s: float) -> None:
         time.sleep(0.1)
         write_checksums(path, digests)
 
-    checkpoint.HashingWriter.write = slow_write
-    checkpoint._write_checksums = slow_checksums
+    checkpoint_file.HashingWriter.write = slow_write
+    checkpoint_file._write_checksums = slow_checksums
 
 
 def digest(tensors) -> str:
@@ -58,7 +58,7 @@ def digest(tensors) -> str:
 
 
 def snapshot(trainer: Trainer) -> dict[str, str]:
-    model = checkpoint.unwrap(trainer.model)
+    model = checkpoint_file.unwrap(trainer.model)
     opt = trainer.optimizer.state_dict()["state"]
     return {
         "weights": digest(model.parameters()),

@@ -22,8 +22,8 @@ from training_runs import (
 )
 from trials import pytest_generate_tests  # noqa: F401 - parametrizes `trial`
 
-from emb.training import checkpoint
-from emb.training.stop import EXIT_STOPPED
+from emb.training import checkpoint_file
+from emb.training.stop_request import EXIT_STOPPED
 
 pytestmark = pytest.mark.reliability
 
@@ -82,7 +82,7 @@ def test_sigkill_of_one_rank_then_resume_ends_bitwise_equal_on_the_same_keys(
             assert proc.wait(timeout=120) != 0, where
         finally:
             proc.kill()
-        saved = checkpoint.load(run_dir / "last.pt")["step"]
+        saved = checkpoint_file.load(run_dir / "last.pt")["step"]
         if saved < total:
             break
     assert 0 < saved < total, f"{where}: last.pt is at step {saved} of {total}"
@@ -115,7 +115,7 @@ def test_stop_signal_to_one_rank_saves_every_rank_at_one_step_and_exits_75(
     assert worker_exit_codes(log) == {0: EXIT_STOPPED, 1: EXIT_STOPPED}, f"{where}\n{log[-3000:]}"
     assert took < EXIT_BOUND_S, f"{where}: took {took:.1f} s"
     stops = [json.loads((run_dir / "ranks" / f"rank{r}.stopped.json").read_text()) for r in (0, 1)]
-    saved = checkpoint.load(run_dir / "last.pt")
+    saved = checkpoint_file.load(run_dir / "last.pt")
     assert stops[0]["step"] == stops[1]["step"] == saved["step"], where
     assert (
         stops[0]["loader"]

@@ -12,7 +12,7 @@ from fault_runs import run, small_tmpfs, tree_hashes, worker_exit_codes
 from training_runs import resolve_config
 from trials import pytest_generate_tests  # noqa: F401 - parametrizes `trial`
 
-from emb.training import checkpoint
+from emb.training import checkpoint_file
 from emb.training.train import EXIT_DISK_FULL
 
 pytestmark = pytest.mark.reliability
@@ -53,5 +53,5 @@ def test_disk_full_during_a_save_keeps_the_previous_checkpoint_and_says_so(
     assert worker_exit_codes(output).get(0) == EXIT_DISK_FULL, output[-3000:]
     after = tree_hashes(run_dir)
     assert {k: after.get(k) for k in before} == before  # nothing written before was changed
-    assert checkpoint.load(run_dir / "last.pt")["step"] == 2
+    assert checkpoint_file.load(run_dir / "last.pt")["step"] == 2
     assert not list(run_dir.glob(".*.tmp-*")), "a temporary file was left on the full disk"

@@ -34,7 +34,7 @@ from emb.prep import align_labels
 from emb.prep.regions import check_regions, read_regions
 from emb.prep.shards import build_region
 from emb.prep.tiles import SplitSpec, TileSpec
-from emb.training import checkpoint, config, loop, train, train_config
+from emb.training import checkpoint_file, loop, run_config, train, train_config
 
 pytestmark = pytest.mark.reliability
 
@@ -129,7 +129,7 @@ def train_stage(config_path: Path) -> Callable[[], None]:
     return action
 
 
-def run_config(env: Env, *overrides: str) -> Path:
+def good_run_config(env: Env, *overrides: str) -> Path:
     """A config for the good run's folder (its resume target is runs/r/last.pt)."""
     return resolve_config(env.demo, env.run_dir, "train.max_updates=2", *overrides)
 
@@ -463,7 +463,7 @@ def _(env):
 def _(env):
     bad = env.tmp / "manifest.json"
     bad.write_text('{"splits": {"train": ')
-    return train_stage(run_config(env, f"data.manifest={bad}")), [
+    return train_stage(good_run_config(env, f"data.manifest={bad}")), [
         "manifest.json",
         "not a JSON shard manifest",
     ]
@@ -475,7 +475,7 @@ def _(env):
     manifest["splits"]["train"]["shards"][0] = str(env.tmp / "gone-0000.tar")
     bad = env.tmp / "manifest.json"
     bad.write_text(json.dumps(manifest))
-    return train_stage(run_config(env, f"data.manifest={bad}", "train.restart=false")), [
+    return train_stage(good_run_config(env, f"data.manifest={bad}", "train.restart=false")), [
         "gone-0000.tar"
     ]
 
@@ -497,9 +497,9 @@ def plant(env: Env, write: Callable[[Path], None], keep_sidecar: bool = False) -
     """Replace the good run's last.pt by a hostile one; the run's config resumes from it."""
     last = env.run_dir / "last.pt"
     if not keep_sidecar:
-        checkpoint.checksum_path(last).unlink()
+        checkpoint_file.checksum_path(last).unlink()
     write(last)
-    return run_config(env)
+    return good_run_config(env)
 
 
 @case("checkpoint: malicious pickle")
@@ -567,7 +567,7 @@ def _(env):
 def _(env):
     # the good run is finished: resuming it is asked for explicitly (a rerun would retrain)
     resume = f"train.resume_from={env.run_dir / 'last.pt'}"
-    return train_stage(run_config(env, "model.decoder_dim=24", resume)), [
+    return train_stage(good_run_config(env, "model.decoder_dim=24", resume)), [
         "last.pt",
         "incompatible config",
         "model.decoder_dim: checkpoint 16, config 24",
@@ -586,7 +586,7 @@ def good_tree(tiny_demo: TinyDemo, tmp_path_factory) -> Path:
     shutil.copytree(tiny_demo.root / "shards" / "aef" / "demo_a", root / "shards/aef/demo_a")
     run_dir = root / "runs" / "r"
     config_path = resolve_config(tiny_demo, run_dir, "train.max_updates=2")
-    loop.run(config.load(config_path), run_dir, 0, 1, torch.device("cpu"))
+    loop.run(run_config.load(config_path), run_dir, 0, 1, torch.device("cpu"))
     assert (run_dir / "last.pt").exists() and (run_dir / "best.pt.sha256").exists()
     return root
 

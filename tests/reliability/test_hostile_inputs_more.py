@@ -30,7 +30,7 @@ from emb.classes import load_class_map
 from emb.loading.dequantize import Dequantize
 from emb.prep.regions import check_regions, read_regions
 from emb.prep.tiles import SplitSpec, TileSpec, plan_tiles
-from emb.training import checkpoint, config
+from emb.training import checkpoint_file, run_config
 
 pytestmark = pytest.mark.reliability
 good_tree = base.good_tree  # the fixture: a tree of good outputs made by the real stages
@@ -243,14 +243,14 @@ def _(env):
 def _(env):
     bad = env.tmp / "run.yaml"
     bad.write_text("model:\n  name: segformer\n\tdecoder_dim: 16\n")
-    return lambda: config.load(bad), ["run.yaml", "line 3", "not valid YAML"]
+    return lambda: run_config.load(bad), ["run.yaml", "line 3", "not valid YAML"]
 
 
 @case("train config: a list where a mapping is expected")
 def _(env):
     bad = env.tmp / "run.yaml"
     bad.write_text("- model\n- train\n")
-    return lambda: config.load(bad), ["run.yaml", "expected a mapping"]
+    return lambda: run_config.load(bad), ["run.yaml", "expected a mapping"]
 
 
 @case("train config: negative learning rate")
@@ -400,14 +400,14 @@ def _(env):
 def _(env):
     fifo = env.tmp / "last.pt"
     os.mkfifo(fifo)
-    return lambda: checkpoint.load(fifo), ["last.pt", "regular", "FIFO"]
+    return lambda: checkpoint_file.load(fifo), ["last.pt", "regular", "FIFO"]
 
 
 @case("checkpoint: best.pt is a directory")
 def _(env):
     folder = env.tmp / "best.pt"
     folder.mkdir()
-    return lambda: checkpoint.load(folder), ["best.pt", "regular", "directory"]
+    return lambda: checkpoint_file.load(folder), ["best.pt", "regular", "directory"]
 
 
 @case("checkpoint: a plain list pickled by torch")
@@ -416,14 +416,14 @@ def _(env):
     import torch
 
     torch.save([1, 2, 3], bad)
-    return lambda: checkpoint.load(bad), ["last.pt", "not an emb checkpoint"]
+    return lambda: checkpoint_file.load(bad), ["last.pt", "not an emb checkpoint"]
 
 
 @case("checkpoint: a pickle of a set (not torch's format)")
 def _(env):
     bad = env.tmp / "last.pt"
     bad.write_bytes(pickle.dumps({1, 2}))
-    return lambda: checkpoint.load(bad), ["last.pt", "not a loadable emb checkpoint"]
+    return lambda: checkpoint_file.load(bad), ["last.pt", "not a loadable emb checkpoint"]
 
 
 # --- the suite -----------------------------------------------------------------------------

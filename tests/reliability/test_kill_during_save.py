@@ -23,7 +23,7 @@ from fault_runs import launch, run, wait_for
 from training_runs import resolve_config
 from trials import pytest_generate_tests, trials  # noqa: F401 - parametrizes `trial`
 
-from emb.training import checkpoint
+from emb.training import checkpoint_file
 
 pytestmark = pytest.mark.reliability
 
@@ -53,10 +53,10 @@ def check_latest(last: Path, where: str) -> int:
     assert last.exists(), f"{where}: no last.pt"
     state = torch.load(last, map_location="cpu", weights_only=True)
     assert isinstance(state, dict) and "model" in state, where
-    recorded = checkpoint.recorded_checksums(last)
-    assert recorded, f"{where}: no checksum recorded in {checkpoint.checksum_path(last)}"
-    assert checkpoint.file_sha256(last) in recorded, f"{where}: sha256 not recorded"
-    return checkpoint.load(last)["step"]  # load() verifies the checksum itself, too
+    recorded = checkpoint_file.recorded_checksums(last)
+    assert recorded, f"{where}: no checksum recorded in {checkpoint_file.checksum_path(last)}"
+    assert checkpoint_file.file_sha256(last) in recorded, f"{where}: sha256 not recorded"
+    return checkpoint_file.load(last)["step"]  # load() verifies the checksum itself, too
 
 
 @pytest.mark.check("kill_during_save")

@@ -12,7 +12,7 @@ from conftest import CLASSES_CSV, TinyDemo
 from PIL import Image
 
 from emb.classes import load_class_map
-from emb.report.colours import dominant_codes, l3_colours, official_palette
+from emb.colours import dominant_codes, l3_colours, official_palette
 from emb.report.curves import main as curves_main
 from emb.report.data_report import class_table, split_table
 from emb.report.data_report import main as data_report_main
@@ -65,7 +65,7 @@ def test_curves_are_drawn_from_history_with_or_without_ema(tmp_path: Path, ema: 
         history.update({f"val_{prefix}miou_{lv}": epochs / 10 for lv in LEVELS})
     path = tmp_path / "history.csv"
     pd.DataFrame(history).to_csv(path, index=False)
-    from emb.report.plots import curves_figure
+    from emb.plots import curves_figure
 
     fig = curves_figure(pd.read_csv(path), "t")
     labels = [t.get_text() for t in fig.axes[1].get_legend().get_texts()]

@@ -12,12 +12,12 @@ from training_runs import resolve_config
 from emb.classes import ClassMap
 from emb.loading.dequantize import Dequantize
 from emb.models import ModelConfig, build_model
-from emb.training.config import ConfigError, LoopConfig, load, resolve_channels_last
 from emb.training.distributed import wrap_model
 from emb.training.loop import build_loop, run
 from emb.training.loss import HierarchyTargets, MultiHeadLoss
+from emb.training.run_config import ConfigError, LoopConfig, load, resolve_channels_last
 from emb.training.schedule import warmup_cosine
-from emb.training.stop import StopRequest
+from emb.training.stop_request import StopRequest
 from emb.training.trainer import Trainer, model_is_channels_last
 
 

@@ -9,7 +9,7 @@ import pytest
 import yaml
 from conftest import REPO
 
-from emb.training.config import SECTIONS, LoopConfig
+from emb.training.run_config import SECTIONS, LoopConfig
 from emb.training.trainer import Trainer
 
 SCHEMA = yaml.safe_load((REPO / "workflow/schemas/train.schema.yaml").read_text())

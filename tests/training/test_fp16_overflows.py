@@ -15,9 +15,9 @@ import torch
 from conftest import TinyDemo
 from training_runs import resolve_config
 
-from emb.training.config import load
 from emb.training.loop import build_loop
-from emb.training.stop import StopRequest
+from emb.training.run_config import load
+from emb.training.stop_request import StopRequest
 from emb.training.trainer import Trainer, TrainingDiverged
 
 IN_ROW = 3  # train.max_nonfinite_in_row of these runs

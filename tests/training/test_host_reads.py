@@ -21,9 +21,9 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from training_runs import resolve_config
 
-from emb.training.config import load
 from emb.training.loop import build_loop, fit
-from emb.training.stop import StopRequest
+from emb.training.run_config import load
+from emb.training.stop_request import StopRequest
 
 # Every way a tensor's values reach Python: methods and functions that return host values
 # (seen by a TorchFunctionMode: every Tensor method and torch function, whatever spells it),

@@ -24,11 +24,11 @@ from training_runs import resolve_config, train_here, unstamped
 
 from emb.prep.shards import build_region
 from emb.prep.tiles import SplitSpec, TileSpec
-from emb.training.config import TrainConfig, load
 from emb.training.ema import ModelEma
 from emb.training.loop import build_trainer
-from emb.training.plan import build_plan, lr_warnings
+from emb.training.run_config import TrainConfig, load
 from emb.training.run_log import RunLog
+from emb.training.schedule import build_plan, lr_warnings
 from emb.training.train_config import resolve
 from emb.training.trainer import StepResult
 

@@ -15,8 +15,8 @@ import yaml
 from conftest import TinyDemo
 from training_runs import resolve_config, run_to_end, start, wait_for_step, workers
 
-from emb.training import checkpoint
-from emb.training.checkpoint import CheckpointError, check_resumable
+from emb.training import checkpoint_file
+from emb.training.checkpoint_file import CheckpointError, check_resumable
 from emb.training.schedule import lr_factor, replan, warmup_cosine
 
 BASE, FLOOR, WARMUP = 1e-3, 1e-5, 2
@@ -119,7 +119,7 @@ def test_two_ranks_resumed_with_a_longer_run_log_a_continuous_lr(
         proc.wait(timeout=120)
     finally:
         proc.kill()
-    stopped = checkpoint.load(run_dir / "last.pt")["step"]
+    stopped = checkpoint_file.load(run_dir / "last.pt")["step"]
     assert WARMUP < stopped < 11, (tmp_path / "first.log").read_text()[-2000:]
     first = history(run_dir)
     resolve_config(tiny_demo, run_dir, "train.max_updates=30", *common)

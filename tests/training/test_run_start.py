@@ -1,4 +1,4 @@
-"""Where a run starts (emb.training.start): a rerun of a finished run trains from scratch, an
+"""Where a run starts (emb.training.run_start): a rerun of a finished run trains from scratch, an
 interrupted run resumes only under the same math, ``train.resume_from`` picks the checkpoint.
 Runs are trained in this process (world size 1)."""
 
@@ -19,10 +19,10 @@ from training_runs import (
     train_here,
 )
 
-from emb.training import checkpoint
-from emb.training.checkpoint import CheckpointError
-from emb.training.config import ConfigError
-from emb.training.stop import StopRequest
+from emb.training import checkpoint_file
+from emb.training.checkpoint_file import CheckpointError
+from emb.training.run_config import ConfigError
+from emb.training.stop_request import StopRequest
 from emb.training.train import train
 
 
@@ -38,7 +38,7 @@ def test_a_rerun_of_a_finished_run_trains_from_scratch_keeping_the_old_run_aside
     config = resolve_config(tiny_demo, run_dir, "train.epochs=2")
     first = train_here(config)
     old = {name: (run_dir / name).read_bytes() for name in ("last.pt", "best.pt", "history.csv")}
-    assert checkpoint.load(run_dir / "last.pt")["finished"]
+    assert checkpoint_file.load(run_dir / "last.pt")["finished"]
     capsys.readouterr()
     second = train_here(config)  # what `snakemake --forcerun train` runs: the same job again
     out = capsys.readouterr().out
@@ -48,8 +48,8 @@ def test_a_rerun_of_a_finished_run_trains_from_scratch_keeping_the_old_run_aside
     assert second["steps"] == first["steps"]
     # trained again from the seed, so bitwise the run it replaces; that one is kept aside
     assert_bitwise_equal(
-        checkpoint.load(run_dir / "last.pt")["model"],
-        checkpoint.load(next((run_dir / "previous").iterdir()) / "last.pt")["model"],
+        checkpoint_file.load(run_dir / "last.pt")["model"],
+        checkpoint_file.load(next((run_dir / "previous").iterdir()) / "last.pt")["model"],
     )
     (aside,) = (run_dir / "previous").iterdir()
     assert {name: (aside / name).read_bytes() for name in old} == old
@@ -105,7 +105,7 @@ def test_resume_from_best_or_a_path_and_a_retry_continues_from_last(
 ) -> None:
     source = tmp_path / "source"
     train_here(resolve_config(tiny_demo, source, "train.epochs=2"))
-    best_step = checkpoint.load(source / "best.pt")["step"]
+    best_step = checkpoint_file.load(source / "best.pt")["step"]
     run_dir = tmp_path / "run"
     sets = ("train.epochs=3", f"train.resume_from={source / 'best.pt'}")
     config = resolve_config(tiny_demo, run_dir, *sets)

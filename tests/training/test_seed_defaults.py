@@ -12,8 +12,8 @@ from conftest import REPO, TinyDemo
 from training_runs import resolve_config, train_here
 
 from emb.models import ModelConfig, aspp_rates_for
-from emb.training import checkpoint
-from emb.training.config import ConfigError
+from emb.training import checkpoint_file
+from emb.training.run_config import ConfigError
 from emb.training.train_config import resolve
 
 SCHEMA = REPO / "workflow/schemas/train.schema.yaml"
@@ -64,7 +64,7 @@ def test_a_deeplab_run_records_the_rates_of_its_tiles(tiny_demo: TinyDemo, tmp_p
     config = resolve_config(tiny_demo, tmp_path / "run", "train.max_updates=1", arch="deeplab")
     assert yaml.safe_load(config.read_text())["model"]["aspp_rates"] is None
     train_here(config)
-    saved = checkpoint.load(tmp_path / "run" / "last.pt")["config"]["model"]
+    saved = checkpoint_file.load(tmp_path / "run" / "last.pt")["config"]["model"]
     assert saved["aspp_rates"] == [1]  # 32-px tiles: a 2-px ASPP input
     bad = resolve_config(tiny_demo, tmp_path / "bad", "model.aspp_rates=[6, 12, 18]",
                          arch="deeplab")  # fmt: skip

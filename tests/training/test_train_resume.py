@@ -25,8 +25,8 @@ from training_runs import (
     workers,
 )
 
-from emb.training import checkpoint
-from emb.training.stop import EXIT_STOPPED
+from emb.training import checkpoint_file
+from emb.training.stop_request import EXIT_STOPPED
 
 # drop_path draws from torch's RNG every step, EMA and the schedule carry state: a resume
 # that lost any of them, or drew one random number more, would not end bitwise equal.
@@ -59,7 +59,7 @@ def test_sigkill_at_a_random_step_then_resume_ends_bitwise_equal(
         assert proc.wait(timeout=120) != 0
     finally:
         proc.kill()
-    saved = checkpoint.load(tmp_path / "run" / "last.pt")["step"]
+    saved = checkpoint_file.load(tmp_path / "run" / "last.pt")["step"]
     assert 0 < saved < total, f"killed at step {kill_at}: last.pt is at step {saved}"
     resumed = run_to_end(config)
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
@@ -83,7 +83,7 @@ def test_sigusr1_to_one_rank_stops_every_rank_at_the_same_step(
     log = (tmp_path / "usr1.log").read_text()
     assert f"exitcode  : {EXIT_STOPPED}" in log or f"exitcode: {EXIT_STOPPED}" in log, log[-3000:]
     stops = [json.loads((run_dir / "ranks" / f"rank{r}.stopped.json").read_text()) for r in (0, 1)]
-    saved = checkpoint.load(run_dir / "last.pt")
+    saved = checkpoint_file.load(run_dir / "last.pt")
     assert stops[0]["step"] == stops[1]["step"] == saved["step"] < reference["steps"]
     assert stops[0]["loader"] == stops[1]["loader"]
     assert "signal SIGUSR1" in stops[1]["reason"] and "another rank" in stops[0]["reason"]
@@ -103,7 +103,7 @@ def test_time_limit_stops_with_a_checkpoint_and_a_rerun_completes(
     cmd = ["python", "-m", "emb.training.train", "--config", str(config)]
     first = subprocess.run(cmd, env=venv_env(), capture_output=True, text=True, timeout=300)
     assert first.returncode == EXIT_STOPPED, first.stdout[-2000:] + first.stderr[-2000:]
-    stopped_at = checkpoint.load(run_dir / "last.pt")["step"]
+    stopped_at = checkpoint_file.load(run_dir / "last.pt")["step"]
     assert f"stopping at step {stopped_at} (deadline in" in first.stdout
     assert 0 < stopped_at < 100000
     # The retry: same run, no time limit, a few more updates, still no early stopping (the

@@ -12,11 +12,11 @@ import torch
 from conftest import TinyDemo, venv_env
 from training_runs import assert_bitwise_equal, interrupt, resolve_config, train_here
 
-from emb.training import checkpoint
-from emb.training.checkpoint import CheckpointError
-from emb.training.config import load
+from emb.training import checkpoint_file
+from emb.training.checkpoint_file import CheckpointError
 from emb.training.loop import build_loop, run
-from emb.training.stop import StopRequest
+from emb.training.run_config import load
+from emb.training.stop_request import StopRequest
 
 ALLOWED = (torch.Tensor, int, float, bool, str, type(None))
 
@@ -79,12 +79,12 @@ def test_restart_false_with_init_from_loads_weights_only(finished, tiny_demo, tm
     (tmp_path / "tuned" / "last.pt").write_bytes(b"ignored: restart is false")
     loop = build_loop(cfg, config.parent, 0, 1, torch.device("cpu"), StopRequest())
     loop.log.close()
-    source = checkpoint.load(source_dir / "best.pt")  # selected by its EMA weights
+    source = checkpoint_file.load(source_dir / "best.pt")  # selected by its EMA weights
     assert_bitwise_equal(loop.trainer.model.state_dict(), source["ema"], "model")
     assert_bitwise_equal(loop.trainer.ema.module.state_dict(), source["ema"], "ema")
     assert loop.trainer.step == 0 and loop.trainer.optimizer.state_dict()["state"] == {}
     summary = run(cfg, config.parent, 0, 1, torch.device("cpu"))
-    state = checkpoint.load(tmp_path / "tuned" / "last.pt")
+    state = checkpoint_file.load(tmp_path / "tuned" / "last.pt")
     assert state["step"] == summary["steps"] < 2 * summary["steps"] + 1  # a fresh schedule
     assert state["loader"] == {"epoch": 1, "batch": 0}
 
@@ -118,7 +118,7 @@ def test_early_stopping_ends_the_run_after_patience_validations_without_gain(
     summary = train_here(config)
     steps = [int(r.split(",")[1]) for r in (tmp_path / "run/history.csv").read_text().split()[1:]]
     assert summary["steps"] == 4 and steps == [1, 2, 3, 4]
-    state = checkpoint.load(tmp_path / "run" / "last.pt")
+    state = checkpoint_file.load(tmp_path / "run" / "last.pt")
     assert state["early_stop"]["bad"] == 3 and state["finished"]
 
 
@@ -157,7 +157,7 @@ def test_compile_inside_ddp_trains_and_saves_unprefixed_weights(tiny_demo, tmp_p
            str(config)]  # fmt: skip
     done = subprocess.run(cmd, env=venv_env(), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    state = checkpoint.load(tmp_path / "run" / "last.pt")
+    state = checkpoint_file.load(tmp_path / "run" / "last.pt")
     assert state["step"] == 2
     raw_keys = torch.load(tmp_path / "run" / "last.pt", weights_only=True)["model"]
     assert not any(k.startswith(("module.", "_orig_mod.")) for k in raw_keys)

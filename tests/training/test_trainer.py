@@ -21,12 +21,12 @@ from torch.nn.parallel import DistributedDataParallel
 from emb.classes import N_L1, N_L2, N_L3
 from emb.loading.dequantize import Dequantize
 from emb.models import ModelConfig, build_model
-from emb.training import checkpoint
-from emb.training.config import ConfigError, LoopConfig
+from emb.training import checkpoint_file
 from emb.training.ema import ModelEma
 from emb.training.loss import HierarchyTargets, MultiHeadLoss, class_weights_from_histogram
+from emb.training.run_config import ConfigError, LoopConfig
 from emb.training.schedule import lr_factor, warmup_cosine
-from emb.training.stop import StopRequest
+from emb.training.stop_request import StopRequest
 from emb.training.train_config import resolve
 from emb.training.trainer import Trainer, TrainingDiverged
 
@@ -107,12 +107,12 @@ def test_lr_equals_the_closed_form_at_every_step_across_a_resume(class_map, tmp_
     for i in range(9):
         seen.append(trainer.optimizer.param_groups[0]["lr"])
         trainer.train_step([compact_batch(2, seed=i)])
-    checkpoint.save(
+    checkpoint_file.save(
         tmp_path / "last.pt",
         {"model": trainer.model.state_dict(), "optimizer": trainer.optimizer.state_dict(),
          "scheduler": trainer.scheduler.state_dict()},
     )  # fmt: skip
-    state = checkpoint.load(tmp_path / "last.pt")
+    state = checkpoint_file.load(tmp_path / "last.pt")
     resumed = make_trainer(GroupNormNet(), class_map, base, total, cooldown=cooldown)
     resumed.model.load_state_dict(state["model"])
     resumed.optimizer.load_state_dict(state["optimizer"])
@@ -323,10 +323,10 @@ def test_prefixes_are_stripped_in_every_wrap_order(single_rank_group, tmp_path) 
     for name, wrapped in wrappings.items():
         raw_keys = set(wrapped.state_dict())
         assert raw_keys != keys, f"{name}: the wrapper added no prefix, the test proves nothing"
-        assert set(checkpoint.strip_prefixes(wrapped.state_dict())) == keys, name
-        assert checkpoint.unwrap(wrapped) is plain, name
-        checkpoint.save(tmp_path / f"{name}.pt", {"model": wrapped.state_dict()})
-        loaded = checkpoint.load(tmp_path / f"{name}.pt")
+        assert set(checkpoint_file.strip_prefixes(wrapped.state_dict())) == keys, name
+        assert checkpoint_file.unwrap(wrapped) is plain, name
+        checkpoint_file.save(tmp_path / f"{name}.pt", {"model": wrapped.state_dict()})
+        loaded = checkpoint_file.load(tmp_path / f"{name}.pt")
         GroupNormNet().load_state_dict(loaded["model"])  # strict: every key matches
 
 
@@ -343,43 +343,43 @@ class Payload:
 def test_malicious_pickle_checkpoint_is_rejected_and_its_payload_never_runs(tmp_path) -> None:
     marker, path = tmp_path / "pwned", tmp_path / "last.pt"
     torch.save({"model": {}, "x": Payload(marker)}, path)  # torch.save pickles the object
-    with pytest.raises(checkpoint.CheckpointError, match=str(path)):
-        checkpoint.load(path)
+    with pytest.raises(checkpoint_file.CheckpointError, match=str(path)):
+        checkpoint_file.load(path)
     assert not marker.exists()
     with open(tmp_path / "plain.pt", "wb") as fh:
         pickle.dump(Payload(marker), fh)
-    with pytest.raises(checkpoint.CheckpointError, match="not a loadable emb checkpoint"):
-        checkpoint.load(tmp_path / "plain.pt")
+    with pytest.raises(checkpoint_file.CheckpointError, match="not a loadable emb checkpoint"):
+        checkpoint_file.load(tmp_path / "plain.pt")
     assert not marker.exists()
 
 
 def test_incompatible_checkpoint_is_refused_naming_the_keys(tmp_path) -> None:
     saved = {"model": {"arch": "segformer", "in_dim": 64}, "data": {"source": "aef"}}
     now = {"model": {"arch": "segformer", "in_dim": 128}, "data": {"source": "tessera"}}
-    with pytest.raises(checkpoint.CheckpointError) as err:
-        checkpoint.check_compatible(saved, now, tmp_path / "last.pt")
+    with pytest.raises(checkpoint_file.CheckpointError) as err:
+        checkpoint_file.check_compatible(saved, now, tmp_path / "last.pt")
     message = str(err.value)
     assert "model.in_dim: checkpoint 64, config 128" in message
     assert "data.source: checkpoint 'aef', config 'tessera'" in message
     assert "last.pt" in message
-    checkpoint.check_compatible(saved, {**saved, "train": {"epochs": 3}}, tmp_path / "x.pt")
+    checkpoint_file.check_compatible(saved, {**saved, "train": {"epochs": 3}}, tmp_path / "x.pt")
 
 
 def test_checkpoint_state_loads_with_weights_only_including_rng(tmp_path) -> None:
-    state = {"model": GroupNormNet().state_dict(), "rng": checkpoint.rng_state(),
+    state = {"model": GroupNormNet().state_dict(), "rng": checkpoint_file.rng_state(),
              "config": {"model": {"widths": [1, 2]}, "train": {"precision": "bf16"}}}  # fmt: skip
-    checkpoint.save(tmp_path / "a.pt", state)
-    loaded = checkpoint.load(tmp_path / "a.pt")
+    checkpoint_file.save(tmp_path / "a.pt", state)
+    loaded = checkpoint_file.load(tmp_path / "a.pt")
     first, later = torch.rand(3), torch.rand(3)  # the draws right after the saved state
     assert not torch.equal(first, later)
-    checkpoint.set_rng_state(loaded["rng"])
+    checkpoint_file.set_rng_state(loaded["rng"])
     assert torch.equal(torch.rand(3), first)
 
 
 def test_leftover_temporary_checkpoints_are_cleaned(tmp_path) -> None:
     (tmp_path / ".last.pt.tmp-123").write_bytes(b"partial")
     (tmp_path / "last.pt").write_bytes(b"good")
-    removed = checkpoint.clean_leftovers(tmp_path)
+    removed = checkpoint_file.clean_leftovers(tmp_path)
     assert [p.name for p in removed] == [".last.pt.tmp-123"]
     assert (tmp_path / "last.pt").read_bytes() == b"good"
 

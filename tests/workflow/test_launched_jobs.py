@@ -1,4 +1,4 @@
-"""What the workflow reads of a launched job's resources (emb.cluster.profile), asked with
+"""What the workflow reads of a launched job's resources (emb.workflow.profile), asked with
 Snakemake's own Resources: the training job's processes for the manifest's shard-count check,
 and each process's CPU threads. Before, only dry runs with a profile reached these."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from snakemake.resources import Resources
 
-from emb.cluster import profile
-from emb.cluster.profile import ProfileError
+from emb.workflow import profile
+from emb.workflow.profile import ProfileError
 
 
 def test_a_training_job_runs_nodes_times_tasks_per_node_processes() -> None:

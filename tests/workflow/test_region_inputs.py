@@ -1,5 +1,5 @@
 """The regions table's answers behind the workflow's input functions and params
-(emb.prep.region_table), asked directly: before, only dry runs of the whole workflow reached
+(emb.workflow.regions), asked directly: before, only dry runs of the whole workflow reached
 the demo's rasters, the wildcard pattern, the demo tiling, the split draw, the .npy tile's
 inputs, the jobs' table and predict's rasters."""
 
@@ -11,10 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from emb.prep import region_table
-from emb.prep.region_rows import read_regions
-from emb.prep.region_table import RegionTable
-from emb.prep.regions import RegionChecks
+from emb.prep.regions import RegionChecks, read_regions
+from emb.workflow import regions
+from emb.workflow.regions import RegionTable
 
 ROWS = """region\tyear\taef\ttessera\tcdl\tsplit
 demo_a\t2024\tresources/demo/demo_a/aef.tif\tresources/demo/demo_a/tessera.tif\tc/a.tif\tauto
@@ -38,17 +37,17 @@ def npy(tmp_path: Path) -> Path:
 def table(tmp_path: Path, npy: Path) -> RegionTable:
     path = tmp_path / "regions.tsv"
     path.write_text(ROWS.format(npy=npy), encoding="utf-8")
-    return RegionTable(read_regions(path), generated=region_table.demo_rasters())
+    return RegionTable(read_regions(path), generated=regions.demo_rasters())
 
 
 def test_the_demo_rasters_are_those_rule_demo_region_writes() -> None:
-    rasters = region_table.demo_rasters()
+    rasters = regions.demo_rasters()
     assert rasters[:3] == [f"resources/demo/demo_a/{k}.tif" for k in ("aef", "tessera", "cdl")]
-    assert len(rasters) == 3 * len(region_table.DEMO_NAMES) == 6
+    assert len(rasters) == 3 * len(regions.DEMO_NAMES) == 6
 
 
 def test_a_wildcard_pattern_matches_its_names_exactly_dots_included() -> None:
-    pattern = re.compile(region_table.one_of(["field.2024", "demo_a"]))
+    pattern = re.compile(regions.one_of(["field.2024", "demo_a"]))
     assert pattern.fullmatch("field.2024") and pattern.fullmatch("demo_a")
     assert not pattern.fullmatch("fieldX2024")  # an unescaped dot would match any character
     assert not pattern.fullmatch("demo_a/x")
@@ -60,10 +59,10 @@ def test_demo_data_gets_the_demo_overlay_over_the_schemas_tiling_and_your_data_d
         "splits": {"block_m": 5120},
         "demo": {"overlay": {"tiles": {"size": 32, "stride": 32}}},
     }
-    demo = region_table.data_settings(config, "tiles", demo=True)
+    demo = regions.data_settings(config, "tiles", demo=True)
     assert demo == {"size": 32, "stride": 32, "min_valid": 0.5}
-    assert region_table.data_settings(config, "tiles", demo=False) == config["tiles"]
-    assert region_table.data_settings(config, "splits", demo=True) == {"block_m": 5120}
+    assert regions.data_settings(config, "tiles", demo=False) == config["tiles"]
+    assert regions.data_settings(config, "splits", demo=True) == {"block_m": 5120}
 
 
 def test_the_years_of_one_ground_share_a_split_draw_over_their_extent() -> None:
@@ -73,9 +72,9 @@ def test_the_years_of_one_ground_share_a_split_draw_over_their_extent() -> None:
     )
     shared = {"key": "field_2024", "extent": "500000.000000,4000000.000000,500640.000000,"
               "4000320.125000"}  # fmt: skip
-    assert region_table.split_group(checks, "aef", "field_2025") == shared
-    assert region_table.split_group(checks, "aef", "field_2024") == shared
-    assert region_table.split_group(checks, "tessera", "field_2025") == {
+    assert regions.split_group(checks, "aef", "field_2025") == shared
+    assert regions.split_group(checks, "aef", "field_2024") == shared
+    assert regions.split_group(checks, "tessera", "field_2025") == {
         "key": "field_2025",
         "extent": "",
     }
@@ -102,6 +101,6 @@ def test_predict_reads_every_mapped_regions_job_raster(table: RegionTable) -> No
 def test_the_jobs_table_is_written_with_its_count(table: RegionTable, tmp_path: Path) -> None:
     rows = table.jobs_table().to_csv(sep="\t", index=False)
     out, log = tmp_path / "regions.tsv", tmp_path / "regions_table.log"
-    region_table.write_jobs_table(str(out), str(log), rows)
+    regions.write_jobs_table(str(out), str(log), rows)
     assert out.read_text(encoding="utf-8") == rows
     assert log.read_text() == f"wrote {out}: 3 regions\n"

@@ -1,17 +1,17 @@
-"""What the report shows and where it files each map (emb.report.targets), and predict's
-options from config predict: (emb.evaluation.predict_options), asked directly: before, only a
+"""What the report shows and where it files each map (emb.workflow.report_targets), and predict's
+options from config predict: (emb.workflow.stage_options), asked directly: before, only a
 finished workflow's report and dry runs reached them."""
 
 from __future__ import annotations
 
 import shlex
 
-from emb.evaluation.predict_options import predict_options
-from emb.report import targets
+from emb.workflow import report_targets
+from emb.workflow.stage_options import predict_options
 
 
 def test_the_report_shows_every_runs_maps_and_curves_and_each_sources_data() -> None:
-    assert targets.report_targets(["aef_x", "tessera_y"], ["aef", "tessera"]) == [
+    assert report_targets.report_targets(["aef_x", "tessera_y"], ["aef", "tessera"]) == [
         "results/maps/aef_x",
         "results/maps/tessera_y",
         "results/runs/aef_x/curves.png",
@@ -24,15 +24,15 @@ def test_the_report_shows_every_runs_maps_and_curves_and_each_sources_data() -> 
 
 
 def test_a_prediction_only_regions_map_is_filed_apart_and_labelled_unscored() -> None:
-    assert targets.map_category("predict") == "Maps, unscored (prediction-only regions)"
-    assert targets.map_labels("aef_x", "next", "predict") == {
+    assert report_targets.map_category("predict") == "Maps, unscored (prediction-only regions)"
+    assert report_targets.map_labels("aef_x", "next", "predict") == {
         "run": "aef_x",
         "region": "next",
         "scored": "no (split predict)",
     }
     for split in ("", "auto", "train", "test"):
-        assert targets.map_category(split) == "Maps"
-        assert targets.map_labels("aef_x", "r", split)["scored"] == "test tiles"
+        assert report_targets.map_category(split) == "Maps"
+        assert report_targets.map_labels("aef_x", "r", split)["scored"] == "test tiles"
 
 
 def test_predict_gets_the_windows_settings_and_only_the_options_that_are_set() -> None:

@@ -7,7 +7,7 @@
 # given as geotessera .npy are converted to GeoTIFFs here first, once per tile.
 import json
 
-from emb.areas.workflow import (
+from emb.workflow.areas import (
     fetch_collections,
     fetch_url,
     fetched_markers,

@@ -1,13 +1,13 @@
 # What the SLURM jobs ask for, and whether it fits: memory and time of the per-region and
-# per-source stages from measured peaks (emb.cluster.resources, bench/memory.py), and a check of
+# per-source stages from measured peaks (emb.workflow.resources, bench/memory.py), and a check of
 # every job and every group job of the DAG, with the resources Snakemake submits them with,
 # against the node sizes the profile states (resources node_cores, node_mem_mb, max_runtime).
 # The check runs once the DAG is built, before the first job is submitted (onstart; a dry run
 # submits nothing and lists every job's resources instead: bench/dry_run.py sums its groups).
 from snakemake.logging import logger
 
-from emb.cluster import resources as measured
-from emb.cluster.fit import FitError, Node, Request, check_fits, largest_group_fix
+from emb.workflow import resources as measured
+from emb.workflow.fit import FitError, Node, Request, check_fits, largest_group_fix
 
 
 def raster_pixels(source, region):

@@ -1,8 +1,7 @@
 # Validation, the parsed tables and the input functions; runs before any job starts, top to
-# bottom. The decisions live in tested code (docs/design.md, section 1): the regions table's
-# answers in emb.prep.region_table, the runs' files in emb.training.run_files and
-# train_config, the profile's checks in emb.cluster.profile, the report's targets in
-# emb.report.targets, predict's options in emb.evaluation.predict_options.
+# bottom. The decisions live in tested code, all in the package emb.workflow (docs/design.md):
+# the regions table's answers in regions, the runs' files and configs in runs, the profile's
+# checks in profile, the report's targets in report_targets, stages' options in stage_options.
 import os
 from pathlib import Path
 
@@ -12,19 +11,20 @@ from snakemake.exceptions import WorkflowError
 from snakemake.settings.types import DeploymentMethod
 from snakemake.utils import validate
 
-from emb.areas import AreasError
-from emb.areas.workflow import empty_regions, plan_from_config, planned_footprints
-from emb.cluster import profile
-from emb.cluster.launch import rule_options
-from emb.evaluation.predict_options import predict_options
-from emb.prep import region_table
-from emb.prep.region_rows import RegionsError, check_predict_only
-from emb.prep.region_table import DEMO_NAMES, RegionTable, demo_rasters, one_of
-from emb.prep.regions import check_regions, read_regions
-from emb.prep.split_blocks import SplitBlocksError
-from emb.report import targets
-from emb.training import run_files, train_config
-from emb.training.config import ConfigError
+from emb.workflow import profile, regions, runs
+from emb.workflow import report_targets as targets
+from emb.workflow.areas import empty_regions, plan_from_config, planned_footprints
+from emb.workflow.errors import USER_ERRORS
+from emb.workflow.regions import (
+    DEMO_NAMES,
+    RegionTable,
+    check_predict_only,
+    check_regions,
+    demo_rasters,
+    one_of,
+    read_regions,
+)
+from emb.workflow.stage_options import predict_options, rule_options
 
 validate(config, "../schemas/config.schema.yaml")
 
@@ -37,7 +37,7 @@ except (ValueError, KeyError, OSError) as err:  # RegionsError, pandas, decoding
     raise WorkflowError(f"regions table {config['regions']}: {err}") from None
 try:
     AREAS = plan_from_config(config)
-except AreasError as err:
+except USER_ERRORS as err:
     raise WorkflowError(str(err)) from None
 AREA_VRTS = AREAS.vrts() if AREAS else []
 if AREAS:
@@ -53,7 +53,7 @@ try:
         generated=DEMO_FILES + AREA_VRTS,
         planned=planned_footprints(AREAS, config["areas"]) if AREAS else None,
     )
-except RegionsError as err:
+except USER_ERRORS as err:
     raise WorkflowError(str(err)) from None
 RASTER_PIXELS = CHECKS.pixels
 if AREAS:  # the areas' VRTs, not written yet: their parts' extents
@@ -69,22 +69,20 @@ def profile_resource(rule, name):
 # its config as train_config will resolve it; each prediction job's minutes from its regions'
 # megapixels (refused beyond the partition's limit).
 RUNS = config["runs"]
-TRAIN_SCHEMA = run_files.schema_path(Path(workflow.basedir))
-OVERLAYS = run_files.shared_overlays(
+TRAIN_SCHEMA = runs.schema_path(Path(workflow.basedir))
+OVERLAYS = runs.shared_overlays(
     config["train_overlays"], profile_resource("train_config", "train_overlay")
 )
 try:
     profile.check_gpu_partitions(workflow.resource_settings)
-    RUN_SOURCE = {run: train_config.run_source(run, Path(TRAIN_SCHEMA)) for run in RUNS}
+    RUN_SOURCE = {run: runs.run_source(run, Path(TRAIN_SCHEMA)) for run in RUNS}
     check_predict_only(REGIONS, REGIONS_FILE, RUN_SOURCE)
     RUN_FILES = {
-        run: run_files.config_files(run, TABLE.is_demo_data(RUN_SOURCE[run]), OVERLAYS)
+        run: runs.config_files(run, TABLE.is_demo_data(RUN_SOURCE[run]), OVERLAYS)
         for run in RUNS
     }
     RUN_CONFIG = {
-        run: train_config.resolve_run(
-            run, RUN_FILES[run], Path(TRAIN_SCHEMA), RUN_SOURCE[run]
-        )
+        run: runs.resolve_run(run, RUN_FILES[run], Path(TRAIN_SCHEMA), RUN_SOURCE[run])
         for run in RUNS
     }
     PREDICT_MINUTES = {
@@ -96,13 +94,11 @@ try:
         )
         for run in RUNS
     }
-except (ConfigError, RegionsError, profile.ProfileError) as err:
+except USER_ERRORS as err:
     raise WorkflowError(str(err)) from None
 try:  # a split block larger than the regions: every split needs one (after the runs' checks)
-    region_table.check_split_blocks(
-        CHECKS, TABLE, config, REGIONS_FILE, RUN_SOURCE.values()
-    )
-except SplitBlocksError as err:
+    regions.check_split_blocks(CHECKS, TABLE, config, REGIONS_FILE, RUN_SOURCE.values())
+except USER_ERRORS as err:
     raise WorkflowError(str(err)) from None
 
 
@@ -118,7 +114,7 @@ def train_config_files(run):
 
 
 def data_settings(source, section):
-    return region_table.data_settings(config, section, TABLE.is_demo_data(source))
+    return regions.data_settings(config, section, TABLE.is_demo_data(source))
 
 
 def get_emb(wildcards):
@@ -138,7 +134,7 @@ def get_split(wildcards):
 
 
 def split_group(wildcards):
-    return region_table.split_group(CHECKS, wildcards.source, wildcards.region)
+    return regions.split_group(CHECKS, wildcards.source, wildcards.region)
 
 
 def get_region_indexes(wildcards):
@@ -147,19 +143,19 @@ def get_region_indexes(wildcards):
 
 
 def loader_workers(wildcards):
-    return train_config.loader_workers(RUN_CONFIG.values(), wildcards.source)
+    return runs.loader_workers(RUN_CONFIG.values(), wildcards.source)
 
 
 def training_ranks(wildcards):
     """Processes of one training job as the profile submits it (rule train's resources)."""
     try:
         return profile.launched_processes(rules.train.rule.resources, "train")
-    except profile.ProfileError as err:
+    except USER_ERRORS as err:
         raise WorkflowError(str(err)) from None
 
 
 def get_run_inputs(wildcards):
-    return run_files.train_inputs(wildcards.run, RUN_SOURCE[wildcards.run])
+    return runs.train_inputs(wildcards.run, RUN_SOURCE[wildcards.run])
 
 
 def predict_runtime(wildcards):

@@ -36,7 +36,7 @@ rule train_config:
 # threads, GPUs) is in its params, so a changed count reruns it (a param that reads resources
 # is one Snakemake never compares); train reads the check as ancient: a check rerun for a new
 # count does not retrain a finished run by itself (--forcerun train does).
-from emb.cluster.gpu_check import checked_shape, gpu_request
+from emb.workflow.stage_options import checked_shape, gpu_request
 
 
 rule gpu_check:
@@ -72,7 +72,7 @@ rule gpu_check:
 # its deadline writes ranks/rank0.stopped.json and exits 75; the profiles' retries resume it
 # from last.pt. Any other failure leaves launch.failed.json: a retry then ends at once. A
 # rerun of a finished run (--forcerun train, a changed config) trains from scratch; the
-# earlier run's files move to results/runs/{run}/previous/ (emb.training.start).
+# earlier run's files move to results/runs/{run}/previous/ (emb.training.run_start).
 rule train:
     input:
         unpack(get_run_inputs),
@@ -109,9 +109,8 @@ rule train:
 # Before any job: a run whose lr_scaling takes optimizer.lr to where the seeds saw its
 # architecture diverge is warned about here, with its world size as the profile submits it.
 from snakemake.logging import logger
-from emb.training.config import TrainConfig
-from emb.training.plan import lr_warnings
+from emb.workflow.runs import lr_warning_lines
 
 for _run, _cfg in RUN_CONFIG.items():
-    for _line in lr_warnings(TrainConfig.from_dict(_cfg), training_ranks(None)):
+    for _line in lr_warning_lines(_cfg, training_ranks(None)):
         logger.warning(f"train config of run {_run!r}: {_line}")

@@ -20,8 +20,8 @@ from pyproj.exceptions import CRSError
 from shapely.geometry.base import BaseGeometry
 
 from emb.areas import AreasError
-from emb.areas.geo import WGS84, gpkg_wkb, reproject
-from emb.prep.region_rows import PREDICT
+from emb.geo import WGS84, gpkg_wkb, reproject
+from emb.prep.regions import PREDICT
 
 NAME = re.compile(r"^[a-z0-9_][a-z0-9_-]*$")  # as region ids (regions.schema.yaml)
 SPLITS = ("auto", "train", "val", "test", PREDICT)

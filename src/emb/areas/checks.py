@@ -11,10 +11,9 @@ from rasterio.errors import RasterioIOError
 
 from emb.areas import AreasError
 from emb.areas.areas_file import Area
-from emb.areas.geo import DENSIFY_DEG, WGS84, reproject
 from emb.areas.index import AEF_YEARS, TESSERA_YEARS, AefIndex, Tile
 from emb.areas.tiffhead import Header, read_header
-from emb.prep.footprints import utm_epsg
+from emb.geo import DENSIFY_DEG, WGS84, reproject, utm_epsg
 from emb.rasters import BANDS, DTYPES
 
 GAP_M2 = 100.0  # an uncovered piece larger than one 10 m pixel is a gap

@@ -23,8 +23,8 @@ import shapely
 from rasterio.errors import RasterioIOError
 
 from emb.areas import AreasError
-from emb.areas.geo import gpkg_wkb
 from emb.areas.tiffhead import Header, read_header
+from emb.geo import gpkg_wkb
 
 AEF_COLUMNS = (
     "path",

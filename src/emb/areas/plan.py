@@ -30,7 +30,6 @@ from emb.areas.checks import (
     check_tessera_year,
     check_tile,
 )
-from emb.areas.geo import DENSIFY_DEG, WGS84, reproject, zone_box, zone_epsg, zones_of
 from emb.areas.index import (
     AEF_RESOLUTION,
     AefIndex,
@@ -41,7 +40,8 @@ from emb.areas.index import (
 )
 from emb.areas.tessera_tiles import registry_of, tessera_tiles
 from emb.areas.tiffhead import read_header
-from emb.prep.region_rows import PREDICT
+from emb.geo import DENSIFY_DEG, WGS84, reproject, zone_box, zone_epsg, zones_of
+from emb.prep.regions import PREDICT
 
 OUT = "resources/areas"  # where the VRTs go: resources/areas/{region}/{source}.vrt
 

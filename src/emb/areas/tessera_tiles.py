@@ -11,7 +11,6 @@ import shapely
 
 from emb.areas import AreasError
 from emb.areas.checks import check_tile, raise_gap
-from emb.areas.geo import zone_epsg
 from emb.areas.index import (
     Tile,
     read_tessera_registry,
@@ -19,6 +18,7 @@ from emb.areas.index import (
     tessera_key,
     tessera_npy_path,
 )
+from emb.geo import zone_epsg
 from emb.prep.tessera_npy import TesseraNpyError, check_triple, find_triple
 
 NPY_OUT = "resources/areas/tessera_tiles"  # geotessera .npy tiles as GeoTIFFs, once per tile

@@ -6,7 +6,7 @@ alignment have run. The count is an upper bound, so a region refused here can ne
 tile later: it is geometric (no pixel is read; a tile's labelled pixels are its area inside the
 area's part, and the CDL may leave holes), and every split block counts as a training block
 (whatever the draw, which for the years of one ground uses their group's key: only training
-tiles may lie half a tile off the grid, :mod:`emb.prep.tile_fill`).
+tiles may lie half a tile off the grid, :mod:`emb.prep.shifted_tiles`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from rasterio.transform import array_bounds
 from emb.areas import AreasError
 from emb.areas.plan import AreaPlan, Mosaic
 from emb.areas.vrt import snap_outward
-from emb.prep.region_rows import PREDICT
+from emb.prep.regions import PREDICT
 from emb.prep.tiles import SPLITS, Ground, SplitSpec, TileSpec, count_tiles
 
 TRY_SIZES = (128, 64, 32, 16, 8)  # smaller tiles a message may suggest (the schema's minimum: 8)

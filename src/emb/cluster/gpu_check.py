@@ -16,15 +16,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import shlex
 import shutil
 import socket
 import subprocess
 import sys
-from collections.abc import Mapping
 from pathlib import Path
 
-from emb.cluster.profile import ResourceSettings, profile_resource
 from emb.io import write_json
 
 VISIBILITY_VARS = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES",
@@ -77,49 +74,6 @@ def too_many_processes(processes: int, gpus: int) -> str:
         f" cuda:{gpus}, which does not exist; use at most {gpus} (tasks_per_node, config"
         " launch.nproc_per_node or --nproc-per-node)"
     )
-
-
-def gpu_request(
-    settings: ResourceSettings,
-    rule: str = "gpu_check",
-) -> str:
-    """``gpu_check``'s options for the GPUs ``rule`` expects: ``--gpus=N`` and where N was
-    set when the profile or ``--set-resources`` sets ``gpus_per_node``, else ``--gpus=auto``.
-
-    Read from Snakemake's resource settings, not the rule's resources: the rule keeps the
-    integer 0 there (the SLURM plugin is never handed anything else), and a value the profile
-    set is told apart from the rule's own default."""
-    gpus = profile_resource(settings, rule, "gpus_per_node")
-    if gpus is None:
-        return "--gpus=auto"
-    if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 0:
-        raise ValueError(f"resource {rule}:gpus_per_node: expected an integer >= 0, found {gpus!r}")
-    # A fixed text: a param naming the invoking process's profile would differ between the
-    # outer Snakemake and a job's inner one, and rerun gpu_check (and every training) each time.
-    where = "the profile or --set-resources"
-    return shlex.join([f"--gpus={gpus}", f"--source={where}"])
-
-
-# the check's shape: resource -> its option (gpus_per_node is gpu_request's --gpus)
-SHAPE = {"nodes": "--nodes", "tasks_per_node": "--processes", "cpus_per_task": "--threads"}
-
-
-def checked_shape(resources: Mapping[str, object], rule: str = "gpu_check") -> str:
-    """``--nodes``, ``--processes`` and ``--threads`` of the check, from ``rule``'s resources
-    as Snakemake built them (the rule's own, then the profile's or ``--set-resources``).
-
-    A param, so that a changed count reruns the check: Snakemake never compares a param that
-    takes ``resources`` (a derived one), and a check that saw 1 process would vouch for 3.
-    Read from the rule object, not from a job's resources, so it is known without them."""
-    options = []
-    for key, option in SHAPE.items():
-        value = getattr(resources[key], "raw", resources[key]) if key in resources else 1
-        if isinstance(value, str) and value.strip().isdigit():
-            value = int(value)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"resource {rule}:{key}: expected an integer >= 1, found {value!r}")
-        options.append(f"{option}={value}")
-    return shlex.join(options)
 
 
 def expected_gpus(value: str) -> int | None:

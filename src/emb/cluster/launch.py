@@ -180,31 +180,6 @@ def expand(value: str, env: Mapping[str, str]) -> str:
     return re.sub(r"\$\{(\w+)\}|\$(\w+)", sub, value)
 
 
-def rule_options(
-    resources: Mapping[str, object], container: str = "", container_args: str = ""
-) -> str:
-    """Launcher options (shell-quoted) from a rule's resources, as the profiles set them.
-
-    ``nodes``, ``tasks_per_node`` (processes per node), ``cpus_per_task`` (threads each);
-    ``mpi: srun`` (the plugin's marker for rules that call srun themselves) turns on ``--srun``;
-    ``rendezvous`` and ``launch_env`` (space-separated NAME=VALUE) pass through. The container
-    is used only with ``--srun``: without it the rule runs inside Snakemake's own container.
-    """
-    srun = resources.get("mpi") == "srun"
-    options = ["--nodes", str(resources.get("nodes", 1)),
-               "--nproc-per-node", str(resources.get("tasks_per_node", 1)),
-               "--threads", str(resources.get("cpus_per_task", 1))]  # fmt: skip
-    if srun:
-        options.append("--srun")
-    if container:
-        options += ["--container", container, "--container-args", container_args]
-    if resources.get("rendezvous"):
-        options += ["--rendezvous", str(resources["rendezvous"])]
-    for item in str(resources.get("launch_env") or "").split():
-        options += ["--env", item]
-    return shlex.join(options)
-
-
 def visible_gpus() -> int:
     """GPUs this process sees (CUDA and ROCm builds alike); torch is imported only here."""
     import torch

@@ -36,7 +36,7 @@ import pandas as pd
 import torch
 import torch.distributed as dist
 
-from emb import cli
+from emb import cli, plots
 from emb.classes import ClassMap, load_class_map
 from emb.evaluation.block_scores import (
     FIGURES,
@@ -47,11 +47,11 @@ from emb.evaluation.block_scores import (
     write_blocks,
 )
 from emb.evaluation.bootstrap import BootstrapSettings, tile_blocks
-from emb.evaluation.figures import class_names, write_figures
 from emb.evaluation.inference import Inference, inference
 from emb.evaluation.runs import LEVELS, RunError, TrainedRun, open_run
 from emb.io import atomic_path, write_json
 from emb.loading.batches import LoaderSpec, eval_batches, shard_sample_counts, shards_for_rank
+from emb.loading.shard_manifest import read_manifest
 from emb.loading.sidecar import index_shard
 from emb.metrics import (
     NUM_CLASSES,
@@ -61,10 +61,36 @@ from emb.metrics import (
     sum_over_ranks,
     update,
 )
-from emb.prep.manifest import read_manifest
 from emb.progress import Progress
 from emb.provenance import digest_file, provenance
 from emb.training.loss import HierarchyTargets
+
+# The evaluate stage's figures: row-normalized confusion matrices and per-class IoU bars of
+
+
+def class_names(cmap: ClassMap) -> dict[str, tuple[str, ...]]:
+    return {"l1": cmap.l1_names, "l2": cmap.l2_names, "l3": cmap.l3_names}
+
+
+def write_figures(
+    out_dir: Path, record: dict, table: pd.DataFrame, cms: dict[str, np.ndarray], cmap: ClassMap
+) -> list[Path]:
+    """``confusion_l{1,2,3}.png`` and ``iou.png`` of the selected weights into ``out_dir``."""
+    names = class_names(cmap)
+    written = []
+    for level in LEVELS:
+        title = (
+            f"{record['run']} ({record['weights']} weights), {level.upper()}: "
+            f"OA {record[f'oa_{level}']:.3f}, mIoU {record[f'miou_{level}']:.3f}"
+        )
+        path = out_dir / f"confusion_{level}.png"
+        plots.save(plots.confusion_figure(cms[level], names[level], title), path)
+        written.append(path)
+    chosen = table[table["weights"] == record["weights"]]
+    path = out_dir / "iou.png"
+    plots.save(plots.iou_figure(chosen, f"{record['run']} ({record['weights']} weights)"), path)
+    return [*written, path]
+
 
 log = logging.getLogger(__name__)
 

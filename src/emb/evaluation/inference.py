@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from emb.training.config import resolve_channels_last
+from emb.training.run_config import resolve_channels_last
 from emb.training.trainer import autocast
 
 _CLAIMS: list = []  # open lock files: a claim lasts as long as the process

@@ -21,9 +21,9 @@ import rasterio
 from rasterio.enums import Resampling
 from rasterio.shutil import copy as copy_raster
 
+from emb import plots
 from emb.classes import IGNORE, ClassMap
 from emb.io import atomic_path
-from emb.report import plots
 
 NODATA = IGNORE  # 255 in the map
 PROB_SCALE = 254  # probabilities stored as round(p * 254) in uint8; 255 = nodata

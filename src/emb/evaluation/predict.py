@@ -34,6 +34,7 @@ from emb import cli
 from emb.classes import ClassMap, load_class_map
 from emb.cli import Interrupted
 from emb.cluster.launch import LAUNCH_ID_ENV
+from emb.colours import cdl_palette, l3_colours
 from emb.evaluation.inference import Inference, inference
 from emb.evaluation.map_files import (
     describe_map,
@@ -54,10 +55,9 @@ from emb.evaluation.region_maps import (
 )
 from emb.evaluation.runs import RunError, TrainedRun, open_run
 from emb.evaluation.windows import MapBlock, PredictSpec, blocks, map_blocks
-from emb.prep.manifest import read_manifest
+from emb.loading.shard_manifest import read_manifest
 from emb.progress import Progress
 from emb.provenance import digest_file, provenance
-from emb.report.colours import cdl_palette, l3_colours
 
 log = logging.getLogger(__name__)
 

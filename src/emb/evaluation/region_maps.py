@@ -29,8 +29,7 @@ import rasterio
 from rasterio.errors import RasterioIOError
 
 from emb.io import write_json
-from emb.prep.region_rows import PREDICT
-from emb.prep.regions import read_regions
+from emb.prep.regions import PREDICT, read_regions
 
 LOCK_SUFFIX = ".lock"
 

@@ -1,6 +1,6 @@
 """A trained run as evaluation and prediction see it: its checkpoint, config and weight sets.
 
-Loading goes through :func:`~emb.training.checkpoint.load` only. The weight sets are ``raw``
+Loading goes through :func:`~emb.training.checkpoint_file.load` only. The weight sets are ``raw``
 (the model as trained) and, when the checkpoint holds one, ``ema`` (its moving average); the
 run's best checkpoint stands for the set its run selected it by (``ema.select_best_by``: EMA
 unless ``raw``, and raw without EMA weights), and evaluation, prediction and the summary report
@@ -21,8 +21,8 @@ from emb.classes import ClassMap
 from emb.loading.dequantize import Dequantize
 from emb.models import build_model
 from emb.provenance import UNKNOWN, digest_file, digest_stats
-from emb.training import checkpoint
-from emb.training.config import TrainConfig
+from emb.training import checkpoint_file
+from emb.training.run_config import TrainConfig
 
 LEVELS = ("l1", "l2", "l3")
 
@@ -115,14 +115,14 @@ def head_classes(state: dict[str, torch.Tensor]) -> dict[str, int]:
 
 def load_run(path: Path, cmap: ClassMap, classes_path: Path | str) -> TrainedRun:
     """Read a checkpoint and check that its heads match the class table ``classes_path``."""
-    state = checkpoint.load(path)
+    state = checkpoint_file.load(path)
     if "config" not in state:
         raise RunError(f"{path}: checkpoint has no 'config' (not written by emb.training.train)")
     check_identity(state, Path(path))
     cfg = TrainConfig.from_dict(state["config"], f"{path}: config")
     weights = {"raw": state["model"]}
     if state.get("ema") is not None:
-        weights["ema"] = checkpoint.strip_prefixes(state["ema"])
+        weights["ema"] = checkpoint_file.strip_prefixes(state["ema"])
     expected = {"l1": len(cmap.l1_names), "l2": len(cmap.l2_names), "l3": len(cmap.l3_names)}
     configured = dict(zip(LEVELS, cfg.model.num_classes, strict=True))
     for name, state_dict in weights.items():
@@ -162,8 +162,11 @@ def check_identity(state: dict, path: Path) -> None:
         raise RunError(f"{config_path}: not readable YAML ({err})") from None
     if not isinstance(current, dict):
         return
-    saved, now = checkpoint.flatten_config(state["config"]), checkpoint.flatten_config(current)
-    for key in checkpoint.differing_keys(state["config"], current, IDENTITY_KEYS):
+    saved, now = (
+        checkpoint_file.flatten_config(state["config"]),
+        checkpoint_file.flatten_config(current),
+    )
+    for key in checkpoint_file.differing_keys(state["config"], current, IDENTITY_KEYS):
         if key in now:
             raise RunError(
                 f"{path}: {key}: expected {now[key]!r} (the run's {config_path}), found "

@@ -25,8 +25,8 @@ from emb import cli
 from emb.io import atomic_path, write_json
 from emb.loading.batch_reader import BatchReader, check_tile_header, round_robin
 from emb.loading.shard_index import SampleAt, ShardError
+from emb.loading.shard_manifest import read_manifest
 from emb.loading.sidecar import index_shard
-from emb.prep.manifest import read_manifest
 from emb.prep.moments import (
     check_moments,
     merge_moments,

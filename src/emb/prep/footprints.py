@@ -11,7 +11,6 @@ Footprints are compared as polygons in one CRS (shapely), whatever CRSs the file
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -21,6 +20,8 @@ import shapely
 from affine import Affine
 from rasterio.crs import CRS
 from rasterio.warp import transform as transform_points
+
+from emb.geo import utm_epsg
 
 SCALE_TOLERANCE = 0.02  # UTM's scale stays within 0.9996..1.001 inside its zone
 
@@ -67,25 +68,6 @@ class Footprint:
 def _to(src: CRS, dst: CRS, xy: np.ndarray) -> np.ndarray:
     xs, ys = transform_points(src, dst, xy[:, 0], xy[:, 1])
     return np.column_stack([xs, ys])
-
-
-UTM_ZONE_DEG = 6.0  # degrees of longitude per UTM zone
-
-
-def utm_zone_number(lon: float) -> int:
-    """The UTM zone number holding a longitude (zone 60 includes 180 E): the one place the
-    zone arithmetic lives (areas' zone names and EPSG codes use it too)."""
-    return min(60, max(1, math.floor((lon + 180.0) / UTM_ZONE_DEG) + 1))
-
-
-def utm_zone_epsg(number: int, north: bool) -> int:
-    """The EPSG code of WGS 84 / UTM zone ``number`` (north: 326xx, south: 327xx)."""
-    return (32600 if north else 32700) + number
-
-
-def utm_epsg(lon: float, lat: float) -> int:
-    """The EPSG code of the WGS 84 UTM zone holding (lon, lat)."""
-    return utm_zone_epsg(utm_zone_number(lon), lat >= 0)
 
 
 def _centre_lonlat(crs: CRS, transform: Affine, shape: tuple[int, int]) -> tuple[float, float]:

@@ -17,14 +17,11 @@ import numpy as np
 
 from emb import cli
 from emb.io import write_json
+from emb.loading.shard_manifest import ManifestError
 from emb.prep.tiles import SPLITS
 
 log = logging.getLogger(__name__)
 INDEX_KEYS = ("source", "region", "in_dim", "tile_size", "dtype", "dropped", "splits")
-
-
-class ManifestError(ValueError):
-    """Region indexes that cannot form one manifest, or a file that is not a manifest."""
 
 
 def read_index(path: Path) -> dict:
@@ -39,26 +36,6 @@ def read_index(path: Path) -> dict:
             f"{path}: expected a region index with keys {list(INDEX_KEYS)}, missing {missing}"
         )
     return index
-
-
-def read_manifest(
-    path: Path, splits: tuple[str, ...] = ("train", "val"), keys: tuple[str, ...] = ("in_dim",)
-) -> dict:
-    """The shard manifest at ``path``, refused naming the file when it is not one (every stage
-    that consumes a manifest reads it here)."""
-    try:
-        manifest = json.loads(Path(path).read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ManifestError(f"{path}: not a JSON shard manifest ({err}); rebuild it") from err
-    found = manifest.get("splits") if isinstance(manifest, dict) else None
-    missing = [k for k in splits if not isinstance(found, dict) or k not in found]
-    if not isinstance(manifest, dict) or not set(keys) <= set(manifest) or missing:
-        raise ManifestError(
-            f"{path}: expected a shard manifest with {' and '.join(keys)} and splits "
-            f"{' and '.join(splits)}, "
-            f"found keys {sorted(manifest) if isinstance(manifest, dict) else type(manifest)}"
-        )
-    return manifest
 
 
 def merge_indexes(indexes: list[dict], paths: list[Path]) -> dict:

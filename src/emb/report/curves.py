@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from emb import cli
-from emb.report import plots
+from emb import cli, plots
 
 log = logging.getLogger(__name__)
 

@@ -10,11 +10,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from emb import cli
+from emb import cli, plots
 from emb.classes import load_class_map
 from emb.io import atomic_path
-from emb.prep.manifest import read_manifest
-from emb.report import plots
+from emb.loading.shard_manifest import read_manifest
 
 log = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from emb import cli
+from emb import cli, plots
 from emb.evaluation.bootstrap import (
     DIGITS,
     FEW_BLOCKS_WHY,
@@ -45,7 +45,6 @@ from emb.evaluation.bootstrap import (
     verdict_of,
 )
 from emb.io import atomic_path
-from emb.report import plots
 
 log = logging.getLogger(__name__)
 LEVELS = ("l1", "l2", "l3")

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from emb.training.checkpoint import unwrap
+from emb.training.checkpoint_file import unwrap
 from emb.training.flat_tensors import FlatPairs, flatten_
 
 

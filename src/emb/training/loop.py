@@ -25,22 +25,53 @@ from emb.loading.batches import (
 )
 from emb.loading.dequantize import Dequantize
 from emb.loading.device_feed import on_device
+from emb.loading.shard_manifest import read_manifest
 from emb.models import build_model
 from emb.provenance import digest_config, digest_file, digest_stats, provenance
-from emb.training import checkpoint
-from emb.training.checkpointer import Checkpointer
-from emb.training.config import ConfigError, TrainConfig, resolve_channels_last
+from emb.training import checkpoint_file
+from emb.training.checkpoint_policy import Checkpointer
 from emb.training.distributed import any_rank, barrier, wrap_model
 from emb.training.ema import ModelEma
 from emb.training.loss import HierarchyTargets, MultiHeadLoss, class_weights_from_histogram
-from emb.training.plan import Plan, build_plan, validation_steps
-from emb.training.run_inputs import read_checked_manifest, stats_dir
+from emb.training.run_config import ConfigError, TrainConfig, resolve_channels_last
 from emb.training.run_log import KeyRecord, RunLog
-from emb.training.schedule import replan, warmup_cosine
-from emb.training.start import begin
-from emb.training.stop import StopRequest
+from emb.training.run_start import begin
+from emb.training.schedule import Plan, build_plan, replan, validation_steps, warmup_cosine
+from emb.training.stop_request import StopRequest
 from emb.training.trainer import Trainer, fused_adamw, prepare_model
-from emb.training.validator import Position, Validator
+from emb.training.validation_policy import Position, Validator, check_validation_scored
+
+# What a run reads before it builds anything: its shard manifest, checked, and its statistics.
+
+
+def read_checked_manifest(cfg: TrainConfig, world: int | None = None) -> dict:
+    """The run's manifest, checked against the model and with every shard present (before a
+    start can set an earlier run aside); with ``world`` (the ranks), also checked to give a
+    validation that scores something (:func:`check_validation_scored`)."""
+    manifest = read_manifest(Path(cfg.data.manifest))
+    if manifest["in_dim"] != cfg.model.in_dim:
+        raise ConfigError(
+            f"{cfg.data.manifest}: in_dim is {manifest['in_dim']}, "
+            f"but model.in_dim is {cfg.model.in_dim}"
+        )
+    for split in ("train", "val"):
+        missing = [s for s in manifest["splits"][split]["shards"] if not Path(s).is_file()]
+        if missing:
+            raise ValueError(
+                f"{cfg.data.manifest}: the {split} split lists {len(missing)} shard(s) that do "
+                f"not exist, e.g. {missing[0]}; rebuild the shards (snakemake --forcerun shards)"
+            )
+    if world is not None:
+        check_validation_scored(
+            manifest["splits"]["val"], cfg.data.manifest, cfg.train.batch_size,
+            cfg.train.val_min_batch, world,
+        )  # fmt: skip
+    return manifest
+
+
+def stats_dir(cfg: TrainConfig) -> Path | None:
+    """The channel statistics the run normalizes with, or None (no normalization)."""
+    return Path(cfg.data.stats_dir) if cfg.data.normalize and cfg.data.stats_dir else None
 
 
 class Stopped(Exception):
@@ -70,7 +101,7 @@ class Loop:
 def parameter_digest(model: torch.nn.Module) -> str:
     """sha256 of every parameter and buffer, in state-dict order: equal iff bitwise equal."""
     h = hashlib.sha256()
-    for key, value in checkpoint.unwrap(model).state_dict().items():
+    for key, value in checkpoint_file.unwrap(model).state_dict().items():
         h.update(key.encode())
         h.update(value.detach().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()
@@ -141,7 +172,7 @@ def build_loop(
     cfg: TrainConfig, run_dir: Path, rank: int, world: int, device: torch.device,
     stop: StopRequest,
 ) -> Loop:  # fmt: skip
-    """Everything the loop needs, checked, then started as :mod:`emb.training.start` decides
+    """Everything the loop needs, checked, then started as :mod:`emb.training.run_start` decides
     (resumed, fresh or fine-tuned); files are written only after that."""
     manifest = read_checked_manifest(cfg)
     cfg = build_config(cfg, manifest.get("tile_size"), run_dir)

@@ -22,12 +22,12 @@ import torch
 from emb.io import atomic_path
 from emb.training.distributed import all_reduce_tensor
 from emb.training.loss import LEVELS
-from emb.training.plan import lr_warnings, reference_batch
+from emb.training.schedule import lr_warnings, reference_batch
 
 if TYPE_CHECKING:
-    from emb.training.config import TrainConfig
     from emb.training.nonfinite import NonfiniteCounts
-    from emb.training.plan import Plan
+    from emb.training.run_config import TrainConfig
+    from emb.training.schedule import Plan
     from emb.training.trainer import StepResult, Trainer
 
 

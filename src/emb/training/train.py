@@ -30,11 +30,10 @@ import torch.distributed as dist
 from emb import cli
 from emb.cluster.slurm import SlurmError, job_end_time
 from emb.io import is_disk_full, write_json
-from emb.training.config import ConfigError, TrainConfig, load
-from emb.training.loop import Stopped, run
-from emb.training.run_inputs import read_checked_manifest
-from emb.training.start import SUMMARY_COPY
-from emb.training.stop import EXIT_STOPPED, StopRequest
+from emb.training.loop import Stopped, read_checked_manifest, run
+from emb.training.run_config import ConfigError, TrainConfig, load
+from emb.training.run_start import SUMMARY_COPY
+from emb.training.stop_request import EXIT_STOPPED, StopRequest
 from emb.training.trainer import TrainingDiverged
 
 EXIT_CONFIG, EXIT_DIVERGED, EXIT_DISK_FULL = 2, 3, 74  # 74: EX_IOERR
@@ -90,7 +89,7 @@ def write_summary(run_dir: Path, summary: dict) -> None:
     """``train.json``, written only beside the ``best.pt`` evaluate reads (else a run that
     never validated would look finished), and its copy ``ranks/train.json`` first: Snakemake
     deletes the declared ``train.json`` before a rerun starts, and the copy is what
-    :func:`emb.training.start.set_aside` keeps of it in ``previous/``."""
+    :func:`emb.training.run_start.set_aside` keeps of it in ``previous/``."""
     best = run_dir / "best.pt"
     if not best.is_file():
         raise NotValidated(

@@ -5,8 +5,8 @@ Resolution order: ``config/train/defaults.yaml`` <- ``config/train/{run}.yaml`` 
 ``workflow/schemas/train.schema.yaml`` on its own (keys and types; a file holds part of a
 config, so required keys are not asked of it), so an error names the file and the key; the
 merged dict is then validated by Snakemake's own validator (defaults filled) and read into
-:class:`~emb.training.config.TrainConfig` for cross-key rules. The workflow runs this for
-every run before any job starts.
+:class:`~emb.training.run_config.TrainConfig` for cross-key rules. The workflow runs this for
+every run before any job starts (:mod:`emb.workflow.runs`).
 """
 
 from __future__ import annotations
@@ -14,14 +14,13 @@ from __future__ import annotations
 import argparse
 import copy
 import logging
-from collections.abc import Iterable
 from pathlib import Path
 
 import yaml
 
 from emb import cli
 from emb.io import atomic_path
-from emb.training.config import ConfigError, TrainConfig
+from emb.training.run_config import ConfigError, TrainConfig
 
 log = logging.getLogger(__name__)
 
@@ -121,57 +120,6 @@ def resolve(files: list[Path], overrides: list[str], schema: Path) -> dict:
     validate(config, str(schema), set_default=True)
     TrainConfig.from_dict(config, " <- ".join(str(f) for f in files))  # cross-key rules
     return config
-
-
-DEFAULTS = "config/train/defaults.yaml"
-
-
-def run_file(run: str) -> str:
-    """The run's own file (config/train/{run}.yaml): what makes it the run it is."""
-    return f"config/train/{run}.yaml"
-
-
-def _resolved(run: str, files: list[str], schema: Path) -> dict:
-    """``resolve`` with every failure as one ConfigError naming the run."""
-    from snakemake.exceptions import WorkflowError  # what Snakemake's validator raises
-
-    try:
-        return resolve([Path(f) for f in files], [], schema)
-    except (ConfigError, OSError, WorkflowError) as err:
-        raise ConfigError(f"train config of run {run!r}: {err}") from None
-
-
-def run_source(run: str, schema: Path) -> str:
-    """The run's ``data.source``, from defaults and its own file only (what decides whether
-    the demo overlay applies)."""
-    return _resolved(run, [DEFAULTS, run_file(run)], schema)["data"]["source"]
-
-
-def run_config_files(run: str, overlays: list[str]) -> list[str]:
-    """defaults <- the run's file <- ``overlays`` (the demo overlay for demo data, the config's
-    train_overlays, the profile's cluster overlay), each file merged once."""
-    # a file listed twice (the demo overlay in train_overlays too) is merged once
-    return list(dict.fromkeys([DEFAULTS, run_file(run), *overlays]))
-
-
-def resolve_run(run: str, files: list[str], schema: Path, source: str) -> dict:
-    """The run's config as its train_config job will resolve it, checked before any job: every
-    file against the schema, and an overlay may not change the run's ``source``."""
-    config = _resolved(run, files, schema)
-    if config["data"]["source"] != source:
-        raise ConfigError(
-            f"train config of run {run!r}: data.source: expected the run file's {source!r} "
-            f"({run_file(run)}), found {config['data']['source']!r} after the overlays "
-            f"{files[2:]}"
-        )
-    return config
-
-
-def loader_workers(configs: Iterable[dict], source: str) -> int:
-    """The most reader threads per rank any run of ``source`` asks for (cluster overlay
-    included): what the manifest's shard-count check needs shards for; 0 without a run."""
-    workers = [c["train"]["num_workers"] for c in configs if c["data"]["source"] == source]
-    return max(workers, default=0)
 
 
 @cli.stage

@@ -19,13 +19,13 @@ import torch
 from torch import nn
 
 from emb.loading.dequantize import Dequantize
-from emb.training.checkpoint import unwrap
-from emb.training.config import check_grad_scaler
+from emb.training.checkpoint_file import unwrap
 from emb.training.distributed import all_ranks_finite, average_buffers
 from emb.training.ema import ModelEma
 from emb.training.flat_tensors import flats_of, flatten_
 from emb.training.loss import LEVELS, HierarchyTargets, MultiHeadLoss
 from emb.training.nonfinite import NonfiniteCounts, NonfiniteGuard, TrainingDiverged
+from emb.training.run_config import check_grad_scaler
 from emb.training.validation_pass import check_finite_buffers, validation_pass
 
 __all__ = ["StepResult", "Trainer", "TrainingDiverged", "check_finite_buffers"]

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from emb import metrics
-from emb.training.checkpoint import unwrap
+from emb.training.checkpoint_file import unwrap
 from emb.training.distributed import all_reduce_tensor
 from emb.training.nonfinite import TrainingDiverged
 

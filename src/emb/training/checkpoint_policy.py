@@ -4,8 +4,8 @@ A checkpoint is the union of its parts' ``state_dict()``s (the trainer: weights,
 schedule, scaler, counters; the EMA; the loop position: loader and early stopping) plus the
 RNG state, the run's identity (config, world size, global batch) and ``finished``: true only
 when the run had nothing left to do (its last validation done), so that a rerun of a finished
-run starts over instead of resuming it (:mod:`emb.training.start`). Only rank 0 writes; every
-write goes through :func:`emb.training.checkpoint.save` (atomic, with a sha256 sidecar).
+run starts over instead of resuming it (:mod:`emb.training.run_start`). Only rank 0 writes; every
+write goes through :func:`emb.training.checkpoint_file.save` (atomic, with a sha256 sidecar).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from emb.training import checkpoint
-from emb.training.checkpoint import CheckpointError
+from emb.training import checkpoint_file
+from emb.training.checkpoint_file import CheckpointError
 from emb.training.ema import ModelEma
 from emb.training.trainer import StepResult, Trainer
 
@@ -60,7 +60,7 @@ class Checkpointer:
             **self.trainer.state_dict(),
             **ema,
             **self.position.state_dict(),
-            "rng": checkpoint.rng_state(),
+            "rng": checkpoint_file.rng_state(),
             **self.identity,
             "finished": self.finished() if finished is None else finished,
             "saved_at": datetime.now().isoformat(timespec="seconds"),
@@ -73,7 +73,7 @@ class Checkpointer:
             return
         state = self.state(finished)
         for name in names:
-            checkpoint.save(self.run_dir / name, state)
+            checkpoint_file.save(self.run_dir / name, state)
 
     def after_step(self, result: StepResult) -> None:
         every = self.every_updates
@@ -90,14 +90,14 @@ class Checkpointer:
 
     def clean_leftovers(self) -> list[Path]:
         """Temporary files of writes that a killed process left (rank 0 removes them)."""
-        return checkpoint.clean_leftovers(self.run_dir) if self.rank == 0 else []
+        return checkpoint_file.clean_leftovers(self.run_dir) if self.rank == 0 else []
 
     def resume(self, path: Path, state: dict[str, Any]) -> None:
         """Restore everything from ``state`` (read from ``path``): weights, optimizer, schedule,
         EMA, RNG, position; refused when a key that changes the math differs."""
         if "optimizer" not in state or "loader" not in state or "config" not in state:
             raise CheckpointError(f"{path}: holds weights only; it cannot be resumed")
-        checkpoint.check_resumable(
+        checkpoint_file.check_resumable(
             state, self.identity["config"], self.identity["global_batch"], path
         )
         self.trainer.load_state_dict(state)
@@ -105,20 +105,20 @@ class Checkpointer:
             if state.get("ema") is None:
                 raise CheckpointError(f"{path}: has no EMA weights, but ema.enabled is true")
             self.ema.load_state_dict(state)
-        checkpoint.set_rng_state(state["rng"])
+        checkpoint_file.set_rng_state(state["rng"])
         self.position.load_state_dict(state)
 
     def init_weights(self, path: Path) -> str:
         """Weights only (fine-tuning): the weight set ``path`` stands for (its run's
         ``ema.select_best_by``, as evaluation takes it), a fresh optimizer, schedule and
         position. Returns the name of the set."""
-        state = checkpoint.load(path)
+        state = checkpoint_file.load(path)
         if "config" not in state:
             raise CheckpointError(f"{path}: has no 'config' (not written by emb.training)")
-        checkpoint.check_compatible(state["config"], self.identity["config"], path)
-        chosen = checkpoint.selected_weights(state)
+        checkpoint_file.check_compatible(state["config"], self.identity["config"], path)
+        chosen = checkpoint_file.selected_weights(state)
         weights = state["ema"] if chosen == "ema" else state["model"]
-        checkpoint.unwrap(self.trainer.model).load_state_dict(weights)
+        checkpoint_file.unwrap(self.trainer.model).load_state_dict(weights)
         if self.ema is not None:
             self.ema.module.load_state_dict(weights)
         return chosen

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from emb.io import atomic_path
-from emb.training.config import REFERENCE_BATCH
+from emb.training.run_config import REFERENCE_BATCH
 
 CHECKSUM_SUFFIX = ".sha256"
 

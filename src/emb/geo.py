@@ -1,8 +1,10 @@
-"""Geometry helpers shared by the planner: UTM zones, reprojection of shapely geometries and
-the GeoPackage geometry blob (read with sqlite3, so no OGR binding is needed)."""
+"""Geometry shared by the raster checks (prep) and the areas planner: UTM zones, reprojection of
+shapely geometries and the GeoPackage geometry blob (read with sqlite3, so no OGR binding is
+needed)."""
 
 from __future__ import annotations
 
+import math
 import struct
 
 import numpy as np
@@ -10,10 +12,27 @@ import shapely
 from pyproj import CRS, Transformer
 from shapely.geometry.base import BaseGeometry
 
-from emb.prep.footprints import UTM_ZONE_DEG, utm_zone_epsg, utm_zone_number
-
 WGS84 = CRS.from_epsg(4326)
 DENSIFY_DEG = 0.01  # edge pieces (degrees) before a WGS84 geometry goes into metres
+
+
+UTM_ZONE_DEG = 6.0  # degrees of longitude per UTM zone
+
+
+def utm_zone_number(lon: float) -> int:
+    """The UTM zone number holding a longitude (zone 60 includes 180 E): the one place the
+    zone arithmetic lives (areas' zone names and EPSG codes use it too)."""
+    return min(60, max(1, math.floor((lon + 180.0) / UTM_ZONE_DEG) + 1))
+
+
+def utm_zone_epsg(number: int, north: bool) -> int:
+    """The EPSG code of WGS 84 / UTM zone ``number`` (north: 326xx, south: 327xx)."""
+    return (32600 if north else 32700) + number
+
+
+def utm_epsg(lon: float, lat: float) -> int:
+    """The EPSG code of the WGS 84 UTM zone holding (lon, lat)."""
+    return utm_zone_epsg(utm_zone_number(lon), lat >= 0)
 
 
 def zone_name(number: int, north: bool) -> str:

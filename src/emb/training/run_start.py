@@ -27,10 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from emb.provenance import UNKNOWN
-from emb.training import checkpoint
-from emb.training.checkpointer import Checkpointer
-from emb.training.config import ConfigError, TrainConfig
+from emb.training import checkpoint_file
+from emb.training.checkpoint_policy import Checkpointer
 from emb.training.distributed import barrier
+from emb.training.run_config import ConfigError, TrainConfig
 
 RUN_FILES = ("*.pt", "*.pt.sha256", "history.csv", "train.json", "tb", "ranks", "keys", "wandb")
 # train.json's copy (emb.training.train): Snakemake deletes the declared train.json before a
@@ -88,7 +88,7 @@ def plan_start(cfg: TrainConfig, run_dir: Path, current: dict[str, str] | None =
     kept = "move" if has_earlier_run(run_dir) else None
     if not cfg.train.restart:
         return Start(None, None, kept, "train.restart is false: starting over")
-    state = checkpoint.load(last) if last.exists() else None
+    state = checkpoint_file.load(last) if last.exists() else None
     finished = state is not None and bool(state.get("finished"))
     if state is not None and not finished:
         written_under = state.get("config", {}).get("train", {}).get("resume_from", "last")
@@ -108,7 +108,9 @@ def plan_start(cfg: TrainConfig, run_dir: Path, current: dict[str, str] | None =
             f"{run_dir / 'config.yaml'}: train.resume_from: expected an existing checkpoint, "
             f"found {setting!r} -> {chosen}, which does not exist ({run_dir} holds {held})"
         )
-    return Start(chosen, checkpoint.load(chosen), "link" if kept else None, f"resuming {chosen}")
+    return Start(
+        chosen, checkpoint_file.load(chosen), "link" if kept else None, f"resuming {chosen}"
+    )
 
 
 def begin(cfg: TrainConfig, run_dir: Path, rank: int, checkpointer: Checkpointer) -> tuple[
@@ -145,7 +147,7 @@ def config_change(
 ) -> list[str]:
     """A line naming the keys a resumed checkpoint's config differs in (those that change the
     math were refused before this), with both digests; none when the configs are equal."""
-    keys = checkpoint.differing_keys(state.get("config", {}), config, ("",))
+    keys = checkpoint_file.differing_keys(state.get("config", {}), config, ("",))
     if not keys:
         return []
     old = state.get("provenance", {}).get("config_digest", UNKNOWN)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from emb.prep.region_rows import PREDICT, is_predict_only
+from emb.prep.regions import PREDICT, is_predict_only
 
 MAPS = "Maps"
 UNSCORED_MAPS = "Maps, unscored (prediction-only regions)"

@@ -18,13 +18,16 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 from emb.prep.demo_region import DEMO_REGIONS
-from emb.prep.region_rows import is_predict_only
-from emb.prep.split_blocks import BlockGround, check_blocks_hold_splits
+from emb.prep.regions import check_predict_only, check_regions, is_predict_only, read_regions
 from emb.prep.tessera_npy import find_triple
+from emb.prep.tiles import BlockGround, check_blocks_hold_splits
 from emb.rasters import SOURCES
 
 if TYPE_CHECKING:
     from emb.prep.regions import RegionChecks
+
+# The table's reading and checks (emb.prep.regions), for the rules to import from here.
+__all__ = ["check_predict_only", "check_regions", "read_regions"]
 
 CONVERTED_TESSERA = "results/converted/tessera/{region}.tif"  # rule tessera_npy's output
 DEMO_NAMES = [region.name for region in DEMO_REGIONS]
@@ -73,7 +76,7 @@ def check_split_blocks(
 ) -> None:
     """``splits.block_m`` against the extents of the regions of each of ``sources`` (those the
     runs train on), while the workflow is parsed
-    (:func:`emb.prep.split_blocks.check_blocks_hold_splits`). A source with a raster not made
+    (:func:`emb.prep.tiles.check_blocks_hold_splits`). A source with a raster not made
     yet (the demo's) is left to its jobs: its extent is unknown here."""
     for source in sorted(set(sources)):
         regions = table.training_regions(source)
