@@ -1,5 +1,6 @@
 """The checks CI runs before the tests: formatting and lint of Python and Snakemake files, and
-the size rules of the package (functions: ruff's PLR0915 in pyproject.toml; modules here)."""
+the size rules of the package (functions: ruff's PLR0915 in pyproject.toml; modules: a review
+signal here)."""
 
 from __future__ import annotations
 
@@ -27,14 +28,20 @@ def test_style_check_passes(name: str) -> None:
 
 
 # A module holds one idea (one noun), however long that takes; about 500 lines is the signal to
-# look whether it holds two, not a wall to split at (docs/design.md, "Layout").
-MAX_MODULE_LINES = 500
+# look whether it holds two, not a wall to split at (docs/design.md). A module past it has been
+# looked at: it is listed here with what was found, and the entry goes when it is short again.
+SIGNAL_LINES = 500
+REVIEWED: dict[str, str] = {}  # "src/emb/pkg/module.py": "one idea because ..."
 
 
-def test_no_package_module_is_over_500_lines() -> None:
+def test_a_module_past_the_signal_was_reviewed() -> None:
     sizes = {p: len(p.read_text().splitlines()) for p in (REPO / "src" / "emb").rglob("*.py")}
     assert sizes, "no modules found under src/emb"
-    too_long = {str(p.relative_to(REPO)): n for p, n in sizes.items() if n > MAX_MODULE_LINES}
-    assert not too_long, (
-        f"modules over {MAX_MODULE_LINES} lines (does each still hold one idea?): {too_long}"
+    long = {str(p.relative_to(REPO)): n for p, n in sizes.items() if n > SIGNAL_LINES}
+    unreviewed = {path: n for path, n in long.items() if path not in REVIEWED}
+    assert not unreviewed, (
+        f"modules over {SIGNAL_LINES} lines: does each still hold one idea? Split it by idea, "
+        f"or list it in REVIEWED (tests/test_style.py) saying why it is one: {unreviewed}"
     )
+    stale = sorted(set(REVIEWED) - set(long))
+    assert not stale, f"REVIEWED lists modules no longer over {SIGNAL_LINES} lines: {stale}"

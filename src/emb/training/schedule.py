@@ -1,4 +1,6 @@
-"""Learning-rate schedule: linear warmup -> cosine -> optional linear cooldown, per optimizer step.
+"""A run's schedule: its arithmetic (batch sizes, learning rate, steps per epoch and in all, from
+the config, the data and the world size: :func:`build_plan`) and the learning rate over it,
+linear warmup -> cosine -> optional linear cooldown, per optimizer step.
 
 The scheduler is stepped once per optimizer step (never per micro-batch), so gradient
 accumulation does not stretch or shrink the schedule, and ``lr_factor`` is its closed form.
@@ -133,7 +135,7 @@ def scaled_lr(lr: float, rule: str, global_batch: int, reference_batch: int) -> 
     raise ValueError(f"train.lr_scaling: expected none, linear or sqrt, got {rule!r}")
 
 
-# A run's arithmetic: batch sizes, learning rate and step counts, from the config, the data
+# The plan: a run's arithmetic (batch sizes, learning rate, step counts).
 
 # The lowest LR the seeds' guide reports diverging (DeepLab v3+ at 5e-4 gave NaN within the
 # first epoch); none is reported for SegFormer.

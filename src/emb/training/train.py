@@ -1,11 +1,12 @@
 """Stage: train one run, as ``torchrun [...] -m emb.training.train --config RUN_DIR/config.yaml``.
 
 The glue around :func:`emb.training.loop.run`: torchrun's environment (RANK, LOCAL_RANK,
-WORLD_SIZE), the job's deadline (SLURM or ``train.time_limit_s``), the SIGUSR1/SIGTERM flag and
-exit codes. Rank 0 alone writes ``history.csv``, TensorBoard logs and checkpoints; every rank
-writes ``ranks/rank{r}.json`` (shards read, batches per epoch, a digest of its parameters) so
-tests can check DDP from the outside. The declared output ``train.json`` is written last, and
-only beside ``best.pt``; a validation split no rank can score is refused before anything starts.
+WORLD_SIZE), the job's deadline (``SLURM_JOB_END_TIME``, which the launcher sets, or
+``train.time_limit_s``), the SIGUSR1/SIGTERM flag and exit codes. Rank 0 alone writes
+``history.csv``, TensorBoard logs and checkpoints; every rank writes ``ranks/rank{r}.json``
+(shards read, batches per epoch, a digest of its parameters) so tests can check DDP from the
+outside. The declared output ``train.json`` is written last, and only beside ``best.pt``; a
+validation split no rank can score is refused before anything starts.
 
 Exit codes (:mod:`emb.cli`): 0 done; 2 bad input or config; 3 diverged; 66 an input
 missing; 73 an output not writable; 74 disk full (the previous checkpoint
@@ -28,7 +29,6 @@ import torch
 import torch.distributed as dist
 
 from emb import cli
-from emb.cluster.slurm import SlurmError, job_end_time
 from emb.io import is_disk_full, write_json
 from emb.training.loop import Stopped, read_checked_manifest, run
 from emb.training.run_config import ConfigError, TrainConfig, load
@@ -45,17 +45,14 @@ class NotValidated(ValueError):
 
 
 def job_deadline(cfg: TrainConfig, env: dict[str, str], started: float) -> float | None:
-    """The earlier of SLURM's end time and ``train.time_limit_s`` after ``started``."""
+    """The earlier of the job's end and ``train.time_limit_s`` after ``started``.
+
+    The job's end comes in ``SLURM_JOB_END_TIME`` (Unix seconds): set by SLURM itself, or by
+    the launcher (:func:`emb.cluster.launch.prepare` asks ``squeue`` once per job, outside the
+    container); training never asks SLURM."""
     candidates = []
     if env.get("SLURM_JOB_END_TIME", "").isdigit():
         candidates.append(float(env["SLURM_JOB_END_TIME"]))
-    elif env.get("SLURM_JOB_ID"):
-        try:
-            end = job_end_time(env["SLURM_JOB_ID"])
-        except SlurmError:
-            end = None  # no squeue here (e.g. inside a container): the config's limit holds
-        if end is not None:
-            candidates.append(float(end))
     if cfg.train.time_limit_s:
         candidates.append(started + cfg.train.time_limit_s)
     return min(candidates) if candidates else None
