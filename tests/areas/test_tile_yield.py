@@ -20,6 +20,7 @@ from emb.areas.plan import plan_areas
 from emb.areas.tile_yield import check_tile_yield, region_grid, specs_of
 from emb.areas.vrt import mosaic_grid, part_grid
 from emb.classes import IGNORE
+from emb.config_schema import config_default
 from emb.prep.tiles import Ground, SplitSpec, TileSpec, count_tiles, plan_tiles, tile_windows
 from emb.workflow.areas import plan_from_config
 
@@ -99,3 +100,16 @@ def test_an_area_of_10000_plots_is_refused_about_as_fast_as_it_is_planned(
         for win in tile_windows(height, width, TileSpec(size))[::7]:
             box = shapely.box(*rasterio.windows.bounds(win, transform))
             assert ground.area_in(box) == pytest.approx(box.intersection(m.cutline).area, abs=1e-6)
+
+
+def test_a_partial_tiles_section_takes_the_schemas_other_settings() -> None:
+    """The workflow's config has every key; a plan checked alone with ``tiles: {size: 64}``
+    gets the rest as a run of the workflow would (the schema's), stride equal to the size."""
+    assert specs_of({"splits": {}}) is None
+    tile_spec, split_spec = specs_of({"tiles": {"size": 64}})
+    schema = config_default("splits.block_m"), config_default("tiles.min_valid")
+    assert (split_spec.block_m, tile_spec.min_valid) == schema
+    assert (tile_spec.size, tile_spec.stride, split_spec.fractions) == (64, None, {"train": 1.0})
+    given = specs_of({"tiles": {"size": 32, "stride": 16, "min_valid": 0.5},
+                      "splits": {"block_m": 640}})  # fmt: skip
+    assert given == (TileSpec(32, 16, 0.5), SplitSpec(640.0, {"train": 1.0}))

@@ -104,7 +104,7 @@ def test_a_large_mean_and_a_small_spread_stay_exact_through_the_build(tmp_path: 
     labels = np.where(np.isnan(data[0]), 255, 1).astype(np.uint8)[None]
     label_path = write_geotiff(tmp_path / "labels.tif", labels, 255)
     index = build_region(
-        "tessera", "big", emb, label_path, tmp_path / "shards", TileSpec(16), SplitSpec(),
+        "tessera", "big", emb, label_path, tmp_path / "shards", TileSpec(16), SplitSpec(1280.0),
         fixed_split="train",
     )  # fmt: skip
     shards = [s["path"] for s in index["splits"]["train"]["shards"]]

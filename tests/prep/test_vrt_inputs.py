@@ -127,7 +127,8 @@ def test_a_vrt_mosaic_gives_the_map_of_one_geotiff(
         out = tmp_path / name / "demo_a.tif"
         predict_main(["--run-dir", str(run), "--raster", str(raster), "--region", "demo_a",
                       "--classes", str(CLASSES_CSV), "--out", str(out),
-                      "--png", str(out.with_suffix(".png"))])  # fmt: skip
+                      "--png", str(out.with_suffix(".png")), "--overlap=0.5", "--block=1024",
+                      "--batch-size=16", "--threads=1"])  # fmt: skip
         with rasterio.open(out) as dst:
             assert dst.driver == "GTiff"  # a COG is a GeoTIFF
             maps[name] = (dst.read(1), dst.transform, dst.crs)

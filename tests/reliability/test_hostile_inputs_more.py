@@ -297,7 +297,10 @@ def _(env):
 @case("splits: every fraction zero")
 def _(env):
     fractions = {"train": 0.0, "val": 0.0, "test": 0.0}
-    return lambda: SplitSpec(fractions=fractions), ["splits.fractions", "positive sum"]
+    return lambda: SplitSpec(block_m=1280.0, fractions=fractions), [
+        "splits.fractions",
+        "positive sum",
+    ]
 
 
 # --- channel statistics --------------------------------------------------------------------

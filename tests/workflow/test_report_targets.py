@@ -47,3 +47,19 @@ def test_predict_gets_the_windows_settings_and_only_the_options_that_are_set() -
         "--tile=64",
         "--with-probabilities",
     ]
+
+
+def test_a_report_entry_is_labelled_by_the_run_or_source_its_path_names() -> None:
+    """The rules' report_file helper (workflow/rules/common.smk): a run's file in a subsection
+    of its run, a source's labelled with its source, a workflow-wide one with what it shows."""
+    assert report_targets.report_settings("results/eval/{run}/iou.png", "iou", "Runs", "IoU") == {
+        "caption": "../report/iou.rst",
+        "category": "Runs",
+        "subcategory": "{run}",
+        "labels": {"run": "{run}", "figure": "IoU"},
+    }
+    data = report_targets.report_settings("results/data/{source}.png", "data", "Data", "tiles")
+    assert data["subcategory"] is None
+    assert data["labels"] == {"source": "{source}", "figure": "tiles"}
+    summary = report_targets.report_settings("results/summary.csv", "summary", "Summary", "table")
+    assert (summary["subcategory"], summary["labels"]) == (None, {"figure": "table"})

@@ -67,7 +67,7 @@ if AREAS:
             fetch_url=lambda wildcards: fetch_url(
                 config["collections"], wildcards.source
             ),
-            fetch_workers=(config["collections"] or {}).get("workers", 8),
+            fetch_workers=config["collections"]["workers"],  # set: the schema gives its default
         params:
             # the source's folder and index: what is fetched, and where to
             collections=lambda wildcards: json.dumps(

@@ -183,6 +183,11 @@ def report_targets():
     return targets.report_targets(RUNS, sorted(set(RUN_SOURCE.values())))
 
 
+def report_file(path, caption, category, figure):
+    """``path`` flagged for the report: emb.workflow.report_targets.report_settings."""
+    return report(path, **targets.report_settings(path, caption, category, figure))
+
+
 # Software: with `--sdm conda` every rule runs in envs/emb.yaml (emb's dependencies) and finds
 # emb itself in this checkout's src/ (a `pip -e ..` in the env file would resolve from
 # Snakemake's copy of the file). With `--sdm apptainer` every rule runs in the image named by

@@ -5,41 +5,22 @@ rule evaluate:
     output:
         metrics="results/eval/{run}/metrics.json",
         blocks="results/eval/{run}/blocks.npz",  # per-block confusions (the bootstrap's unit)
-        per_class=report(
+        per_class=report_file(
             "results/eval/{run}/per_class.csv",
-            caption="../report/per_class.rst",
-            category="Runs",
-            subcategory="{run}",
-            labels={"run": "{run}", "figure": "per-class scores (CSV)"},
+            "per_class",
+            "Runs",
+            "per-class scores (CSV)",
         ),
-        confusion_l1=report(
-            "results/eval/{run}/confusion_l1.png",
-            caption="../report/confusion.rst",
-            category="Runs",
-            subcategory="{run}",
-            labels={"run": "{run}", "figure": "confusion L1"},
+        confusion_l1=report_file(
+            "results/eval/{run}/confusion_l1.png", "confusion", "Runs", "confusion L1"
         ),
-        confusion_l2=report(
-            "results/eval/{run}/confusion_l2.png",
-            caption="../report/confusion.rst",
-            category="Runs",
-            subcategory="{run}",
-            labels={"run": "{run}", "figure": "confusion L2"},
+        confusion_l2=report_file(
+            "results/eval/{run}/confusion_l2.png", "confusion", "Runs", "confusion L2"
         ),
-        confusion_l3=report(
-            "results/eval/{run}/confusion_l3.png",
-            caption="../report/confusion.rst",
-            category="Runs",
-            subcategory="{run}",
-            labels={"run": "{run}", "figure": "confusion L3"},
+        confusion_l3=report_file(
+            "results/eval/{run}/confusion_l3.png", "confusion", "Runs", "confusion L3"
         ),
-        iou=report(
-            "results/eval/{run}/iou.png",
-            caption="../report/iou.rst",
-            category="Runs",
-            subcategory="{run}",
-            labels={"run": "{run}", "figure": "per-class IoU"},
-        ),
+        iou=report_file("results/eval/{run}/iou.png", "iou", "Runs", "per-class IoU"),
     log:
         "logs/evaluate/{run}.log",
     benchmark:

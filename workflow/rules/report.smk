@@ -3,41 +3,25 @@ rule summary:
         metrics=expand("results/eval/{run}/metrics.json", run=RUNS),
         blocks=expand("results/eval/{run}/blocks.npz", run=RUNS),  # paired comparisons
     output:
-        csv=report(
-            "results/summary.csv",
-            caption="../report/summary.rst",
-            category="Summary",
-            labels={"figure": "table (CSV)"},
+        csv=report_file("results/summary.csv", "summary", "Summary", "table (CSV)"),
+        html=report_file("results/summary.html", "summary", "Summary", "table"),
+        png=report_file(
+            "results/summary.png", "summary_figure", "Summary", "all runs side by side"
         ),
-        html=report(
-            "results/summary.html",
-            caption="../report/summary.rst",
-            category="Summary",
-            labels={"figure": "table"},
+        pairs=report_file(
+            "results/pairs.csv", "pairs", "Summary", "paired comparisons (CSV)"
         ),
-        png=report(
-            "results/summary.png",
-            caption="../report/summary_figure.rst",
-            category="Summary",
-            labels={"figure": "all runs side by side"},
-        ),
-        pairs=report(
-            "results/pairs.csv",
-            caption="../report/pairs.rst",
-            category="Summary",
-            labels={"figure": "paired comparisons (CSV)"},
-        ),
-        pairs_png=report(
+        pairs_png=report_file(
             "results/pairs.png",
-            caption="../report/pairs_figure.rst",
-            category="Summary",
-            labels={"figure": "paired differences (forest plot)"},
+            "pairs_figure",
+            "Summary",
+            "paired differences (forest plot)",
         ),
-        provenance=report(
+        provenance=report_file(
             "results/provenance.html",
-            caption="../report/provenance.rst",
-            category="Provenance",
-            labels={"figure": "code, libraries, config and data of each run"},
+            "provenance",
+            "Provenance",
+            "code, libraries, config and data of each run",
         ),
     log:
         "logs/summary.log",
@@ -63,12 +47,8 @@ rule curves:
     input:
         trained="results/runs/{run}/train.json",
     output:
-        report(
-            "results/runs/{run}/curves.png",
-            caption="../report/curves.rst",
-            category="Runs",
-            subcategory="{run}",
-            labels={"run": "{run}", "figure": "training curves"},
+        report_file(
+            "results/runs/{run}/curves.png", "curves", "Runs", "training curves"
         ),
     log:
         "logs/curves/{run}.log",
@@ -92,18 +72,10 @@ rule data_report:
         manifest="results/shards/{source}/manifest.json",
         classes=config["classes"],
     output:
-        png=report(
-            "results/data/{source}.png",
-            caption="../report/data.rst",
-            category="Data",
-            labels={"source": "{source}", "figure": "tiles and classes"},
+        png=report_file(
+            "results/data/{source}.png", "data", "Data", "tiles and classes"
         ),
-        html=report(
-            "results/data/{source}.html",
-            caption="../report/data.rst",
-            category="Data",
-            labels={"source": "{source}", "figure": "tables"},
-        ),
+        html=report_file("results/data/{source}.html", "data", "Data", "tables"),
     log:
         "logs/data_report/{source}.log",
     benchmark:

@@ -38,6 +38,16 @@ rule train_config:
 # count does not retrain a finished run by itself (--forcerun train does).
 from emb.workflow.stage_options import checked_shape, gpu_request
 
+# The launched shape, one block for both rules: the check vouches for what train gets, so a
+# change to one is a change to the other (the profiles' resources override both alike).
+LAUNCH_SHAPE = dict(
+    nodes=1,
+    tasks_per_node=config["launch"]["nproc_per_node"],
+    cpus_per_task=config["launch"]["threads"],
+    gpus_per_node=0,
+)
+LAUNCH_THREADS = config["launch"]["nproc_per_node"] * config["launch"]["threads"]
+
 
 rule gpu_check:
     output:
@@ -50,14 +60,11 @@ rule gpu_check:
         "../../envs/emb.yaml"
     container:
         None  # the launcher runs the container inside its srun step
-    threads: config["launch"]["nproc_per_node"] * config["launch"]["threads"]
+    threads: LAUNCH_THREADS
     resources:
+        **LAUNCH_SHAPE,
         mem_mb=2000,
         runtime=10,
-        nodes=1,
-        tasks_per_node=config["launch"]["nproc_per_node"],
-        cpus_per_task=config["launch"]["threads"],
-        gpus_per_node=0,
     params:
         launch=launch_options,
         gpus=lambda wildcards: gpu_request(workflow.resource_settings),
@@ -87,14 +94,11 @@ rule train:
         "../../envs/emb.yaml"
     container:
         None  # the launcher runs the container inside its srun step
-    threads: config["launch"]["nproc_per_node"] * config["launch"]["threads"]
+    threads: LAUNCH_THREADS
     resources:
+        **LAUNCH_SHAPE,
         mem_mb=8000,
         runtime=600,
-        nodes=1,
-        tasks_per_node=config["launch"]["nproc_per_node"],
-        cpus_per_task=config["launch"]["threads"],
-        gpus_per_node=0,
         attempt=lambda wildcards, attempt: attempt,
     params:
         launch=launch_options,

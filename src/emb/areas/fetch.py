@@ -38,6 +38,7 @@ from emb.areas import AreasError
 from emb.areas.checks import check_tile
 from emb.areas.index import Tile
 from emb.areas.plan import plan_areas
+from emb.config_schema import config_option
 from emb.io import atomic_path
 from emb.progress import Progress
 
@@ -355,7 +356,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--url", help="collections.{source}.url (given apart: no reason for rules to rerun)"
     )
-    parser.add_argument("--workers", type=int, default=8)
+    parser.add_argument("--workers", type=int, **config_option("collections.workers"))
     parser.add_argument("--out", type=Path, required=True, help="the record of what was fetched")
     args = parser.parse_args(argv)
     collections = json.loads(args.collections)

@@ -22,6 +22,7 @@ from rasterio.transform import array_bounds
 from emb.areas import AreasError
 from emb.areas.plan import AreaPlan, Mosaic
 from emb.areas.vrt import snap_outward
+from emb.config_schema import config_default
 from emb.prep.regions import PREDICT
 from emb.prep.tiles import SPLITS, Ground, SplitSpec, TileSpec, count_tiles
 
@@ -36,9 +37,15 @@ def specs_of(config: Mapping) -> tuple[TileSpec, SplitSpec] | None:
     tiles, splits = config.get("tiles"), config.get("splits") or {}
     if not tiles:
         return None
-    split_spec = SplitSpec(float(splits.get("block_m", 5120.0)), {"train": 1.0})
-    size = int(tiles.get("size", 256))
-    tile_spec = TileSpec(size, int(tiles.get("stride", size)), float(tiles.get("min_valid", 0.25)))
+    # the workflow's config has every key (the schema's defaults); a partial one, the same
+    block_m = splits.get("block_m", config_default("splits.block_m"))
+    split_spec = SplitSpec(float(block_m), {"train": 1.0})
+    stride = tiles.get("stride")  # absent: equal to the size
+    tile_spec = TileSpec(
+        int(tiles.get("size", config_default("tiles.size"))),
+        None if stride is None else int(stride),
+        float(tiles.get("min_valid", config_default("tiles.min_valid"))),
+    )
     return tile_spec, split_spec
 
 

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from emb import cli
+from emb.config_schema import config_option
 from emb.io import atomic_path, write_json
 from emb.loading.batch_reader import BatchReader, check_tile_header, round_robin
 from emb.loading.shard_index import SampleAt, ShardError
@@ -257,8 +258,10 @@ def n_tiles_arg(text: str) -> int | str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--manifest", type=Path, required=True)
-    parser.add_argument("--n-tiles", type=n_tiles_arg, default=500, help="a number or 'all'")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--n-tiles", type=n_tiles_arg, **config_option("stats.n_tiles", "a number or 'all'")
+    )
+    parser.add_argument("--seed", type=int, **config_option("stats.seed"))
     parser.add_argument("--out-dir", type=Path, required=True)
     parser.add_argument("--threads", type=int, default=None, help="summing threads")
     args = parser.parse_args(argv)

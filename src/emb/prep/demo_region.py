@@ -25,6 +25,7 @@ from rasterio.warp import transform_bounds
 
 from emb import cli
 from emb.classes import load_class_map
+from emb.config_schema import config_option
 from emb.rasters import AEF_NODATA, BANDS, dequantize_tessera, quantize_aef, quantize_tessera
 
 # CDL code -> relative frequency (Iowa-like). 63 and 81 are pre-2008 codes absent from
@@ -160,7 +161,8 @@ def write_region(
     rng = np.random.default_rng([seed, zlib.crc32(region.name.encode())])
     cmap = load_class_map(classes_csv)
     crs = CRS.from_epsg(region.epsg)
-    # Snap the origin to a multiple of the default split block (1280 m) so few tiles straddle.
+    # Snap the origin to a multiple of the demo's split block (config.yaml demo.overlay: 1280 m)
+    # so few tiles straddle.
     left = np.floor((region.centre[0] - size * EMB_RES / 2) / 1280.0) * 1280.0
     bottom = np.floor((region.centre[1] - size * EMB_RES / 2) / 1280.0) * 1280.0
     bounds = (left, bottom, left + size * EMB_RES, bottom + size * EMB_RES)
@@ -217,9 +219,9 @@ def write_region(
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--region", required=True, choices=[r.name for r in DEMO_REGIONS])
-    parser.add_argument("--size", type=int, default=512, help="pixels per side (10 m)")
-    parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--classes", type=Path, default=Path("config/classes.csv"))
+    parser.add_argument("--size", type=int, **config_option("demo.size", "pixels per side"))
+    parser.add_argument("--seed", type=int, **config_option("demo.seed"))
+    parser.add_argument("--classes", type=Path, **config_option("classes"))
     parser.add_argument("--out-dir", type=Path, required=True)
     args = parser.parse_args(argv)
     region = next(r for r in DEMO_REGIONS if r.name == args.region)

@@ -108,6 +108,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("indexes", type=Path, nargs="+", help="region index JSON files")
     parser.add_argument("--out", type=Path, required=True)
+    # no config settings: the rule passes the training job's shape (profile, run configs);
+    # by hand the defaults are one reader, the check's weakest form
     parser.add_argument("--ranks", type=int, default=1, help="training processes (all nodes)")
     parser.add_argument("--workers", type=int, default=0, help="loader workers per process")
     args = parser.parse_args(argv)

@@ -25,6 +25,7 @@ import rasterio
 
 from emb import cli
 from emb.classes import IGNORE, N_L3
+from emb.config_schema import config_default, config_option
 from emb.io import json_text, reading
 from emb.loading.buffer_pool import BufferPool
 from emb.prep.moments import moments_array, stores_moments, tile_moments
@@ -124,17 +125,22 @@ def build_region(
     tile_spec: TileSpec,
     split_spec: SplitSpec,
     fixed_split: str | None = None,
-    max_samples: int = 256,
-    max_bytes: int = 1 << 30,
+    max_samples: int | None = None,
+    max_bytes: int | None = None,
     index_path: Path | None = None,
 ) -> dict:
     """Shards of one region for every split; returns the region's index (see manifest), also
-    written to ``index_path`` (a file in ``out_dir``) when given.
+    written to ``index_path`` (a file in ``out_dir``) when given. ``max_samples`` and
+    ``max_bytes`` left None are the config schema's ``shards`` defaults.
 
     Shards are written into a staging folder and moved into ``out_dir`` only when every
     split is complete: a failed build (bad input, disk full, SIGTERM) removes the staging
     folder and leaves the shards and index of the previous build untouched.
     """
+    if max_samples is None:
+        max_samples = int(config_default("shards.max_samples"))
+    if max_bytes is None:
+        max_bytes = int(config_default("shards.max_bytes"))
     with rasterio.Env(GDAL_CACHEMAX=GDAL_CACHE_MB << 20), rasterio.open(label_path) as src:
         with reading(label_path):
             labels = src.read(1)
@@ -224,19 +230,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--emb", type=Path, required=True)
     parser.add_argument("--labels", type=Path, required=True)
     parser.add_argument("--index", type=Path, required=True, help="output: region index JSON")
-    parser.add_argument("--tile-size", type=int, default=64)
-    parser.add_argument("--stride", type=int, default=None)
-    parser.add_argument("--min-valid", type=float, default=0.25)
-    parser.add_argument("--block-m", type=float, default=1280.0)
+    # The tiling's scale has no default (the rule passes the config's or the demo's); the
+    # rest default to the config schema's, as a run of the workflow gets them.
+    parser.add_argument("--tile-size", type=int, required=True, help="config tiles.size")
+    parser.add_argument(
+        "--stride", type=int, default=None, help="config tiles.stride (default: the tile size)"
+    )
+    parser.add_argument("--block-m", type=float, required=True, help="config splits.block_m")
+    parser.add_argument("--min-valid", type=float, **config_option("tiles.min_valid"))
     parser.add_argument(
         "--fractions",
         type=float,
         nargs=3,
-        default=(0.7, 0.15, 0.15),
         metavar=("TRAIN", "VAL", "TEST"),
+        **config_option("splits.fractions"),
     )
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--buffer-m", type=float, default=0.0)
+    parser.add_argument("--seed", type=int, **config_option("splits.seed"))
+    parser.add_argument("--buffer-m", type=float, **config_option("splits.buffer_m"))
     parser.add_argument("--split", default="", help="whole region in one split (regions.tsv)")
     parser.add_argument(
         "--split-key", default="", help="id the blocks are drawn with (the years of one ground)"
@@ -244,8 +254,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--split-extent", type=_extent, default=None, help="x0,y0,x1,y1 of that ground's blocks"
     )
-    parser.add_argument("--max-samples", type=int, default=256)
-    parser.add_argument("--max-bytes", type=int, default=1 << 30)
+    parser.add_argument("--max-samples", type=int, **config_option("shards.max_samples"))
+    parser.add_argument("--max-bytes", type=int, **config_option("shards.max_bytes"))
     args = parser.parse_args(argv)
     fixed = args.split if args.split in SPLITS else None
     index = build_region(

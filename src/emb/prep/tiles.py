@@ -33,6 +33,7 @@ from rasterio.windows import Window
 from shapely.geometry.base import BaseGeometry
 
 from emb.classes import IGNORE
+from emb.config_schema import config_default
 from emb.prep.shifted_tiles import fill_windows
 
 # Spatial split blocks: squares of ``block_m`` metres in map coordinates, each drawn whole
@@ -130,21 +131,30 @@ class TilingError(ValueError):
     """A tiling request that cannot give any tile."""
 
 
+def _fractions() -> dict[str, float]:
+    return dict(zip(SPLITS, config_default("splits.fractions"), strict=True))
+
+
+# The tile and block sizes have no default: they set the tiling's scale together (the demo's
+# 64 px in 1280 m blocks, the config's 256 px in 5120 m; a tile larger than a block is dropped
+# as straddling), so a caller states both. The other settings default to the config schema's.
 @dataclass(frozen=True)
 class TileSpec:
-    size: int = 64
+    size: int
     stride: int | None = None  # None: equal to size (no overlap)
-    min_valid: float = 0.25  # minimum fraction of labelled pixels
+    min_valid: float = field(  # minimum fraction of labelled pixels
+        default_factory=lambda: float(config_default("tiles.min_valid"))
+    )
 
 
 @dataclass(frozen=True)
 class SplitSpec:
-    block_m: float = 1280.0
-    fractions: dict[str, float] = field(
-        default_factory=lambda: {"train": 0.7, "val": 0.15, "test": 0.15}
+    block_m: float
+    fractions: dict[str, float] = field(default_factory=_fractions)
+    seed: int = field(default_factory=lambda: int(config_default("splits.seed")))
+    buffer_m: float = field(  # drop tiles within this distance of a block of another split
+        default_factory=lambda: float(config_default("splits.buffer_m"))
     )
-    seed: int = 0
-    buffer_m: float = 0.0  # drop tiles within this distance of a block of another split
     group: str = ""  # the id blocks are drawn with ("" = the region's own)
     extent: tuple[float, float, float, float] | None = None  # (x0, y0, x1, y1) of the group
 

@@ -1,0 +1,149 @@
+"""Every default stated once (issue 43): a stage's command line and the tiling dataclasses take
+a setting's default from workflow/schemas/config.schema.yaml, or have none. Before, the shards
+stage defaulted to 64 px tiles in 1280 m blocks against the config's 256 px in 5120 m, and
+``SplitSpec()`` with ``TileSpec(256)`` dropped every tile as straddling."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+import emb
+from emb import config_schema
+from emb.config_schema import SchemaError, config_default
+from emb.prep.tiles import SPLITS, SplitSpec, TileSpec
+
+SRC = Path(emb.__file__).resolve().parent  # the package under test (a copy's, if first)
+SCHEMA = SRC.parents[1] / "workflow" / "schemas" / "config.schema.yaml"
+STAGE_PACKAGES = ("prep", "report", "areas")  # the stages of the data and report rules
+KEY = re.compile(r"\bconfig ([a-z_]+(?:\.[a-z_]+)*)")  # how an option's help names its setting
+# options with a default that is no setting of the config, and why
+NOT_SETTINGS = {
+    ("emb.prep.align_labels", "block"): "rows read at a time: memory, not a result",
+    ("emb.prep.manifest", "ranks"): "one rank: the training job's shape, set by the profile",
+    ("emb.prep.manifest", "workers"): "no loader threads: the run's train.num_workers",
+}
+
+
+def schema_default(key: str):
+    """The schema's default, read here apart from the code under test."""
+    node = yaml.safe_load(SCHEMA.read_text())
+    for part in key.split("."):
+        node = node["properties"][part]
+    return node["default"]
+
+
+class Parsed(BaseException):
+    """Carries a stage's parser out of its ``main`` (a BaseException: the stage wrapper lets
+    it through)."""
+
+
+def stage_parser(module: str, monkeypatch: pytest.MonkeyPatch) -> argparse.ArgumentParser:
+    def parse_args(self, *args, **kwargs):
+        raise Parsed(self)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(argparse.ArgumentParser, "parse_args", parse_args)
+        with pytest.raises(Parsed) as parsed:
+            importlib.import_module(module).main([])
+    return parsed.value.args[0]
+
+
+def stage_modules() -> list[str]:
+    return sorted(
+        f"emb.{package}.{path.stem}"
+        for package in STAGE_PACKAGES
+        for path in (SRC / package).glob("*.py")
+        if "@cli.stage" in path.read_text()
+    )
+
+
+def parsed_default(action: argparse.Action, value):
+    """``value`` as the option holds it once parsed (argparse parses a text default)."""
+    if isinstance(value, str) and action.type is not None:
+        return action.type(value)
+    return value
+
+
+def test_the_stages_are_found() -> None:
+    found = stage_modules()
+    assert {"emb.prep.shards", "emb.prep.channel_stats", "emb.areas.fetch"} <= set(found)
+    assert len(found) >= 10, found
+
+
+@pytest.mark.parametrize("module", stage_modules())
+def test_no_stage_option_states_a_default_of_its_own(
+    module: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An option that is a config setting has the schema's default or none; any other option
+    with a default is a listed non-setting."""
+    for action in stage_parser(module, monkeypatch)._actions:
+        if isinstance(action, argparse._HelpAction):
+            continue
+        key = KEY.search(action.help or "")
+        where = f"{module} {action.option_strings[0] if action.option_strings else action.dest}"
+        if key:
+            expected = schema_default(key[1])  # KeyError: a key the schema lacks
+            if action.required or action.default is None:
+                continue
+            found = parsed_default(action, action.default)
+            assert found == parsed_default(action, expected), (
+                f"{where}: default {found!r}, the schema's {key[1]} is {expected!r}"
+            )
+        elif action.default not in (None, "", False):
+            assert (module, action.dest) in NOT_SETTINGS, (
+                f"{where}: default {action.default!r} is no config setting: make it required, "
+                f"or take the schema's with config_option"
+            )
+
+
+def test_the_shards_stage_needs_the_tilings_scale(monkeypatch, capsys) -> None:
+    """Tile size and block size decide together whether any tile fits a block: never a
+    default, in either order of their demo and full-size values."""
+    from emb.prep import shards
+
+    with pytest.raises(SystemExit) as exited:
+        shards.main(["--source=aef", "--region=r", "--emb=e.tif", "--labels=l.tif",
+                     "--index=i.json"])  # fmt: skip
+    assert exited.value.code == 2
+    assert "required: --tile-size, --block-m" in capsys.readouterr().err
+    parser = stage_parser("emb.prep.shards", monkeypatch)
+    args = parser.parse_args(["--source=aef", "--region=r", "--emb=e.tif", "--labels=l.tif",
+                              "--index=i.json", "--tile-size=32", "--block-m=320"])  # fmt: skip
+    assert args.stride is None  # the tile size, as TileSpec takes None
+    # the schema's defaults parsed as the rule's values are: 0 -> 0.0 for a float option
+    assert isinstance(args.buffer_m, float) and isinstance(args.min_valid, float)
+    assert (args.buffer_m, args.max_samples) == (schema_default("splits.buffer_m"),
+                                                 schema_default("shards.max_samples"))  # fmt: skip
+
+
+def test_the_tiling_dataclasses_state_their_scale_and_default_the_rest_to_the_schema() -> None:
+    with pytest.raises(TypeError, match="size"):
+        TileSpec()  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="block_m"):
+        SplitSpec()  # type: ignore[call-arg]
+    tile = TileSpec(schema_default("tiles.size"))
+    split = SplitSpec(schema_default("splits.block_m"))
+    assert tile.stride is None and tile.min_valid == schema_default("tiles.min_valid")
+    assert split.fractions == dict(zip(SPLITS, schema_default("splits.fractions"), strict=True))
+    assert (split.seed, split.buffer_m) == (schema_default("splits.seed"),
+                                           schema_default("splits.buffer_m"))  # fmt: skip
+    assert isinstance(split.buffer_m, float) and isinstance(tile.min_valid, float)
+    assert tile.size * 10 <= split.block_m  # the config's tiles fit its blocks (10 m pixels)
+
+
+def test_a_key_the_schema_lacks_or_a_missing_schema_is_one_clear_error(tmp_path: Path) -> None:
+    assert config_default("stats.n_tiles") == schema_default("stats.n_tiles")
+    assert config_schema.SCHEMA == SCHEMA
+    with pytest.raises(SchemaError, match=r"expected a setting 'tiles.sise', found no 'sise'"):
+        config_default("tiles.sise")
+    with pytest.raises(SchemaError, match=r"expected a default for 'runs', found none"):
+        config_default("runs")
+    missing = tmp_path / "config.schema.yaml"
+    with pytest.raises(SchemaError, match=re.escape(str(missing))):
+        config_default("tiles.size", missing)
