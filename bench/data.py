@@ -414,6 +414,8 @@ def peak_rss(work: Path, size: int, tile: int) -> dict:
         str(work / "big" / "index.json"),
         "--tile-size",
         str(tile),
+        "--block-m",
+        "1280",
         "--split",
         "train",
         "--max-bytes",

@@ -4,7 +4,7 @@ For each standard run's full model (SegFormer / DeepLab at 256 px, AEF 64 bands,
 one optimizer step's bookkeeping besides the step itself, i.e. the guard's save of the
 BatchNorm buffers, its restore (``torch.where`` on the step's finite flag) and the EMA's update
 (parameters lerped, buffers copied), timed side by side (medians of interleaved blocks) in
-two forms: the model's tensors in one flat tensor per dtype (:mod:`emb.training.flat_tensors`,
+two forms: the model's tensors in one flat tensor per dtype (:mod:`emb.models.flat_tensors`,
 what the loop builds) and as separate tensors (``_foreach`` ops, the form before). Also the
 operators each form runs (the profiler's count: on a GPU each is at least one kernel launch,
 which is what the per-tensor form paid for: 9-10% of an H100 step). Usage:
@@ -21,8 +21,8 @@ import torch
 from gpu_loop import RUNS
 
 from emb.models import ModelConfig, build_model
+from emb.models.flat_tensors import flats_of, flatten_
 from emb.training.ema import ModelEma
-from emb.training.flat_tensors import flats_of, flatten_
 
 
 def bookkeeping(model: torch.nn.Module, ema: ModelEma, device: torch.device):

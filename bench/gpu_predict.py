@@ -26,7 +26,6 @@ does not change the cost, and writing it takes seconds, not the minutes of drawi
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -42,11 +41,11 @@ from affine import Affine
 from gpu_loop import REPO, job_env
 
 from emb.classes import load_class_map
-from emb.evaluation.inference import Inference
 from emb.evaluation.map_files import map_profile, tmp_sibling, to_cog
 from emb.evaluation.predict import predict_raster
 from emb.evaluation.runs import TrainedRun, open_run
 from emb.evaluation.windows import BlockReader, PredictSpec, blocks, owned_origins
+from emb.models.runtime import Runtime
 
 START, END = "regions to map", "published"  # the predict stage's own log lines
 
@@ -123,7 +122,7 @@ def read_part(raster: Path, source: str, spec: PredictSpec, device: torch.device
     return run
 
 
-def model_part(run: TrainedRun, raster: Path, spec: PredictSpec, on: Inference) -> Callable:
+def model_part(run: TrainedRun, raster: Path, spec: PredictSpec, on: Runtime) -> Callable:
     """De-quantization and forward passes over the grid's unique windows, cut beforehand on
     the device (the whole raster in shard form), at the job's batch size."""
     model, dequantize = on.prepare(run.model(run.selected)), run.dequantize().to(on.device)
@@ -180,7 +179,7 @@ def unique_windows(raster: Path, spec: PredictSpec) -> int:
 
 
 def map_contenders(
-    run: TrainedRun, raster: Path, spec: PredictSpec, on: Inference, work: Path,
+    run: TrainedRun, raster: Path, spec: PredictSpec, on: Runtime, work: Path,
     extra: dict[str, Callable] | None = None,
 ) -> dict[str, Callable]:  # fmt: skip
     """The map job and its parts (and ``extra`` contenders), each a no-argument callable."""
@@ -256,7 +255,8 @@ def bench_predict(run_dir: Path, root: Path, size: int, cpu: bool) -> dict:
 
 def in_process_parts(run_dir: Path, raster: Path, work: Path, cpu: bool, threads: int) -> dict:
     """The map job against its parts in this process, on the bench's device, with the run's
-    checkpoint, precision and ``config.yaml``'s predict options."""
+    checkpoint, resolved runtime (precision, memory format), tile size and ``config.yaml``'s
+    predict options."""
     cfg = yaml.safe_load((REPO / "config/config.yaml").read_text())["predict"]
     run = open_run(
         run_dir, load_class_map(REPO / "config/classes.csv"), REPO / "config/classes.csv"
@@ -264,9 +264,8 @@ def in_process_parts(run_dir: Path, raster: Path, work: Path, cpu: bool, threads
     device = torch.device("cpu" if cpu else "cuda")
     if cpu:
         torch.set_num_threads(threads)
-    precision = "fp32" if cpu else run.cfg.train.precision
-    on = Inference(device, precision)
-    tile = cfg.get("tile") or int(json.loads(Path(run.cfg.data.manifest).read_text())["tile_size"])
+    on = run.runtime(device)
+    tile = cfg.get("tile") or run.tile_size
     spec = PredictSpec(tile, cfg["overlap"], cfg["block"], cfg["batch_size"])
     with rasterio.open(raster) as src:
         px = src.width * src.height

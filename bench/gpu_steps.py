@@ -30,11 +30,12 @@ from emb.classes import N_L3, load_class_map
 from emb.loading.dequantize import Dequantize
 from emb.loading.device_feed import on_device
 from emb.models import ModelConfig, build_model
+from emb.models.runtime import Runtime
 from emb.training.distributed import wrap_model
 from emb.training.ema import ModelEma
 from emb.training.loss import HierarchyTargets, MultiHeadLoss
 from emb.training.schedule import warmup_cosine
-from emb.training.trainer import Trainer, fused_adamw, prepare_model
+from emb.training.trainer import Trainer, fused_adamw
 
 REPO = Path(__file__).resolve().parents[1]
 # Dense bf16 TFLOP/s (vendor data sheets, without sparsity), matched by a substring of the
@@ -104,11 +105,12 @@ def trainer_step(
     arch: str, bands: int, size: int, tiny: bool, prepare: Dequantize, targets, batch: dict,
     device: torch.device, precision: str, channels_last: bool, compile: bool, used: dict,
 ) -> Callable[[], None]:  # fmt: skip
-    """``Trainer.train_step`` as emb.training.loop builds and feeds it: the model prepared
-    (channels_last, flat tensors unless compiled), EMA on, grad clip 1.0, host batches in
-    pinned memory (on a GPU) copied one step ahead."""
-    plain = prepare_model(make_model(arch, bands, size, tiny, device), channels_last, compile)
-    model = wrap_model(plain, 1, device, channels_last=channels_last, compile=compile)
+    """``Trainer.train_step`` as emb.training.loop builds and feeds it: the model prepared by
+    its runtime (channels_last, flat tensors unless compiled), EMA on, grad clip 1.0, host
+    batches in pinned memory (on a GPU) copied one step ahead."""
+    runtime = Runtime(device, precision, channels_last, compile)
+    plain = runtime.prepare(make_model(arch, bands, size, tiny, device), training=True)
+    model = wrap_model(plain, 1, device, compile=runtime.compile)
     opt = optimizer_for(model, device)
     sched = warmup_cosine(opt, 500, 10_000, 1e-4, 1e-6, 0)
     trainer = Trainer(

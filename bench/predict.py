@@ -52,11 +52,11 @@ from affine import Affine
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_predict import map_contenders, side_by_side, unique_windows  # noqa: E402
 
-from emb.evaluation.inference import Inference  # noqa: E402
 from emb.evaluation.map_files import map_profile, tmp_sibling, to_cog  # noqa: E402
 from emb.evaluation.runs import TrainedRun  # noqa: E402
 from emb.evaluation.windows import PredictSpec  # noqa: E402
 from emb.models import build_model  # noqa: E402
+from emb.models.runtime import Runtime  # noqa: E402
 from emb.training import checkpoint_file  # noqa: E402
 from emb.training.run_config import TrainConfig  # noqa: E402
 
@@ -116,7 +116,7 @@ def old_job(old: types.ModuleType, run: TrainedRun, raster: Path, spec: PredictS
     """The map and its COG as emb 0dcd26c made them (``predict_block`` + ``classify``)."""
     model, dequantize = run.model(run.selected).eval(), run.dequantize()
     old_spec = old.PredictSpec(spec.tile, spec.overlap, spec.block, spec.batch_size)
-    on = Inference(torch.device("cpu"))
+    on = Runtime(torch.device("cpu"))
 
     def run_old() -> None:
         tmp = tmp_sibling(out, "map")
@@ -157,7 +157,8 @@ def predict_job(run_dir: Path, table: Path, out_dir: Path, nproc: int, tile: int
     cmd = [sys.executable, "-m", "emb.cluster.launch", "--nproc-per-node", str(nproc),
            "--threads", "1", "--", "emb.evaluation.predict", "--run-dir", str(run_dir),
            "--regions", str(table), "--classes", str(REPO / "config/classes.csv"),
-           "--out-dir", str(out_dir), "--tile", str(tile), "--threads", "1"]  # fmt: skip
+           "--out-dir", str(out_dir), "--tile", str(tile), "--overlap", "0.5", "--block", "1024",
+           "--batch-size", "16", "--threads", "1"]  # fmt: skip
     torchrun_vars = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
     env = {k: v for k, v in os.environ.items() if k not in torchrun_vars}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
@@ -223,7 +224,7 @@ def main(argv: list[str] | None = None) -> None:
     size, repeats = (512, 1) if args.quick else (args.size, args.repeats)
     results: dict = {"size": size, "tile": args.tile, "threads": torch.get_num_threads()}
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    on = Inference(device, "bf16" if device.type == "cuda" else "fp32")
+    on = Runtime(device, "bf16" if device.type == "cuda" else "fp32")
     old = None if args.no_old or device.type == "cuda" else old_module()
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)

@@ -88,11 +88,17 @@ def fit(config: dict, steps: int, seed: int = 0) -> list[dict[str, torch.Tensor]
     return [model.state_dict(), *snapshots]
 
 
-def write_run(run_dir: Path, config: dict, model: dict, ema: dict | None = None) -> Path:
-    """A run folder with ``config.yaml`` and ``best.pt`` in the trainer's checkpoint format."""
+def write_run(
+    run_dir: Path, config: dict, model: dict, ema: dict | None = None,
+    tile_size: int | None = None,
+) -> Path:  # fmt: skip
+    """A run folder with ``config.yaml`` and ``best.pt`` in the trainer's checkpoint format
+    (with ``tile_size``, the training tile side, where given: training records it)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     state = {"model": model, "config": config, "epoch": 3, "ema": ema}
+    if tile_size is not None:
+        state["tile_size"] = tile_size
     checkpoint_file.save(run_dir / "best.pt", state)
     return run_dir
 
@@ -104,4 +110,5 @@ def tiny_run(
     """Resolve, fit and write a run; with ``with_ema`` the half-way weights play the EMA."""
     config = resolved_config(demo, root, source, arch)
     final, half = fit(config, steps)
-    return write_run(root / "runs" / f"{source}_{arch}", config, final, half if with_ema else None)
+    return write_run(root / "runs" / f"{source}_{arch}", config, final, half if with_ema else None,
+                     demo.manifest(source)["tile_size"])  # fmt: skip

@@ -30,7 +30,8 @@ def evaluated(tiny_demo: TinyDemo, tmp_path_factory: pytest.TempPathFactory) -> 
     root = tmp_path_factory.mktemp("evaluate")
     run_dir = tiny_run(tiny_demo, root, "aef", "segformer", steps=60, with_ema=True)
     out = root / "eval"
-    evaluate_main(["--run-dir", str(run_dir), "--classes", str(CLASSES_CSV), "--out-dir", str(out)])
+    evaluate_main(["--run-dir", str(run_dir), "--classes", str(CLASSES_CSV), "--out-dir", str(out),
+                   "--threads=1"])  # fmt: skip
     return {
         "run_dir": run_dir,
         "out": out,
@@ -126,7 +127,8 @@ def test_a_checkpoint_without_ema_is_scored_on_its_raw_weights(
     state = torch.load(evaluated["run_dir"] / "best.pt", weights_only=True)
     run_dir = write_run(tmp_path / "runs" / "plain", state["config"], state["model"])
     out = tmp_path / "eval"
-    evaluate_main(["--run-dir", str(run_dir), "--classes", str(CLASSES_CSV), "--out-dir", str(out)])
+    evaluate_main(["--run-dir", str(run_dir), "--classes", str(CLASSES_CSV), "--out-dir", str(out),
+                   "--threads=1"])  # fmt: skip
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["weights"] == "raw" and metrics["weight_sets"] == ["raw"]
     assert metrics["raw"] == evaluated["metrics"]["raw"]
@@ -191,7 +193,7 @@ def test_confusion_update_counts_as_torchmetrics_does() -> None:
 def run_cli(run_dir: Path, out: Path) -> str:
     with pytest.raises(SystemExit) as exc:
         evaluate_main(["--run-dir", str(run_dir), "--classes", str(CLASSES_CSV),
-                       "--out-dir", str(out)])  # fmt: skip
+                       "--out-dir", str(out), "--threads=1"])  # fmt: skip
     assert not (out / "metrics.json").exists()
     return str(exc.value)
 
@@ -300,7 +302,7 @@ def test_bootstrap_options_out_of_range_are_refused_in_one_line_naming_the_optio
     out = tmp_path / "eval"
     with pytest.raises(SystemExit) as exc:
         evaluate_main(["--run-dir", str(tmp_path / "nowhere"), "--classes", str(CLASSES_CSV),
-                       "--out-dir", str(out), f"{option}={value}"])  # fmt: skip
+                       "--out-dir", str(out), "--threads=1", f"{option}={value}"])  # fmt: skip
     assert exc.value.code == 2
     err = capsys.readouterr().err
     errors = [line for line in err.splitlines() if "error" in line]
@@ -313,7 +315,8 @@ def test_a_confidence_level_inside_0_1_reaches_the_bootstrap_settings(
 ) -> None:
     out = tmp_path / "eval90"
     evaluate_main(["--run-dir", str(evaluated["run_dir"]), "--classes", str(CLASSES_CSV),
-                   "--out-dir", str(out), "--level", "0.9", "--resamples", "50"])  # fmt: skip
+                   "--out-dir", str(out), "--threads=1", "--level", "0.9",
+                   "--resamples", "50"])  # fmt: skip
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["provenance"]["bootstrap"]["level"] == 0.9
     assert metrics["provenance"]["bootstrap"]["resamples"] == 50
@@ -337,3 +340,14 @@ def test_block_counts_from_device_rows_equal_block_counts_add() -> None:
     for lv in NUM_CLASSES:
         assert torch.equal(ours.counts["raw"][lv], theirs.counts["raw"][lv])
         assert ours.counts["raw"][lv].sum() > 0
+
+
+def test_threads_is_required_as_the_rule_always_passes_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """No second default beside the rule's: a missing --threads is refused by the CLI."""
+    with pytest.raises(SystemExit) as exc:
+        evaluate_main(["--run-dir", str(tmp_path / "nowhere"), "--classes", str(CLASSES_CSV),
+                       "--out-dir", str(tmp_path / "eval")])  # fmt: skip
+    assert exc.value.code == 2
+    assert "the following arguments are required: --threads" in capsys.readouterr().err

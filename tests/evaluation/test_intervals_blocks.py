@@ -83,7 +83,7 @@ def correlated(tiny_demo: TinyDemo, tmp_path_factory: pytest.TempPathFactory) ->
     run_dir = write_run(root / "runs" / "dup", config, final)
     out = root / "eval"
     evaluate_main(["--run-dir", str(run_dir), "--classes", str(CLASSES_CSV),
-                   "--out-dir", str(out), "--resamples", "2000"])  # fmt: skip
+                   "--out-dir", str(out), "--threads=1", "--resamples", "2000"])  # fmt: skip
     shards = json.loads(manifest.read_text())["splits"]["test"]["shards"]
     samples = list(iter_samples(shards))
     return {"metrics": json.loads((out / "metrics.json").read_text()),

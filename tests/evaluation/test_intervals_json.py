@@ -61,7 +61,7 @@ def test_every_json_of_a_tiny_run_parses_under_a_strict_reader(
     out = tmp_path / "eval"
     for split in ("test", "train"):  # few test blocks (no bounds); train's enough for bounds
         stage("emb.evaluation.evaluate", f"--run-dir={config.parent}", f"--classes={CLASSES_CSV}",
-              f"--out-dir={out / split}", f"--split={split}")  # fmt: skip
+              f"--out-dir={out / split}", f"--split={split}", "--threads=1")  # fmt: skip
 
     written = sorted([*tmp_path.rglob("*.json"), *tiny_demo.root.rglob("*.json")])
     names = {p.name for p in written}

@@ -21,10 +21,10 @@ from rasterio.windows import Window
 from tiny_runs import tiny_run
 
 from emb.classes import load_class_map
-from emb.evaluation.inference import Inference
 from emb.evaluation.predict import predict_raster
 from emb.evaluation.runs import TrainedRun, open_run
 from emb.evaluation.windows import PredictSpec, map_blocks
+from emb.models.runtime import Runtime
 from emb.prep.demo_region import DEMO_REGIONS
 from emb.rasters import embedding_nodata, shard_arrays, valid_pixels
 
@@ -208,7 +208,7 @@ def test_every_block_is_read_once_and_no_window_is_computed_twice(
     model.register_forward_pre_hook(lambda _m, args: seen.append(args[0].shape[0]))
     with rasterio.open(raster) as src:
         mapped = list(map_blocks(model, run.dequantize(), src, source, spec,
-                                 Inference(torch.device("cpu")), 61, False))  # fmt: skip
+                                 Runtime(torch.device("cpu")), 61, False))  # fmt: skip
         height, width = src.height, src.width
     side = spec.grid_block
     assert len(mapped) == math.ceil(height / side) * math.ceil(width / side) > 1

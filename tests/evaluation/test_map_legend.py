@@ -28,7 +28,8 @@ def trained(tiny_demo: TinyDemo, tmp_path_factory: pytest.TempPathFactory) -> Pa
 def predict(trained: Path, tiny_demo: TinyDemo, out: Path, cdl: Path | None = None) -> Path:
     args = [f"--run-dir={trained}", f"--raster={tiny_demo.rasters['demo_a']['aef']}",
             "--region=demo_a", f"--classes={CLASSES_CSV}", f"--out={out}",
-            f"--png={out.with_suffix('.png')}"]  # fmt: skip
+            f"--png={out.with_suffix('.png')}", "--overlap=0.5", "--block=1024",
+            "--batch-size=16", "--threads=1"]  # fmt: skip
     predict_main([*args, *([f"--cdl={cdl}"] if cdl else [])])
     return out
 

@@ -46,7 +46,7 @@ def maps(trained: Path, tiny_demo: TinyDemo, tmp_path_factory: pytest.TempPathFa
             "--run-dir", str(trained), "--raster", str(tiny_demo.rasters[region]["aef"]),
             "--region", region, "--classes", str(CLASSES_CSV), "--out", str(paths[region]["map"]),
             "--png", str(paths[region]["png"]), "--probabilities", str(paths[region]["prob"]),
-            "--overlap", "0.5",
+            "--overlap", "0.5", "--block", "1024", "--batch-size", "16", "--threads", "1",
         ])  # fmt: skip
     return paths
 
@@ -174,7 +174,8 @@ def test_without_overlap_the_map_is_the_argmax_of_each_tile(
     out = tmp_path / "map.tif"
     predict_main(["--run-dir", str(trained), "--raster", str(raster), "--region", "demo_a",
                   "--classes", str(CLASSES_CSV), "--out", str(out), "--png",
-                  str(tmp_path / "map.png"), "--overlap", "0", "--block", "48"])  # fmt: skip
+                  str(tmp_path / "map.png"), "--overlap", "0", "--block", "48",
+                  "--batch-size", "16", "--threads", "1"])  # fmt: skip
     with rasterio.open(out) as src:
         ids = src.read(1)
     model, dequantize = model_of(trained)
@@ -254,7 +255,8 @@ def run_cli(args: list[str]) -> str:
 def cli_args(run_dir: Path, raster: Path, out: Path) -> list[str]:
     return ["--run-dir", str(run_dir), "--raster", str(raster), "--region", "demo_a",
             "--classes", str(CLASSES_CSV), "--out", str(out), "--png",
-            str(out.with_suffix(".png"))]  # fmt: skip
+            str(out.with_suffix(".png")), "--overlap=0.5", "--block=1024", "--batch-size=16",
+            "--threads=1"]  # fmt: skip
 
 
 def test_missing_region_raster_is_an_error_naming_it(trained: Path, tmp_path: Path) -> None:
@@ -278,3 +280,17 @@ def test_raster_band_count_not_matching_in_dim_is_an_error_naming_both(
     message = run_cli(cli_args(trained, tessera, out))
     assert str(tessera) in message and "in_dim is 64" in message and "in_dim 128" in message
     assert not out.exists() and not list(tmp_path.glob(".*"))
+
+
+def test_the_options_the_rule_always_passes_are_required(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """Window overlap, block, batch size and threads come from the rule (config predict:, its
+    defaults in the schema): the CLI states no second default and refuses them missing."""
+    passed = ("--overlap", "--block", "--batch-size", "--threads")
+    args = cli_args(tmp_path / "run", tmp_path / "aef.tif", tmp_path / "map.tif")
+    with pytest.raises(SystemExit) as exc:
+        predict_main([a for a in args if not a.startswith(passed)])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"the following arguments are required: {', '.join(passed)}" in err

@@ -16,7 +16,7 @@ import rasterio
 from conftest import CLASSES_CSV, TinyDemo, venv_env
 from tiny_runs import tiny_run
 
-from emb.evaluation.inference import claim_gpu
+from emb.models.runtime import claim_gpu
 from emb.prep.demo_region import DEMO_REGIONS
 
 REGIONS = [r.name for r in DEMO_REGIONS]
@@ -30,7 +30,8 @@ def trained(tiny_demo: TinyDemo, tmp_path_factory: pytest.TempPathFactory) -> Pa
 
 
 def evaluate_command(run_dir: Path, out: Path, nproc: int) -> list[str]:
-    args = ["--run-dir", str(run_dir), "--classes", str(CLASSES_CSV), "--out-dir", str(out)]
+    args = ["--run-dir", str(run_dir), "--classes", str(CLASSES_CSV), "--out-dir", str(out),
+            "--threads=1"]  # fmt: skip
     if nproc == 1:
         return [sys.executable, "-m", "emb.evaluation.evaluate", *args]
     return ["torchrun", "--standalone", f"--nproc_per_node={nproc}", "-m",
@@ -63,7 +64,8 @@ def predict_job(run_dir: Path, table: Path, out: Path, nproc: int) -> list[str]:
     return [sys.executable, "-m", "emb.cluster.launch", f"--nproc-per-node={nproc}",
             "--threads=1", "--", "emb.evaluation.predict", f"--run-dir={run_dir}",
             f"--regions={table}", f"--classes={CLASSES_CSV}", f"--out-dir={out}",
-            "--threads=1", "--with-probabilities"]  # fmt: skip
+            "--threads=1", "--overlap=0.5", "--block=1024", "--batch-size=16",
+            "--with-probabilities"]  # fmt: skip
 
 
 def read_all(path: Path) -> tuple[np.ndarray, dict]:
@@ -101,7 +103,7 @@ def test_each_process_claims_a_gpu_of_its_own_until_none_is_left(tmp_path: Path)
     assert [claim_gpu(3, tmp_path) for _ in range(4)] == [0, 1, 2, None]
     held = subprocess.run(
         [sys.executable, "-c", "import sys; from pathlib import Path; "
-         "from emb.evaluation.inference import claim_gpu; "
+         "from emb.models.runtime import claim_gpu; "
          f"print(claim_gpu(4, Path({str(tmp_path)!r})))"],
         env=venv_env(), capture_output=True, text=True, timeout=60, check=True,
     )  # fmt: skip

@@ -144,7 +144,7 @@ def test_a_table_without_the_source_column_is_refused_naming_the_column(tmp_path
 def predict_regions(run_dir: Path, table: Path, out: Path) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "emb.evaluation.predict", "--run-dir", str(run_dir),
            "--regions", str(table), "--classes", str(CLASSES_CSV), "--out-dir", str(out),
-           "--threads", "1"]  # fmt: skip
+           "--threads", "1", "--overlap=0.5", "--block=1024", "--batch-size=16"]  # fmt: skip
     return subprocess.run(cmd, env=venv_env(), capture_output=True, text=True, timeout=600)
 
 
@@ -297,7 +297,7 @@ def launched(run_dir: Path, table: Path, out: Path, attempt: int) -> list[str]:
             f"--attempt={attempt}", f"--failure-record={staging}.failed.json", "--",
             "emb.evaluation.predict", f"--run-dir={run_dir}", f"--regions={table}",
             f"--classes={CLASSES_CSV}", f"--out-dir={out}", f"--staging={staging}",
-            "--threads=1"]  # fmt: skip
+            "--threads=1", "--overlap=0.5", "--block=1024", "--batch-size=16"]  # fmt: skip
 
 
 def test_a_retry_after_bad_input_ends_at_once_with_the_first_attempts_error(

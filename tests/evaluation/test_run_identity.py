@@ -41,7 +41,7 @@ def rebuild(manifest: Path) -> None:
 
 def evaluate(run_dir: Path, out_dir: Path) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "emb.evaluation.evaluate", f"--run-dir={run_dir}",
-           f"--classes={CLASSES_CSV}", f"--out-dir={out_dir}"]  # fmt: skip
+           f"--classes={CLASSES_CSV}", f"--out-dir={out_dir}", "--threads=1"]  # fmt: skip
     return subprocess.run(cmd, env=venv_env(), capture_output=True, text=True, timeout=300)
 
 

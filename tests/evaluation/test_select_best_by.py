@@ -26,7 +26,8 @@ def raw_selected(tiny_demo: TinyDemo, tmp_path_factory: pytest.TempPathFactory) 
     config = resolved_config(tiny_demo, root, "aef", "segformer")
     config["ema"]["select_best_by"] = "raw"
     final, half = fit(config, 40)
-    return write_run(root / "runs" / "aef_raw", config, final, half)
+    tile = tiny_demo.manifest("aef")["tile_size"]
+    return write_run(root / "runs" / "aef_raw", config, final, half, tile_size=tile)
 
 
 def test_the_run_stands_for_its_raw_weights(raw_selected: Path) -> None:
@@ -37,7 +38,7 @@ def test_the_run_stands_for_its_raw_weights(raw_selected: Path) -> None:
 def test_evaluate_and_summary_report_the_raw_weights(raw_selected: Path, tmp_path: Path) -> None:
     out = tmp_path / "eval"
     evaluate_main(["--run-dir", str(raw_selected), "--classes", str(CLASSES_CSV),
-                   "--out-dir", str(out)])  # fmt: skip
+                   "--out-dir", str(out), "--threads=1"])  # fmt: skip
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["weights"] == "raw" and set(metrics["weight_sets"]) == {"raw", "ema"}
     assert metrics["ema"]["l3"]["miou"] != metrics["raw"]["l3"]["miou"]
@@ -57,6 +58,7 @@ def test_predict_maps_with_the_raw_weights(
     predict_main(["--run-dir", str(raw_selected), "--raster",
                   str(tiny_demo.rasters["demo_a"]["aef"]), "--region", "demo_a", "--classes",
                   str(CLASSES_CSV), "--out", str(out), "--png",
-                  str(tmp_path / "demo_a.png")])  # fmt: skip
+                  str(tmp_path / "demo_a.png"), "--overlap=0.5", "--block=1024",
+                  "--batch-size=16", "--threads=1"])  # fmt: skip
     with rasterio.open(out) as ds:
         assert ds.tags()["WEIGHTS"] == "raw"

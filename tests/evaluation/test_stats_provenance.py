@@ -36,9 +36,10 @@ def tessera_run(tiny_demo: TinyDemo, tmp_path_factory: pytest.TempPathFactory) -
 
 def stage(module: str, run_dir: Path, out: Path) -> subprocess.CompletedProcess:
     """Evaluate, or predict every region of a table (the run is opened before the table)."""
-    table = [f"--regions={out.parent / 'regions.tsv'}"] if module.endswith("predict") else []
+    table = [f"--regions={out.parent / 'regions.tsv'}", "--overlap=0.5", "--block=1024",
+             "--batch-size=16"] if module.endswith("predict") else []  # fmt: skip
     cmd = [sys.executable, "-m", module, f"--run-dir={run_dir}", f"--classes={CLASSES_CSV}",
-           f"--out-dir={out}", *table]  # fmt: skip
+           f"--out-dir={out}", "--threads=1", *table]  # fmt: skip
     return subprocess.run(cmd, env=venv_env(), capture_output=True, text=True, timeout=300)
 
 

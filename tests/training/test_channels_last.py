@@ -1,4 +1,5 @@
-"""train.channels_last: auto picks the memory format measured fastest per architecture/device."""
+"""train.channels_last through the loop: the runtime's resolution (tests/models/test_runtime.py)
+is the format the model trains in, the inputs follow it, and train.json records it."""
 
 from __future__ import annotations
 
@@ -12,43 +13,23 @@ from training_runs import resolve_config
 from emb.classes import ClassMap
 from emb.loading.dequantize import Dequantize
 from emb.models import ModelConfig, build_model
-from emb.training.distributed import wrap_model
-from emb.training.loop import build_loop, run
+from emb.models.runtime import Runtime
+from emb.training.loop import build_loop, run, runtime_of
 from emb.training.loss import HierarchyTargets, MultiHeadLoss
-from emb.training.run_config import ConfigError, LoopConfig, load, resolve_channels_last
+from emb.training.run_config import load
 from emb.training.schedule import warmup_cosine
 from emb.training.stop_request import StopRequest
-from emb.training.trainer import Trainer, model_is_channels_last
+from emb.training.trainer import Trainer
 
 
-@pytest.mark.parametrize(
-    ("arch", "device_type", "hip", "expected"),
-    [
-        ("deeplab", "cuda", False, True),  # 1.10x / 1.28x faster on an H200
-        ("segformer", "cuda", False, False),  # 0.97-1.03x: not worth it
-        ("deeplab", "cuda", True, False),  # ROCm: MIOpen NHWC depthwise/grouped kernels slow
-        ("segformer", "cuda", True, False),
-        ("deeplab", "cpu", False, False),
-        ("segformer", "cpu", False, False),
-    ],
-)
-def test_auto_by_architecture_and_device(
-    arch: str, device_type: str, hip: bool, expected: bool
-) -> None:
-    assert resolve_channels_last("auto", arch, device_type, hip) is expected
-
-
-@pytest.mark.parametrize("setting", [True, False])
-def test_explicit_setting_wins(setting: bool) -> None:
-    for arch in ("deeplab", "segformer"):
-        for device_type, hip in (("cuda", False), ("cuda", True), ("cpu", False)):
-            assert resolve_channels_last(setting, arch, device_type, hip) is setting
-
-
-def test_default_is_auto_and_other_words_refused() -> None:
-    assert LoopConfig().channels_last == "auto"
-    with pytest.raises(ConfigError, match=r"train.channels_last: expected auto.*'yes'"):
-        resolve_channels_last("yes", "deeplab", "cuda")
+def model_is_channels_last(model: torch.nn.Module) -> bool:
+    """Whether the model's 4-D weights are in channels_last."""
+    return any(
+        p.dim() == 4
+        and not p.is_contiguous()
+        and p.is_contiguous(memory_format=torch.channels_last)
+        for p in model.parameters()
+    )
 
 
 TINY_DEEPLAB = ModelConfig(
@@ -58,21 +39,26 @@ TINY_DEEPLAB = ModelConfig(
 CPU = torch.device("cpu")
 
 
-@pytest.mark.parametrize("channels_last", [True, False])
-def test_trainer_auto_follows_the_models_format(class_map: ClassMap, channels_last: bool) -> None:
-    """A Trainer left at channels_last="auto" feeds its inputs, and so takes its steps, in
-    the format wrap_model gave the model."""
-    torch.manual_seed(0)
-    model = wrap_model(build_model(TINY_DEEPLAB), 1, CPU, channels_last=channels_last)
-    assert model_is_channels_last(model) is channels_last
+def tiny_trainer(model: torch.nn.Module, class_map: ClassMap, **kw) -> Trainer:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    trainer = Trainer(
+    return Trainer(
         model, MultiHeadLoss({"l1": 0.1, "l2": 0.3, "l3": 1.0}, 0.0),
         HierarchyTargets(class_map), Dequantize("aef"), opt,
-        warmup_cosine(opt, 1, 10, 1e-3, 1e-5), CPU, precision="fp32",
+        warmup_cosine(opt, 1, 10, 1e-3, 1e-5), CPU, precision="fp32", **kw,
     )  # fmt: skip
+
+
+@pytest.mark.parametrize("channels_last", [True, False])
+def test_trainer_feeds_the_resolved_format(class_map: ClassMap, channels_last: bool) -> None:
+    """A Trainer given the resolved format (the model prepared in it by the runtime) feeds its
+    inputs, and so takes its steps, in that format."""
+    torch.manual_seed(0)
+    runtime = Runtime(CPU, channels_last=channels_last)
+    model = runtime.prepare(build_model(TINY_DEEPLAB), training=True)
+    assert model_is_channels_last(model) is channels_last
+    trainer = tiny_trainer(model, class_map, channels_last=channels_last)
+    assert trainer.runtime == runtime
     wanted = torch.channels_last if channels_last else torch.contiguous_format
-    assert trainer.memory_format == wanted
     g = torch.Generator().manual_seed(1)
     batch = {"emb": torch.randint(-127, 128, (2, 64, 16, 16), generator=g, dtype=torch.int8),
              "label": torch.randint(0, 61, (2, 16, 16), generator=g).to(torch.uint8)}  # fmt: skip
@@ -82,10 +68,16 @@ def test_trainer_auto_follows_the_models_format(class_map: ClassMap, channels_la
     assert trainer.train_step([batch]).applied
 
 
+def test_trainer_takes_no_auto(class_map: ClassMap) -> None:
+    """The Trainer does not resolve the setting a second time: ``auto`` is refused."""
+    with pytest.raises(ValueError, match=r"channels_last: expected the resolved true or false"):
+        tiny_trainer(build_model(TINY_DEEPLAB), class_map, channels_last="auto")
+
+
 def train_json_format(config: Path, device: torch.device) -> tuple[str, bool]:
     """train.json's recorded format, and whether the trained model was in channels_last."""
     cfg = load(config)
-    loop = build_loop(cfg, config.parent, 0, 1, device, StopRequest())
+    loop = build_loop(cfg, config.parent, 0, 1, runtime_of(cfg, device), StopRequest())
     loop.log.close()
     used = model_is_channels_last(loop.trainer.model)
     return run(cfg, config.parent, 0, 1, device)["provenance"]["channels_last"], used

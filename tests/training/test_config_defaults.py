@@ -37,8 +37,10 @@ def test_every_dataclass_default_is_the_schema_default(section: str) -> None:
 def test_trainer_keyword_defaults_are_the_loop_config_defaults() -> None:
     loop = {f.name: f.default for f in dataclasses.fields(LoopConfig)}
     params = inspect.signature(Trainer).parameters
-    shared = [n for n in params if n in loop and n != "grad_scaler"]  # Trainer: resolved bool
-    assert {"precision", "grad_clip", "nonfinite_policy", "channels_last"} <= set(shared)
+    resolved = ("grad_scaler", "channels_last")  # the Trainer takes them resolved: a bool
+    shared = [n for n in params if n in loop and n not in resolved]
+    assert {"precision", "grad_clip", "nonfinite_policy"} <= set(shared)
+    assert all(isinstance(params[n].default, bool) for n in resolved)
     for name in shared:
         default = params[name].default
         if default is inspect.Parameter.empty:

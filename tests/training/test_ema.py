@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 from emb.models import ModelConfig, build_model
+from emb.models.flat_tensors import flats_of, flatten_
 from emb.training.ema import ModelEma
-from emb.training.flat_tensors import flats_of, flatten_
 
 TINY_DEEPLAB = ModelConfig(
     arch="deeplab", in_dim=8, widths=(8, 8, 16, 16), depths=(1, 1, 1, 1), decoder_dim=8,

@@ -15,6 +15,7 @@ import torch
 from conftest import TinyDemo
 from training_runs import resolve_config
 
+from emb.models.runtime import Runtime
 from emb.training.loop import build_loop
 from emb.training.run_config import load
 from emb.training.stop_request import StopRequest
@@ -29,7 +30,9 @@ def fp16_run(demo: TinyDemo, run_dir: Path, scale: float) -> tuple[Trainer, list
         demo, run_dir, "train.precision=fp16", f"train.max_nonfinite_in_row={IN_ROW}",
         "train.max_updates=20",
     )  # fmt: skip
-    loop = build_loop(load(config), run_dir, 0, 1, torch.device("cpu"), StopRequest())
+    # fp16 on a CPU, which the runtime's rule (a CPU runs fp32) would not pick: set it here
+    cpu_fp16 = Runtime(torch.device("cpu"), "fp16")
+    loop = build_loop(load(config), run_dir, 0, 1, cpu_fp16, StopRequest())
     loop.log.close()
     trainer = loop.trainer
     assert trainer.scaler is not None, "fp16 runs with a GradScaler"

@@ -21,7 +21,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from training_runs import resolve_config
 
-from emb.training.loop import build_loop, fit
+from emb.training.loop import build_loop, fit, runtime_of
 from emb.training.run_config import load
 from emb.training.stop_request import StopRequest
 
@@ -90,7 +90,8 @@ def test_steps_that_do_not_log_make_no_host_read(tiny_demo: TinyDemo, tmp_path, 
         f"logging.log_every={LOG_EVERY}", f"logging.detail_every={2 * LOG_EVERY}",
         "train.val_every_updates=null", "ema.enabled=true", "train.patience=1000", arch=arch,
     )  # fmt: skip
-    loop = build_loop(load(config), run_dir, 0, 1, torch.device("cpu"),
+    cfg = load(config)
+    loop = build_loop(cfg, run_dir, 0, 1, runtime_of(cfg, torch.device("cpu")),
                       StopRequest(check_every=CHECK_EVERY))  # fmt: skip
     counter, reads = ReadCounter(), {}
     step = loop.trainer.train_step
@@ -124,7 +125,8 @@ def test_quiet_steps_pass_cuda_sync_debug_mode_error(tiny_demo: TinyDemo, tmp_pa
         tiny_demo, run_dir, "train.max_updates=100", "logging.log_every=50", "ema.enabled=true",
         "train.precision=bf16", arch="deeplab",
     )  # fmt: skip
-    loop = build_loop(load(config), run_dir, 0, 1, torch.device("cuda"), StopRequest())
+    cfg = load(config)
+    loop = build_loop(cfg, run_dir, 0, 1, runtime_of(cfg, torch.device("cuda")), StopRequest())
     stream = iter(loop.epoch_batches(0, start_batch=0))  # pinned batches, copied one ahead
     loop.trainer.train_step([next(stream)])  # the first step allocates and picks kernels
     next(stream)  # the pinned pool's first buffers (page-locking is a synchronising call)

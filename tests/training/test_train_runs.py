@@ -14,7 +14,7 @@ from training_runs import assert_bitwise_equal, interrupt, resolve_config, train
 
 from emb.training import checkpoint_file
 from emb.training.checkpoint_file import CheckpointError
-from emb.training.loop import build_loop, run
+from emb.training.loop import build_loop, run, runtime_of
 from emb.training.run_config import load
 from emb.training.stop_request import StopRequest
 
@@ -77,7 +77,7 @@ def test_restart_false_with_init_from_loads_weights_only(finished, tiny_demo, tm
     )  # fmt: skip
     cfg = load(config)
     (tmp_path / "tuned" / "last.pt").write_bytes(b"ignored: restart is false")
-    loop = build_loop(cfg, config.parent, 0, 1, torch.device("cpu"), StopRequest())
+    loop = build_loop(cfg, config.parent, 0, 1, runtime_of(cfg, torch.device("cpu")), StopRequest())
     loop.log.close()
     source = checkpoint_file.load(source_dir / "best.pt")  # selected by its EMA weights
     assert_bitwise_equal(loop.trainer.model.state_dict(), source["ema"], "model")

@@ -47,7 +47,6 @@ from emb.evaluation.block_scores import (
     write_blocks,
 )
 from emb.evaluation.bootstrap import BootstrapSettings, tile_blocks
-from emb.evaluation.inference import Inference, inference
 from emb.evaluation.runs import LEVELS, RunError, TrainedRun, open_run
 from emb.io import atomic_path, write_json
 from emb.loading.batches import LoaderSpec, eval_batches, shard_sample_counts, shards_for_rank
@@ -61,6 +60,7 @@ from emb.metrics import (
     sum_over_ranks,
     update,
 )
+from emb.models.runtime import Runtime, claim_device
 from emb.progress import Progress
 from emb.provenance import digest_file, provenance
 from emb.training.loss import HierarchyTargets
@@ -102,7 +102,7 @@ def confusion_matrices(
     shard_samples: dict[str, int],
     cmap: ClassMap,
     batch_size: int = 16,
-    run_on: Inference | None = None,
+    run_on: Runtime | None = None,
     rank: int = 0,
     world: int = 1,
     blocks: dict | None = None,
@@ -115,7 +115,7 @@ def confusion_matrices(
     same counts split by spatial block (:func:`emb.evaluation.bootstrap.tile_blocks`), for the
     block bootstrap. Eval batches come in the shards' file order, so the keys are known.
     """
-    run_on = run_on or Inference(torch.device("cpu"))
+    run_on = run_on or run.runtime(torch.device("cpu"))
     device = run_on.device
     dequantize = run.dequantize().to(device)
     targets_of = HierarchyTargets(cmap).to(device)
@@ -223,7 +223,7 @@ def evaluate(
     split: str = "test",
     checkpoint_name: str = "best.pt",
     batch_size: int = 16,
-    run_on: Inference | None = None,
+    run_on: Runtime | None = None,
     rank: int = 0,
     world: int = 1,
     settings: BootstrapSettings | None = None,
@@ -236,6 +236,7 @@ def evaluate(
     """
     cmap = load_class_map(classes)
     run = open_run(run_dir, cmap, classes, checkpoint_name)
+    run_on = run_on or run.runtime(torch.device("cpu"))
     manifest_path = Path(run.cfg.data.manifest)
     manifest = read_manifest(manifest_path, splits=(split,))
     run.check_in_dim(int(manifest["in_dim"]), str(manifest_path))
@@ -261,8 +262,9 @@ def evaluate(
             config_digest=run.trained_with.get("config_digest"),
             manifest_digest=digest_file(manifest_path),
             stats_digest=run.stats_digest(),
-            device=run_on.device if run_on is not None else None,
-        ),
+            device=run_on.device,
+        )
+        | run_on.record(),  # the resolved precision and memory format it ran with
         "trained_with": run.trained_with,
     }
     settings = settings or BootstrapSettings()
@@ -283,12 +285,12 @@ def evaluate_ranks(
 ) -> tuple[dict, pd.DataFrame, dict[str, np.ndarray]]:
     """:func:`evaluate` on this rank's device, in a process group when there are several."""
     cmap = load_class_map(args.classes)
-    cfg = open_run(args.run_dir, cmap, args.classes, args.checkpoint).cfg
-    loop = cfg.train
-    run_on = inference(loop.precision, loop.channels_last, args.threads, local_rank, cfg.model.arch)
+    run = open_run(args.run_dir, cmap, args.classes, args.checkpoint)
+    run_on = run.runtime(claim_device(args.threads, local_rank))
     if world > 1:
         backend = "nccl" if run_on.device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, timeout=timedelta(seconds=loop.collective_timeout_s))
+        timeout = timedelta(seconds=run.cfg.train.collective_timeout_s)
+        dist.init_process_group(backend, timeout=timeout)
     return evaluate(
         args.run_dir, args.classes, args.split, args.checkpoint, args.batch_size, run_on,
         rank, world, BootstrapSettings(resamples=args.resamples, seed=args.seed, level=args.level),
@@ -333,7 +335,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--split", default="test", choices=["train", "val", "test"])
     parser.add_argument("--out-dir", type=Path, required=True, help="results/eval/{run}")
     parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--threads", type=int, default=1, help="CPU threads per process")
+    parser.add_argument("--threads", type=int, required=True, help="CPU threads per process")
     parser.add_argument("--resamples", type=bounded(int, 1), default=1000,
                         help="block-bootstrap resamples (>= 1)")  # fmt: skip
     parser.add_argument("--seed", type=bounded(int, 0), default=0,

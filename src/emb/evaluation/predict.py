@@ -5,15 +5,15 @@ of the regions into a staging folder and the last rank to finish publishes them
 (:mod:`emb.evaluation.region_maps`). ``--raster`` maps one region by hand.
 
 Each raster goes block by block through :func:`emb.evaluation.windows.map_blocks` (sliding
-windows of the training tile size, every block read once and every window computed once,
-overlapping logits blended and classified on the model's device so tile edges leave no seams
-and only uint8 comes back; memory bounded by the block and one strip of the raster's width)
-and into the files of
-:mod:`emb.evaluation.map_files`: a Cloud-Optimized GeoTIFF with the input's CRS, transform and
-shape, uint8 L3 ids, 255 = nodata (wherever the input embedding is nodata), a colour table of
-the CDL's colours (the input CDL's own table when it has one), class names in the metadata, in
-GDAL's category names and in a QGIS style beside it; optionally a second COG of per-class
-probabilities; a PNG quicklook with a legend.
+windows of the training tile size, which the run's checkpoint records; every block read once
+and every window computed once, overlapping logits blended and classified on the model's
+device so tile edges leave no seams and only uint8 comes back; memory bounded by the block and
+one strip of the raster's width) and into the files of :mod:`emb.evaluation.map_files`: a
+Cloud-Optimized GeoTIFF with the input's CRS, transform and shape, uint8 L3 ids, 255 = nodata
+(wherever the input embedding is nodata), a colour table of the CDL's colours (the input CDL's
+own table when it has one), class names in the metadata, in GDAL's category names and in a
+QGIS style beside it; optionally a second COG of per-class probabilities; a PNG quicklook with
+a legend.
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ from emb.classes import ClassMap, load_class_map
 from emb.cli import Interrupted
 from emb.cluster.launch import LAUNCH_ID_ENV
 from emb.colours import cdl_palette, l3_colours
-from emb.evaluation.inference import Inference, inference
 from emb.evaluation.map_files import (
     describe_map,
     describe_probabilities,
@@ -55,7 +54,7 @@ from emb.evaluation.region_maps import (
 )
 from emb.evaluation.runs import RunError, TrainedRun, open_run
 from emb.evaluation.windows import MapBlock, PredictSpec, blocks, map_blocks
-from emb.loading.shard_manifest import read_manifest
+from emb.models.runtime import Runtime, claim_device
 from emb.progress import Progress
 from emb.provenance import digest_file, provenance
 
@@ -64,7 +63,7 @@ log = logging.getLogger(__name__)
 
 def predict_raster(
     run: TrainedRun, weights: str, raster: Path, cmap: ClassMap, spec: PredictSpec,
-    out: Path, probabilities: Path | None = None, run_on: Inference | None = None,
+    out: Path, probabilities: Path | None = None, run_on: Runtime | None = None,
     tags: dict[str, str] | None = None, colours: np.ndarray | None = None,
 ) -> None:  # fmt: skip
     """Write the L3 map of ``raster`` (and optionally probabilities) as COGs, coloured with
@@ -74,7 +73,7 @@ def predict_raster(
     mapped, which GDAL then copies into COGs (the COG driver only copies); the final files
     appear atomically, complete or not at all.
     """
-    run_on = run_on or Inference(torch.device("cpu"))
+    run_on = run_on or run.runtime(torch.device("cpu"))
     raster = Path(raster)
     if not raster.is_file():
         raise RunError(f"region raster {raster} not found")
@@ -140,21 +139,15 @@ def write_block(
         prob.write(block.probs.numpy(), window=block.window)
 
 
-def default_tile(run: TrainedRun) -> int:
-    """The tile size the run was trained on (its manifest's ``tile_size``)."""
-    path = Path(run.cfg.data.manifest)
-    if not path.is_file():
-        raise RunError(f"{path}: manifest of run {run.name} not found; pass --tile")
-    return int(read_manifest(path, splits=())["tile_size"])
-
-
-def provenance_tags(run: TrainedRun, device: object) -> dict[str, str]:
-    """What made the map: this code and device (``PROVENANCE_*``), and what trained the model
-    (``TRAINED_*``: the checkpoint's own provenance, with its config and data digests)."""
+def provenance_tags(run: TrainedRun, run_on: Runtime) -> dict[str, str]:
+    """What made the map: this code, device and resolved numerics (``PROVENANCE_*``), and what
+    trained the model (``TRAINED_*``: the checkpoint's own provenance, with its config and data
+    digests)."""
     trained = run.trained_with
     now = provenance(config_digest=trained.get("config_digest"),
                      manifest_digest=trained.get("manifest_digest"),
-                     stats_digest=trained.get("stats_digest"), device=device)  # fmt: skip
+                     stats_digest=trained.get("stats_digest"),
+                     device=run_on.device) | run_on.record()  # fmt: skip
     return {
         **{f"PROVENANCE_{key.upper()}": value for key, value in now.items()},
         **{f"TRAINED_{key.upper()}": str(value) for key, value in trained.items()},
@@ -170,14 +163,14 @@ def region_tags(item: RegionInput) -> dict[str, str]:
 
 
 def map_region(
-    run: TrainedRun, cmap: ClassMap, spec: PredictSpec, run_on: Inference, item: RegionInput,
+    run: TrainedRun, cmap: ClassMap, spec: PredictSpec, run_on: Runtime, item: RegionInput,
     files: MapFiles,
 ) -> None:  # fmt: skip
     """Map one region into ``files``: the COG(s), its QGIS/GDAL legend and the quicklook."""
     if not item.raster.is_file():
         raise RunError(f"region {item.region!r}: embedding raster {item.raster} not found")
     tags = {"RUN": run.name, "REGION": item.region, "WEIGHTS": run.selected,
-            "CHECKPOINT": str(run.path), **provenance_tags(run, run_on.device),
+            "CHECKPOINT": str(run.path), **provenance_tags(run, run_on),
             **region_tags(item)}  # fmt: skip
     colours = l3_colours(cmap, cdl_palette(item.cdl) if item.cdl else None)
     predict_raster(run, run.selected, item.raster, cmap, spec, files.map, files.probabilities,
@@ -191,7 +184,7 @@ def map_region(
 
 
 def map_regions(
-    run: TrainedRun, cmap: ClassMap, spec: PredictSpec, run_on: Inference,
+    run: TrainedRun, cmap: ClassMap, spec: PredictSpec, run_on: Runtime,
     regions: list[RegionInput], staging: Staging, rank: int = 0, world: int = 1,
     launch_id: str = "single",
 ) -> None:  # fmt: skip
@@ -223,7 +216,7 @@ def map_regions(
         log.info("published %d maps into %s", len(regions), staging.out_dir)
 
 
-def map_identity(run: TrainedRun, spec: PredictSpec, run_on: Inference, classes: Path) -> dict:
+def map_identity(run: TrainedRun, spec: PredictSpec, run_on: Runtime, classes: Path) -> dict:
     """What a staged map must have been made by to be kept: weights, options, numerics."""
     return {"checkpoint": digest_file(run.path), "weights": run.selected,
             "spec": [spec.tile, spec.overlap, spec.block, spec.batch_size],
@@ -250,11 +243,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     one.add_argument("--png", type=Path, help="quicklook with legend")
     one.add_argument("--qml", type=Path, help="QGIS style with class names (default: beside --out)")
     one.add_argument("--probabilities", type=Path, help="also write per-class probabilities")
+    # rule predict passes these from config predict: (defaults: workflow/schemas, once)
     parser.add_argument("--tile", type=int, help="window side (default: the training tile)")
-    parser.add_argument("--overlap", type=float, default=0.5, help="fraction of the window")
-    parser.add_argument("--block", type=int, default=1024, help="pixels per block side")
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--threads", type=int, default=1, help="CPU threads per process (no GPU)")
+    parser.add_argument("--overlap", type=float, required=True, help="fraction of the window")
+    parser.add_argument("--block", type=int, required=True, help="pixels per block side")
+    parser.add_argument("--batch-size", type=int, required=True, help="windows per forward")
+    parser.add_argument("--threads", type=int, required=True,
+                        help="CPU threads per process (no GPU)")  # fmt: skip
     args = parser.parse_args(argv)
     wanted = ("regions", "out_dir") if args.regions or args.out_dir else ("raster", "region",
                                                                           "out", "png")  # fmt: skip
@@ -271,9 +266,8 @@ def main(argv: list[str] | None = None) -> None:
     local = int(os.environ["LOCAL_RANK"]) if "LOCAL_RANK" in os.environ else None
     cmap = load_class_map(args.classes)
     run = open_run(args.run_dir, cmap, args.classes, args.checkpoint)
-    loop = run.cfg.train
-    run_on = inference(loop.precision, loop.channels_last, args.threads, local, run.cfg.model.arch)
-    spec = PredictSpec(args.tile or default_tile(run), args.overlap, args.block, args.batch_size)
+    run_on = run.runtime(claim_device(args.threads, local))
+    spec = PredictSpec(args.tile or run.tile_size, args.overlap, args.block, args.batch_size)
     spec.check(2 ** (len(run.cfg.model.widths) + 1))
     if args.regions is None:
         files = MapFiles(args.out, args.png, args.qml or args.out.with_suffix(".qml"),

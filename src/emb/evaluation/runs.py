@@ -20,6 +20,7 @@ from torch import nn
 from emb.classes import ClassMap
 from emb.loading.dequantize import Dequantize
 from emb.models import build_model
+from emb.models.runtime import Runtime
 from emb.provenance import UNKNOWN, digest_file, digest_stats
 from emb.training import checkpoint_file
 from emb.training.run_config import TrainConfig
@@ -40,6 +41,7 @@ class TrainedRun:
     weights: dict[str, dict[str, torch.Tensor]]  # "raw" and, when saved, "ema"
     epoch: int | None
     trained_with: dict[str, str] = field(default_factory=dict)  # the checkpoint's provenance
+    trained_tile: int | None = None  # the checkpoint's ``tile_size`` (None: written before it)
 
     @property
     def name(self) -> str:
@@ -62,6 +64,22 @@ class TrainedRun:
                 f"config ({self.cfg.model}): {err}"
             ) from err
         return model.to(device or torch.device("cpu")).eval()
+
+    @property
+    def tile_size(self) -> int:
+        """The side of the tiles the run was trained on (the windows of its maps), as its
+        checkpoint records it; a checkpoint written before it did is refused naming the key."""
+        if self.trained_tile is None:
+            raise RunError(
+                f"{self.path}: no 'tile_size' (the training tile side, recorded since issue 43); "
+                "retrain the run, or give the window side: config predict.tile (--tile)"
+            )
+        return self.trained_tile
+
+    def runtime(self, device: torch.device) -> Runtime:
+        """The run's precision and memory format on ``device``, resolved as training resolves
+        them (:mod:`emb.models.runtime`); evaluation and prediction do not compile."""
+        return Runtime.resolve(self.cfg.train, self.cfg.model.arch, device, training=False)
 
     @property
     def stats_dir(self) -> Path | None:
@@ -133,9 +151,10 @@ def load_run(path: Path, cmap: ClassMap, classes_path: Path | str) -> TrainedRun
                     f"{path}: the {name} model's {level.upper()} head has {found[level]} "
                     f"classes, {classes_path} defines {expected[level]}"
                 )
-    epoch = state.get("epoch")
+    epoch, tile = state.get("epoch"), state.get("tile_size")
     epoch = int(epoch) if epoch is not None else None
-    return TrainedRun(Path(path), cfg, weights, epoch, dict(state.get("provenance", {})))
+    return TrainedRun(Path(path), cfg, weights, epoch, dict(state.get("provenance", {})),
+                      int(tile) if tile is not None else None)  # fmt: skip
 
 
 # What makes a checkpoint another run's: its data and the shape of its model.

@@ -42,10 +42,10 @@ import torch
 from rasterio.windows import Window
 from torch import nn
 
-from emb.evaluation.inference import Inference
 from emb.evaluation.map_files import NODATA, PROB_SCALE
 from emb.io import reading
 from emb.loading.dequantize import Dequantize
+from emb.models.runtime import Runtime
 from emb.rasters import embedding_nodata, shard_arrays, valid_pixels
 
 log = logging.getLogger(__name__)
@@ -226,7 +226,7 @@ class BlockMapper:
     """Blends and classifies the blocks of one raster on the model's device, in row order,
     carrying the sums of each block's halo to the blocks that own those pixels."""
 
-    def __init__(self, model: nn.Module, dequantize: Dequantize, run: Inference,
+    def __init__(self, model: nn.Module, dequantize: Dequantize, run: Runtime,
                  spec: PredictSpec, classes: int, width: int,
                  probabilities: bool) -> None:  # fmt: skip
         self.model, self.dequantize, self.run, self.spec = model, dequantize, run, spec
@@ -320,7 +320,7 @@ def _pinned_copy(t: torch.Tensor) -> torch.Tensor:
 
 def map_blocks(
     model: nn.Module, dequantize: Dequantize, src: rasterio.DatasetReader, source: str,
-    spec: PredictSpec, run: Inference, classes: int, probabilities: bool,
+    spec: PredictSpec, run: Runtime, classes: int, probabilities: bool,
 ) -> Iterator[MapBlock]:  # fmt: skip
     """Every block of ``src`` mapped, in row order, the next block read in a thread while
     this one is on the device."""

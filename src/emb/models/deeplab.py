@@ -14,11 +14,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from emb.models import OUTPUT_STRIDE
 from emb.models.blocks import DropPath, Heads, LayerNorm2d, drop_path_rates
+from emb.models.model_config import OUTPUT_STRIDE
 
 if TYPE_CHECKING:
-    from emb.models import ModelConfig
+    from emb.models.model_config import ModelConfig
 
 LOW_LEVEL_DIM = 48
 

@@ -16,7 +16,7 @@ from torch import nn
 from emb.models.blocks import DropPath, Heads, LayerNorm2d, drop_path_rates
 
 if TYPE_CHECKING:
-    from emb.models import ModelConfig
+    from emb.models.model_config import ModelConfig
 
 
 class Stem(nn.Module):

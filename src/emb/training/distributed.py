@@ -65,13 +65,11 @@ def wrap_model(
     world: int,
     device: torch.device,
     *,
-    channels_last: bool = False,
     compile: bool = False,
     compile_memory_budget: float | None = None,
 ) -> nn.Module:
-    """channels_last, torch.compile (inside DDP, never around it), then DDP."""
-    if channels_last:
-        model = model.to(memory_format=torch.channels_last)
+    """torch.compile (inside DDP, never around it), then DDP; the model comes laid out for its
+    device (:meth:`emb.models.runtime.Runtime.prepare`)."""
     if compile:
         if compile_memory_budget is not None:
             import torch._functorch.config as functorch_config

@@ -5,7 +5,7 @@ running statistics validated as a broken model in the seeds' runs. With ``warmup
 default) the decay at update n is ``min(decay, (1 + n) / (10 + n))`` so short runs are not
 dominated by the initial weights: 0.99 after ~890 updates, 0.999 after ~9k, and 0.9999 only
 after ~90k. The seeds' own EMA uses the fixed decay from the first update (``warmup=False``).
-Where the model's parameters and buffers live in flat tensors (:mod:`emb.training.flat_tensors`,
+Where the model's parameters and buffers live in flat tensors (:mod:`emb.models.flat_tensors`,
 as :func:`emb.training.loop.build_trainer` makes them), the EMA's copy is flattened the same way
 and an update is one ``lerp_`` over the parameters and one ``copy_`` of the buffers per dtype:
 two kernels instead of several hundred launches (issue 39). Elsewhere (a compiled model) it is
@@ -21,8 +21,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from emb.models.flat_tensors import FlatPairs, flatten_
 from emb.training.checkpoint_file import unwrap
-from emb.training.flat_tensors import FlatPairs, flatten_
 
 
 class ModelEma:

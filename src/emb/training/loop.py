@@ -27,18 +27,19 @@ from emb.loading.dequantize import Dequantize
 from emb.loading.device_feed import on_device
 from emb.loading.shard_manifest import read_manifest
 from emb.models import build_model
+from emb.models.runtime import Runtime
 from emb.provenance import digest_config, digest_file, digest_stats, provenance
 from emb.training import checkpoint_file
 from emb.training.checkpoint_policy import Checkpointer
 from emb.training.distributed import any_rank, barrier, wrap_model
 from emb.training.ema import ModelEma
 from emb.training.loss import HierarchyTargets, MultiHeadLoss, class_weights_from_histogram
-from emb.training.run_config import ConfigError, TrainConfig, resolve_channels_last
+from emb.training.run_config import ConfigError, TrainConfig
 from emb.training.run_log import KeyRecord, RunLog
 from emb.training.run_start import begin
 from emb.training.schedule import Plan, build_plan, replan, validation_steps, warmup_cosine
 from emb.training.stop_request import StopRequest
-from emb.training.trainer import Trainer, fused_adamw, prepare_model
+from emb.training.trainer import Trainer, fused_adamw
 from emb.training.validation_policy import Position, Validator, check_validation_scored
 
 # What a run reads before it builds anything: its shard manifest, checked, and its statistics.
@@ -121,19 +122,21 @@ def build_config(cfg: TrainConfig, tile_size: int | None, run_dir: Path) -> Trai
     return cfg.with_value("model", "aspp_rates", list(model.aspp_rates))
 
 
+def runtime_of(cfg: TrainConfig, device: torch.device) -> Runtime:
+    """The run's precision, memory format and compilation on ``device``, resolved once."""
+    return Runtime.resolve(cfg.train, cfg.model.arch, device, training=True)
+
+
 def build_trainer(
-    cfg: TrainConfig, plan: Plan, class_hist: list[int], world: int, device: torch.device
+    cfg: TrainConfig, plan: Plan, class_hist: list[int], world: int, runtime: Runtime
 ) -> tuple[Trainer, ModelEma | None]:
-    """Model (wrapped), EMA, optimizer, schedule, loss and input pipeline, on ``device``."""
+    """Model (prepared by ``runtime``, wrapped), EMA, optimizer, schedule, loss and input
+    pipeline, on ``runtime``'s device."""
     torch.manual_seed(cfg.train.seed)
-    plain = build_model(cfg.model).to(device)
-    loop = cfg.train
-    channels_last = resolve_channels_last(
-        loop.channels_last, cfg.model.arch, device.type, bool(torch.version.hip)
-    )
-    plain = prepare_model(plain, channels_last, loop.compile)
+    device, loop = runtime.device, cfg.train
+    plain = runtime.prepare(build_model(cfg.model), training=True)
     model = wrap_model(
-        plain, world, device, channels_last=channels_last, compile=loop.compile,
+        plain, world, device, compile=runtime.compile,
         compile_memory_budget=loop.compile_memory_budget,
     )  # fmt: skip
     ema = ModelEma(plain, cfg.ema.decay, cfg.ema.warmup) if cfg.ema.enabled else None
@@ -157,37 +160,41 @@ def build_trainer(
         opt,
         sched,
         device,
-        precision=loop.precision,
+        precision=runtime.precision,
         grad_scaler=loop.uses_grad_scaler,
         grad_clip=loop.grad_clip,
         ema=ema,
         nonfinite_policy=loop.nonfinite_policy,
         max_nonfinite_in_row=loop.max_nonfinite_in_row,
-        channels_last=channels_last,
+        channels_last=runtime.channels_last,
     )
     return trainer, ema
 
 
 def build_loop(
-    cfg: TrainConfig, run_dir: Path, rank: int, world: int, device: torch.device,
+    cfg: TrainConfig, run_dir: Path, rank: int, world: int, runtime: Runtime,
     stop: StopRequest,
 ) -> Loop:  # fmt: skip
     """Everything the loop needs, checked, then started as :mod:`emb.training.run_start` decides
-    (resumed, fresh or fine-tuned); files are written only after that."""
+    (resumed, fresh or fine-tuned); files are written only after that. ``runtime`` is the
+    run's resolved device and numerics (:func:`runtime_of`)."""
+    device = runtime.device
     manifest = read_checked_manifest(cfg)
     cfg = build_config(cfg, manifest.get("tile_size"), run_dir)
     train, val = manifest["splits"]["train"], manifest["splits"]["val"]
     plan = build_plan(cfg, train, world)
-    trainer, ema = build_trainer(cfg, plan, train["class_hist"], world, device)
+    trainer, ema = build_trainer(cfg, plan, train["class_hist"], world, runtime)
     position = Position()
+    # the run's identity, in every checkpoint: the tile size travels with the run (predict's
+    # windows), the resolved runtime with its provenance (train.json too)
     identity = {
         "world": world, "global_batch": plan.global_batch, "config": cfg.resolved,
-        "run": run_dir.name,
+        "run": run_dir.name, "tile_size": manifest.get("tile_size"),
         "provenance": provenance(
             config_digest=digest_config(cfg.resolved),
             manifest_digest=digest_file(cfg.data.manifest),
             stats_digest=digest_stats(stats_dir(cfg)), device=device,
-        ) | {"channels_last": str(trainer.memory_format == torch.channels_last).lower()},
+        ) | runtime.record(),
     }  # fmt: skip
     checkpointer = Checkpointer(
         run_dir, rank, trainer, ema, position, identity,
@@ -311,7 +318,7 @@ def run(
     stop: StopRequest | None = None,
 ) -> dict:  # fmt: skip
     """Train ``cfg``; returns the summary written to ``train.json``. Raises :class:`Stopped`."""
-    loop = build_loop(cfg, run_dir, rank, world, device, stop or StopRequest())
+    loop = build_loop(cfg, run_dir, rank, world, runtime_of(cfg, device), stop or StopRequest())
     batches_per_epoch = fit(loop)
     loop.log.close()
     loop.keys.close()
@@ -337,5 +344,6 @@ def run(
         "global_batch": plan.global_batch,
         "lr": plan.lr,
         "model": cfg.resolved["model"],
+        "tile_size": loop.checkpointer.identity["tile_size"],
         "provenance": loop.checkpointer.identity["provenance"],
     }

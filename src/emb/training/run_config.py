@@ -2,7 +2,7 @@
 
 The schema (``workflow/schemas/train.schema.yaml``) holds every default; the dataclasses repeat
 them only so that pure code and tests can build a config without the schema, and
-``tests/training/test_config_defaults.py`` proves the two agree. They reject unknown keys a
+``tests/training/test_config_schema.py`` proves the two agree. They reject unknown keys a
 second time.
 """
 
@@ -26,22 +26,6 @@ class ConfigError(ValueError):
 # at batch 32, DeepLab 1e-4 at batch 64); train.reference_batch: null takes it.
 REFERENCE_BATCH = {"segformer": 32, "deeplab": 64}
 OPTIONAL_SECTIONS = {"ema", "logging"}  # absent from checkpoints written before they existed
-
-
-def resolve_channels_last(
-    setting: bool | str, arch: str, device_type: str, hip: bool = False
-) -> bool:
-    """train.channels_last for one model on one device; ``auto`` is what was measured.
-
-    On CUDA channels_last made DeepLab's step 1.10-1.28x faster and SegFormer's 0.97-1.03x
-    (issue 31, H200); ROCm keeps NHWC opt-in (MIOpen's NHWC depthwise/grouped kernels are
-    slow) and CPUs were not measured, so ``auto`` is off there. true/false are taken as set.
-    """
-    if isinstance(setting, bool):
-        return setting
-    if setting != "auto":
-        raise ConfigError(f"train.channels_last: expected auto, true or false, found {setting!r}")
-    return arch == "deeplab" and device_type == "cuda" and not hip
 
 
 def check_grad_scaler(precision: str, grad_scaler: bool | None) -> None:
@@ -113,11 +97,11 @@ class LoopConfig:
     lr_scaling: str = "none"  # none | linear | sqrt
     reference_batch: int | None = None  # None: the architecture's (REFERENCE_BATCH)
     grad_clip: float = 1.0
-    precision: str = "bf16"  # bf16 | fp16 | fp32
+    precision: str = "bf16"  # bf16 | fp16 | fp32 (a CPU: fp32; emb.models.runtime)
     grad_scaler: bool | None = None  # None: only with fp16
     compile: bool = False
     compile_memory_budget: float | None = None
-    channels_last: bool | str = "auto"  # auto | true | false (resolve_channels_last)
+    channels_last: bool | str = "auto"  # auto | true | false (emb.models.runtime)
     nonfinite_policy: str = "skip"  # skip | stop
     max_nonfinite_in_row: int = 5
     val_every_updates: int | None = None

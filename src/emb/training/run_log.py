@@ -96,7 +96,7 @@ class RunLog:
             f"{cfg.optimizer.lr:.3g}, rule {loop.lr_scaling}, reference batch "
             f"{reference_batch(cfg)}); {plan.micro_per_epoch} micro-batches = "
             f"{plan.updates_per_epoch} optimizer steps per epoch, {plan.total} in all; precision "
-            f"{loop.precision} on {device.type}, GradScaler {'on' if trainer.scaler else 'off'}"
+            f"{trainer.precision} on {device.type}, GradScaler {'on' if trainer.scaler else 'off'}"
         )
         for line in lr_warnings(cfg, world):
             self.warn(line)

@@ -30,6 +30,7 @@ import torch.distributed as dist
 
 from emb import cli
 from emb.io import is_disk_full, write_json
+from emb.models.runtime import resolve_precision
 from emb.training.loop import Stopped, read_checked_manifest, run
 from emb.training.run_config import ConfigError, TrainConfig, load
 from emb.training.run_start import SUMMARY_COPY
@@ -74,8 +75,9 @@ def train(config: Path, env: dict[str, str], started: float, stop: StopRequest) 
             "nccl" if device.type == "cuda" else "gloo",
             timeout=timedelta(seconds=cfg.train.collective_timeout_s),
         )
-    if device.type == "cpu" and cfg.train.precision != "fp32":
-        cfg = cfg.with_value("train", "precision", "fp32")  # CPU autocast is slower than fp32
+    precision = resolve_precision(cfg.train.precision, device.type)  # the runtime's rule
+    if precision != cfg.train.precision:
+        cfg = cfg.with_value("train", "precision", precision)
     stop.deadline, stop.margin_s = job_deadline(cfg, env, started), cfg.train.stop_margin_s
     summary = run(cfg, config.parent, rank, world, device, stop)
     if rank == 0:

@@ -19,25 +19,17 @@ import torch
 from torch import nn
 
 from emb.loading.dequantize import Dequantize
+from emb.models.flat_tensors import flats_of
+from emb.models.runtime import Runtime
 from emb.training.checkpoint_file import unwrap
 from emb.training.distributed import all_ranks_finite, average_buffers
 from emb.training.ema import ModelEma
-from emb.training.flat_tensors import flats_of, flatten_
 from emb.training.loss import LEVELS, HierarchyTargets, MultiHeadLoss
 from emb.training.nonfinite import NonfiniteCounts, NonfiniteGuard, TrainingDiverged
 from emb.training.run_config import check_grad_scaler
 from emb.training.validation_pass import check_finite_buffers, validation_pass
 
 __all__ = ["StepResult", "Trainer", "TrainingDiverged", "check_finite_buffers"]
-
-AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def autocast(device: torch.device, precision: str):
-    """Autocast to bf16/fp16 when asked for; fp32 runs without autocast."""
-    if precision not in AUTOCAST_DTYPES:
-        return nullcontext()
-    return torch.autocast(device.type, dtype=AUTOCAST_DTYPES[precision])
 
 
 @dataclass
@@ -58,29 +50,6 @@ class StepResult:
         return bool(self.finite)
 
 
-def model_is_channels_last(model: nn.Module) -> bool:
-    """Whether the model's 4-D weights were put in channels_last (inputs must follow them)."""
-    return any(
-        p.dim() == 4
-        and not p.is_contiguous()
-        and p.is_contiguous(memory_format=torch.channels_last)
-        for p in model.parameters()
-    )
-
-
-def prepare_model(model: nn.Module, channels_last: bool, compile: bool) -> nn.Module:
-    """``model`` (on its device) in channels_last where asked, then, unless it will be
-    compiled (a compiled graph would see its inputs alias), with its parameters and buffers
-    in one flat tensor per dtype: the EMA and the non-finite guard then cost a kernel each
-    instead of one per tensor (:mod:`emb.training.flat_tensors`)."""
-    if channels_last:
-        model = model.to(memory_format=torch.channels_last)
-    if not compile:
-        flatten_(model, "parameters")
-        flatten_(model, "buffers")
-    return model
-
-
 def fused_adamw(device: torch.device) -> bool:
     """Whether this PyTorch has a fused AdamW kernel for ``device``'s type."""
     from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
@@ -97,7 +66,10 @@ class Trainer:
     """A model's optimization state: steps, skips, EMA, and the validation pass.
 
     ``step`` counts optimizer steps taken, skipped ones included (a skipped step changes
-    nothing but is a step of the schedule, as with PyTorch's GradScaler).
+    nothing but is a step of the schedule, as with PyTorch's GradScaler). ``device``,
+    ``precision`` and ``channels_last`` are the run's resolved values
+    (:meth:`emb.models.runtime.Runtime.resolve`, once per run, in the loop), never ``auto``:
+    the model was put in that format by :meth:`~emb.models.runtime.Runtime.prepare`.
     """
 
     def __init__(
@@ -116,9 +88,11 @@ class Trainer:
         ema: ModelEma | None = None,
         nonfinite_policy: str = "skip",
         max_nonfinite_in_row: int = 5,
-        channels_last: bool | str = "auto",
+        channels_last: bool = False,
     ) -> None:
         check_grad_scaler(precision, grad_scaler)
+        # the run's resolved numerics (emb.models.runtime: resolved once, by the loop)
+        self.runtime = Runtime(device, precision, channels_last)
         self.model, self.loss_fn, self.targets = model, loss_fn, targets
         self.dequantize = dequantize
         self.optimizer, self.scheduler, self.device = optimizer, scheduler, device
@@ -126,11 +100,8 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(device.type) if grad_scaler else None
         self.guard = NonfiniteGuard(device, nonfinite_policy, max_nonfinite_in_row)
         self.counts = NonfiniteCounts(0, 0, 0, float("nan"))  # as of the last read
-        if channels_last == "auto":  # the format the model was put in (wrap_model)
-            channels_last = model_is_channels_last(model)
-        self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
         # BatchNorm statistics, put back on a skip: one flat tensor per dtype where the model's
-        # buffers live in one (emb.training.flat_tensors), else each buffer
+        # buffers live in one (emb.models.flat_tensors), else each buffer
         buffers = list(unwrap(model).buffers())
         self.buffers = flats_of(buffers) or buffers
         self.saved_buffers = [b.detach().clone() for b in self.buffers]
@@ -160,11 +131,11 @@ class Trainer:
             if isinstance(v, torch.Tensor)
         }  # augmentation codes stay on the host: they choose the kernels to queue
         x, y = self.dequantize(on_device)
-        return x.contiguous(memory_format=self.memory_format), self.targets(y)
+        return self.runtime.inputs(x), self.targets(y)
 
     def forward(self, model: nn.Module, x: torch.Tensor, targets: dict) -> tuple[dict, Any]:
         """(logits, (loss, parts)) of ``model`` on ``x`` under this run's autocast."""
-        with autocast(self.device, self.precision):
+        with self.runtime.autocast():
             logits = model(x)
         return logits, self.loss_fn(logits, targets)
 

@@ -8,7 +8,8 @@ save and restore one copy each. The module keeps working as before: each tensor 
 with its own shape and memory format (channels_last kept), updated in place by the optimizer
 and by BatchNorm. Something that later replaces a tensor (``Module.to`` to another device,
 ``load_state_dict(assign=True)``) breaks the tiling; :class:`FlatPairs` notices and its user
-falls back to per-tensor kernels.
+falls back to per-tensor kernels. Applied by :meth:`emb.models.runtime.Runtime.prepare` for
+training; :mod:`emb.training.ema` keeps its copy in the same layout.
 """
 
 from __future__ import annotations
