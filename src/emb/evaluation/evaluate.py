@@ -65,7 +65,7 @@ from emb.progress import Progress
 from emb.provenance import digest_file, provenance
 from emb.training.loss import HierarchyTargets
 
-# The evaluate stage's figures: row-normalized confusion matrices and per-class IoU bars of
+# The stage's figures: row-normalized confusion matrices and per-class IoU bars.
 
 
 def class_names(cmap: ClassMap) -> dict[str, tuple[str, ...]]:

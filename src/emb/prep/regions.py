@@ -41,7 +41,7 @@ from emb.rasters import (
     product_tags,
 )
 
-# What a row of the regions table says against its files: the kind of row (training or
+# A row against its files: training or prediction-only, and what each kind needs.
 
 PREDICT = "predict"  # the split of a prediction-only row: mapped, never labelled or scored
 
@@ -174,10 +174,6 @@ def check_versions(tags: dict[str, dict[str, str]], footprints: dict[str, list[L
                     f"({a.where}) is {key}={v1}: expected one dataset version per source; "
                     "download every region from the same version"
                 )
-
-
-# the table's reader and error live in emb.prep.regions; the checks' callers import them here
-__all__ = ["RegionChecks", "RegionsError", "check_regions", "read_regions"]
 
 
 def _overlaps(a: tuple, b: tuple) -> bool:

@@ -36,7 +36,7 @@ from emb.classes import IGNORE
 from emb.config_schema import config_default
 from emb.prep.shifted_tiles import fill_windows
 
-# Spatial split blocks: squares of ``block_m`` metres in map coordinates, each drawn whole
+# Spatial split blocks: squares of ``block_m`` metres in map coordinates, each drawn whole.
 
 SPLITS = ("train", "val", "test")
 
