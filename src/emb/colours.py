@@ -28,7 +28,7 @@ RGB = tuple[int, int, int]
 @cache
 def official_palette() -> dict[int, RGB]:
     """CDL code -> (r, g, b) of NASS's published colour table (``cdl_palette.tsv``)."""
-    text = resources.files("emb.report").joinpath("cdl_palette.tsv").read_text(encoding="utf-8")
+    text = resources.files("emb").joinpath("cdl_palette.tsv").read_text(encoding="utf-8")
     rows = csv.DictReader((line for line in text.splitlines() if not line.startswith("#")),
                           delimiter="\t")  # fmt: skip
     return {int(r["code"]): (int(r["red"]), int(r["green"]), int(r["blue"])) for r in rows}
