@@ -10,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
+from conftest import REPO
 
 from emb.prep.regions import RegionChecks, read_regions
 from emb.workflow import regions
@@ -63,6 +65,28 @@ def test_demo_data_gets_the_demo_overlay_over_the_schemas_tiling_and_your_data_d
     assert demo == {"size": 32, "stride": 32, "min_valid": 0.5}
     assert regions.data_settings(config, "tiles", demo=False) == config["tiles"]
     assert regions.data_settings(config, "splits", demo=True) == {"block_m": 5120}
+
+
+GIVEN_TILES = [
+    ({"size": 128}, 128),
+    ({"stride": 64}, 64),
+    ({"size": 128, "stride": 96}, 96),
+    ({}, 256),
+]
+
+
+@pytest.mark.parametrize(("given", "stride"), GIVEN_TILES)
+def test_a_tile_size_given_alone_tiles_without_gaps(given: dict, stride: int) -> None:
+    """config.yaml and the schema leave the stride null (the tile size): an overlay that sets
+    only ``tiles.size`` (merged as ``--configfile`` merges it) must not keep 256 px between
+    tile origins, which would leave gaps between 128 px tiles."""
+    from snakemake.utils import update_config, validate
+
+    config = yaml.safe_load((REPO / "config/config.yaml").read_text())
+    update_config(config, {"tiles": given})
+    validate(config, str(REPO / "workflow/schemas/config.schema.yaml"))
+    tiles = regions.data_settings(config, "tiles", demo=False)
+    assert (tiles["size"], tiles["stride"]) == (given.get("size", 256), stride)
 
 
 def test_the_years_of_one_ground_share_a_split_draw_over_their_extent() -> None:

@@ -53,7 +53,10 @@ def data_settings(config: Mapping, section: str, demo: bool) -> dict:
     for your own data, with the demo's small ones (``demo: overlay:``) over them for demo data
     only (``demo``: :meth:`RegionTable.is_demo_data` of the source)."""
     overlay = config["demo"]["overlay"].get(section, {}) if demo else {}
-    return {**config[section], **overlay}
+    settings = {**config[section], **overlay}
+    if section == "tiles" and settings.get("stride") is None:  # null: the tile size, no gaps
+        settings["stride"] = settings["size"]
+    return settings
 
 
 def split_group(checks: RegionChecks, source: str, region: str) -> dict[str, str]:
