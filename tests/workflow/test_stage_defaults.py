@@ -147,3 +147,18 @@ def test_a_key_the_schema_lacks_or_a_missing_schema_is_one_clear_error(tmp_path:
     missing = tmp_path / "config.schema.yaml"
     with pytest.raises(SchemaError, match=re.escape(str(missing))):
         config_default("tiles.size", missing)
+
+
+@pytest.mark.parametrize("null_source", ["aef", "tessera", "cdl"])
+def test_a_collection_left_null_passes_validation_and_stays_unused(null_source: str) -> None:
+    """The schema says a null source is not used; Snakemake's validator sets the defaults of an
+    object's properties before it checks the type, so a default inside a nullable source would
+    crash it on null (``'NoneType' object has no attribute 'setdefault'``)."""
+    from snakemake.utils import validate
+
+    config = yaml.safe_load((SCHEMA.parents[2] / "config/config.yaml").read_text())
+    given = {"aef": {"folder": "a", "index": "a.parquet"}, "tessera": {"folder": "t"},
+             "cdl": {"path": "c/{year}"}}  # fmt: skip
+    config["collections"] = {**given, null_source: None}
+    validate(config, str(SCHEMA))
+    assert config["collections"][null_source] is None
