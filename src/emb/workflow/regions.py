@@ -18,16 +18,16 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 from emb.prep.demo_region import DEMO_REGIONS
-from emb.prep.regions import check_predict_only, check_regions, is_predict_only, read_regions
+from emb.prep.regions import check_predict_only as check_predict_only  # for the rules
+from emb.prep.regions import check_regions as check_regions  # for the rules
+from emb.prep.regions import is_predict_only
+from emb.prep.regions import read_regions as read_regions  # for the rules
 from emb.prep.tessera_npy import find_triple
 from emb.prep.tiles import BlockGround, check_blocks_hold_splits
 from emb.rasters import SOURCES
 
 if TYPE_CHECKING:
     from emb.prep.regions import RegionChecks
-
-# The table's reading and checks (emb.prep.regions), for the rules to import from here.
-__all__ = ["check_predict_only", "check_regions", "read_regions"]
 
 CONVERTED_TESSERA = "results/converted/tessera/{region}.tif"  # rule tessera_npy's output
 DEMO_NAMES = [region.name for region in DEMO_REGIONS]
