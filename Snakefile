@@ -19,6 +19,7 @@ include: "workflow/rules/data.smk"
 include: "workflow/rules/stats.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/evaluate.smk"
+include: "workflow/rules/area_estimates.smk"
 include: "workflow/rules/report.smk"
 
 

@@ -398,3 +398,37 @@ def html_sections(title: str, sections: list[tuple[str, str]]) -> str:
         f"<style>{PAGE_STYLE}</style></head><body><h2>{html.escape(title)}</h2>{parts}"
         "</body></html>\n"
     )
+
+
+def area_figure(panels: list[tuple[str, pd.DataFrame]], title: str) -> Figure:
+    """Each class's area as the map counts it and as estimated, with the estimate's interval
+    (and the CDL's area where the rows hold it, ``cdl_ha``): one panel per (title, rows), the
+    rows one class each (``class``, ``mapped_ha``, ``estimated_ha``, ``lo_ha``, ``hi_ha``),
+    the largest on top. A class without an interval is a hollow point."""
+    fig, axes = plt.subplots(1, max(len(panels), 1), squeeze=False,
+                             figsize=(6.5 * max(len(panels), 1), 1.4 + 0.32 * max(
+                                 [len(rows) for _, rows in panels] + [1])))  # fmt: skip
+    for ax, (name, rows) in zip(axes[0], panels, strict=False):
+        y = np.arange(len(rows))
+        est = rows["estimated_ha"].to_numpy(float)
+        lo = pd.to_numeric(rows["lo_ha"], errors="coerce").to_numpy(float)
+        hi = pd.to_numeric(rows["hi_ha"], errors="coerce").to_numpy(float)
+        has = np.isfinite(lo) & np.isfinite(hi)
+        ax.errorbar(est[has], y[has], xerr=np.clip([est[has] - lo[has], hi[has] - est[has]], 0,
+                    None), fmt="o", color="tab:blue", capsize=3, markersize=4,
+                    label="estimated, 95% interval")  # fmt: skip
+        ax.plot(est[~has], y[~has], "o", mfc="white", mec="tab:blue", linestyle="",
+                label="estimated, no standard error")  # fmt: skip
+        ax.plot(rows["mapped_ha"].to_numpy(float), y, "s", color="tab:orange", markersize=4,
+                linestyle="", label="map's pixel count")  # fmt: skip
+        if "cdl_ha" in rows and rows["cdl_ha"].notna().any():
+            ax.plot(pd.to_numeric(rows["cdl_ha"], errors="coerce").to_numpy(float), y, "x",
+                    color="black", linestyle="", label="CDL (reference)")  # fmt: skip
+        ax.set_yticks(y, list(rows["class"]), fontsize=8)
+        ax.set_ylim(len(rows) - 0.5, -0.5)
+        ax.set_xlabel("hectares")
+        ax.set_title(name, fontsize=9)
+        ax.legend(fontsize=7, loc="lower right")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig

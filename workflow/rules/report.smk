@@ -2,6 +2,7 @@ rule summary:
     input:
         metrics=expand("results/eval/{run}/metrics.json", run=RUNS),
         blocks=expand("results/eval/{run}/blocks.npz", run=RUNS),  # paired comparisons
+        areas=expand("results/area_estimates/{run}.csv", run=RUNS),  # below the runs table
     output:
         csv=report_file("results/summary.csv", "summary", "Summary", "table (CSV)"),
         html=report_file("results/summary.html", "summary", "Summary", "table"),

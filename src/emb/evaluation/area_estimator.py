@@ -1,0 +1,424 @@
+"""Each class's area, with a standard error, from a stratified random sample of reference labels.
+
+A map's pixel count of a class is a biased estimate of its area: omission and commission errors
+need not cancel. The "good practice" estimator counts the area from the reference labels of a
+probability sample instead, weighted by the sampling design, and gives each figure a standard
+error:
+
+- :func:`olofsson`: the strata are the map's classes; the input is the error matrix of sample
+  counts. Olofsson, Foody, Herold, Stehman, Woodcock, Wulder 2014, "Good practices for
+  estimating area and assessing accuracy of land change", Remote Sensing of Environment
+  148:42-57 (and Olofsson et al. 2013, RSE 129:122-131), with
+  W_i = N_i / N, p_ij = W_i n_ij / n_i.:
+
+  - area proportion p_.j = sum_i W_i n_ij / n_i.,
+    V = sum_i W_i^2 (n_ij / n_i.)(1 - n_ij / n_i.) / (n_i. - 1);
+  - user's accuracy U_i = n_ii / n_i., V = U_i (1 - U_i) / (n_i. - 1);
+  - producer's accuracy P_j = p_jj / p_.j, V = (1 / N_.j^2) [N_j.^2 (1 - P_j)^2 U_j (1 - U_j)
+    / (n_j. - 1) + P_j^2 sum_{i != j} N_i.^2 (n_ij / n_i.)(1 - n_ij / n_i.) / (n_i. - 1)],
+    N_.j = sum_i N_i. n_ij / n_i. (the estimated pixels of class j);
+  - overall accuracy O = sum_j p_jj, V = sum_i W_i^2 U_i (1 - U_i) / (n_i. - 1).
+
+- :func:`stehman`: the strata differ from the map's classes (a sample stratified by another
+  map, by finer classes than those assessed, or one stratum: a simple random sample). Stehman
+  2014, "Estimating area and map accuracy for stratified random sampling when the strata are
+  different from the map classes", Int. J. Remote Sensing 35:4923-4939: an indicator y_u (and
+  x_u) per sample unit, totals Y = sum_h N_h ybar_h, proportions Y / N with
+  V = sum_h N_h^2 s2_yh / n_h / N^2, ratios R = Y / X with V = (1 / X^2) sum_h N_h^2
+  (s2_yh + R^2 s2_xh - 2 R s_xyh) / n_h (computed as the within-stratum variance of
+  d_u = y_u - R x_u, the same sum). Area of class k: y = [reference = k]; overall:
+  y = [map = reference]; user's: y = [map = reference = k], x = [map = k]; producer's:
+  y = [map = reference = k], x = [reference = k].
+
+Both return :class:`AreaEstimates`; where the strata are the map's classes the two agree to
+float precision (``tests/evaluation/test_area_estimator.py``).
+
+No finite-population correction, as in the papers (they assume n_h << N_h), with one departure:
+a stratum sampled whole (n_h = N_h, a census, e.g. a class of 3 pixels in a small test area) is
+known exactly and contributes no variance (its factor 1 - n_h / N_h is 0).
+
+What the sample cannot give is said, never guessed:
+
+- a stratum with pixels and no sample unit biases every estimate: :class:`AreaEstimateError`;
+- a stratum with 1 unit (and more than 1 pixel) has no variance estimate: every standard error
+  it enters is None, with ``why`` naming it (area and overall SEs draw on every stratum,
+  producer's on every stratum, a user's accuracy under :func:`olofsson` on its own stratum
+  only, under :func:`stehman` on every stratum that may hold pixels mapped as the class: all
+  of them, unless ``strata_mapped_px`` says which);
+- a user's accuracy with no unit mapped as the class, or a producer's accuracy of a class with
+  estimated area 0, is None.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from statistics import NormalDist
+
+import numpy as np
+
+
+class AreaEstimateError(ValueError):
+    """A sample or its strata that cannot give the estimates (an unsampled stratum, bad counts)."""
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A number with its standard error; se None when it cannot be estimated, `why` says why."""
+
+    value: float
+    se: float | None
+    why: str = ""
+
+    def __post_init__(self) -> None:
+        if (self.se is None) != bool(self.why):
+            raise ValueError(
+                f"Estimate: a reason exactly when se is None, found se={self.se!r}, "
+                f"why={self.why!r}"
+            )
+        bad_se = self.se is not None and not (np.isfinite(self.se) and self.se >= 0)
+        if not np.isfinite(self.value) or bad_se:
+            raise ValueError(
+                f"Estimate: expected a finite value and se >= 0, found "
+                f"value={self.value!r}, se={self.se!r}"
+            )
+
+    def interval(self, z: float) -> tuple[float, float] | None:
+        """value -/+ z * se (not clipped to [0, 1]); None when there is no se."""
+        if self.se is None:
+            return None
+        return self.value - z * self.se, self.value + z * self.se
+
+
+@dataclass(frozen=True)
+class ClassEstimate:
+    """One class: its map pixels, sample units, area share and accuracies."""
+
+    cls: int  # class id (0..K-1 at the level)
+    mapped_px: int  # pixels the map gives this class (N_j.)
+    units_mapped: int  # sample units whose map class is cls
+    units_reference: int  # sample units whose reference class is cls
+    proportion: Estimate  # estimated share of the area (x total_px x pixel area = area)
+    users: Estimate | None  # None when no unit is mapped as cls
+    producers: Estimate | None  # None when the estimated area of cls is 0
+
+
+@dataclass(frozen=True)
+class AreaEstimates:
+    """The estimates of one map: every class in the map or the sample, ascending."""
+
+    total_px: int  # N
+    classes: tuple[ClassEstimate, ...]
+    overall: Estimate  # overall accuracy
+
+
+def z_of(confidence: float) -> float:
+    """The normal quantile of a two-sided interval, e.g. 1.959964 for 0.95."""
+    if not 0 < confidence < 1:
+        raise ValueError(
+            f"confidence: expected a level between 0 and 1, e.g. 0.95, found {confidence!r}"
+        )
+    return NormalDist().inv_cdf(0.5 + confidence / 2)
+
+
+def olofsson(strata_px: np.ndarray, error_matrix: np.ndarray) -> AreaEstimates:
+    """Olofsson et al. 2014: strata = the map's classes.
+
+    strata_px: (K,) int, pixels the map gives each class (N_i.); error_matrix: (K, K) int sample
+    counts n_ij, i = map class (the stratum), j = reference class.
+    """
+    big_n = _strata_px(strata_px)
+    k = len(big_n)
+    matrix = _counts("error_matrix", error_matrix, (k, k), "a row and a column per stratum")
+    n_i = matrix.sum(1)
+    _check_strata(big_n, n_i)
+
+    w = big_n / big_n.sum()
+    p = np.divide(matrix, n_i[:, None], out=np.zeros((k, k)), where=n_i[:, None] > 0)  # n_ij/n_i.
+    # a_ij = (n_ij/n_i.)(1 - n_ij/n_i.)/(n_i. - 1); 0 in a census stratum, and in a stratum of
+    # 1 unit, whose every use is flagged by _result
+    inv = np.divide(1.0, n_i - 1.0, out=np.zeros(k), where=n_i > 1) * _not_census(big_n, n_i)
+    a = p * (1 - p) * inv[:, None]
+    users, users_var = np.diagonal(p), np.diagonal(a)
+    proportion = w @ p
+    producers = np.divide(w * users, proportion, out=np.zeros(k), where=proportion > 0)
+    others = (w**2) @ a - w**2 * users_var  # sum over i != j of W_i^2 a_ij
+    figures = _Figures(
+        proportion=proportion,
+        proportion_var=(w**2) @ a,
+        users=users,
+        users_var=users_var,
+        producers=producers,
+        producers_var=np.divide(
+            w**2 * (1 - producers) ** 2 * users_var + producers**2 * others,
+            proportion**2,
+            out=np.zeros(k),
+            where=proportion > 0,
+        ),
+        overall=float(w @ users),
+        overall_var=float((w**2) @ users_var),
+    )
+    # a user's accuracy draws on its own stratum only: the others hold no pixel mapped as it
+    return _result(big_n, n_i, big_n, n_i, matrix.sum(0), figures, np.eye(k, dtype=bool))
+
+
+def stehman(
+    strata_px: np.ndarray,
+    stratum: np.ndarray,
+    mapped: np.ndarray,
+    reference: np.ndarray,
+    mapped_px: np.ndarray,
+    strata_mapped_px: np.ndarray | None = None,
+) -> AreaEstimates:
+    """Stehman 2014: strata that differ from the assessed map's classes.
+
+    strata_px: (H,) int N_h; stratum, mapped, reference: (n,) int per sample unit (stratum
+    0..H-1, map class 0..K-1, reference class 0..K-1); mapped_px: (K,) int, the assessed map's
+    pixels per class (reported as ``mapped_px``; the estimates come from the sample).
+    strata_mapped_px: optional (H, K) int, the assessed map's pixels per stratum and class. A
+    stratum of 1 unit that holds no pixel mapped as k then leaves the SE of k's user's accuracy
+    alone; without it, such a stratum may hold pixels mapped as k and so enters every SE.
+    """
+    big_n = _strata_px(strata_px)
+    mapped_px = _counts("mapped_px", mapped_px, (None,), "one entry per class")
+    h, k = len(big_n), len(mapped_px)
+    units = _units(stratum, mapped, reference, h, k)
+    stratum, mapped, reference = units
+    if mapped_px.sum() != big_n.sum():
+        raise ValueError(
+            f"mapped_px: expected the area of strata_px ({big_n.sum()} px), "
+            f"found {mapped_px.sum()} px"
+        )
+    n_mapped, n_ref = np.bincount(mapped, minlength=k), np.bincount(reference, minlength=k)
+    empty = np.flatnonzero((mapped_px == 0) & (n_mapped > 0))
+    if len(empty):
+        u = int(np.flatnonzero(mapped == empty[0])[0])
+        raise AreaEstimateError(
+            f"unit {u} is mapped as class {empty[0]}, but mapped_px gives class {empty[0]} no pixel"
+        )
+    holds = _strata_mapped(strata_mapped_px, big_n, mapped_px, units)
+    n_h = np.bincount(stratum, minlength=h)
+    _check_strata(big_n, n_h)
+
+    design = _Design(big_n, n_h, stratum)
+    ref, mapd = np.eye(k)[reference], np.eye(k)[mapped]
+    right = mapd * ref  # [map = reference = k]
+    big_ref, ref_var = design.total(ref)
+    correct, correct_var = design.total((mapped == reference)[:, None].astype(float))
+    users, users_var = design.ratio(right, mapd)
+    producers, producers_var = design.ratio(right, ref)
+    figures = _Figures(
+        proportion=big_ref / design.n,
+        proportion_var=ref_var / design.n**2,
+        users=users,
+        users_var=users_var,
+        producers=producers,
+        producers_var=producers_var,
+        overall=float(correct[0] / design.n),
+        overall_var=float(correct_var[0] / design.n**2),
+    )
+    return _result(big_n, n_h, mapped_px, n_mapped, n_ref, figures, holds)
+
+
+@dataclass(frozen=True)
+class _Figures:
+    """Every estimate and its variance; (K,) arrays, 0 where a figure is undefined."""
+
+    proportion: np.ndarray
+    proportion_var: np.ndarray
+    users: np.ndarray
+    users_var: np.ndarray
+    producers: np.ndarray
+    producers_var: np.ndarray
+    overall: float
+    overall_var: float
+
+
+def _result(
+    big_n: np.ndarray,
+    n_h: np.ndarray,
+    mapped_px: np.ndarray,
+    n_mapped: np.ndarray,
+    n_ref: np.ndarray,
+    f: _Figures,
+    users_strata: np.ndarray,
+) -> AreaEstimates:
+    """The figures as estimates, each SE withheld where a stratum of 1 unit enters it.
+
+    users_strata: (H, K) bool, whether stratum h enters the SE of class k's user's accuracy
+    (every stratum enters the areas', the producer's and the overall accuracy's).
+    """
+    lone = (n_h == 1) & (big_n > 1)  # 1 unit among more than 1 pixel: no variance estimate
+    everywhere = _lone_why(lone, big_n)
+    classes = []
+    for c in np.flatnonzero((mapped_px > 0) | (n_mapped > 0) | (n_ref > 0)):
+        users_why = _lone_why(lone & users_strata[:, c], big_n)
+        users = _estimate(f.users[c], f.users_var[c], users_why)
+        producers = _estimate(f.producers[c], f.producers_var[c], everywhere)
+        classes.append(
+            ClassEstimate(
+                cls=int(c),
+                mapped_px=int(mapped_px[c]),
+                units_mapped=int(n_mapped[c]),
+                units_reference=int(n_ref[c]),
+                proportion=_estimate(f.proportion[c], f.proportion_var[c], everywhere),
+                users=users if n_mapped[c] > 0 else None,
+                producers=producers if f.proportion[c] > 0 else None,
+            )
+        )
+    overall = _estimate(f.overall, f.overall_var, everywhere)
+    return AreaEstimates(int(big_n.sum()), tuple(classes), overall)
+
+
+class _Design:
+    """A stratified random sample: stratified totals of per-unit values, and their variances."""
+
+    def __init__(self, big_n: np.ndarray, n_h: np.ndarray, stratum: np.ndarray) -> None:
+        self.big_n, self.n_h, self.stratum = big_n.astype(float), n_h, stratum
+        self.n = float(big_n.sum())
+        self.members = np.eye(len(big_n))[stratum]  # (n, H)
+        # N_h^2 / n_h per stratum; 0 in a census (known exactly) and where n_h < 2 (a stratum
+        # of 1 unit has its SEs withheld by _result, one of none is refused before)
+        weight = np.divide(self.big_n**2, n_h, out=np.zeros(len(n_h)), where=n_h > 1)
+        self.var_weight = weight * _not_census(big_n, n_h)
+
+    def total(self, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Y = sum_h N_h ybar_h and V(Y) = sum_h N_h^2 s2_yh / n_h, per column of y (n, M)."""
+        sums = self.members.T @ y  # (H, M)
+        n_h = self.n_h[:, None]
+        means = np.divide(sums, n_h, out=np.zeros_like(sums), where=n_h > 0)
+        squares = self.members.T @ (y - means[self.stratum]) ** 2
+        s2 = np.divide(squares, n_h - 1.0, out=np.zeros_like(sums), where=n_h > 1)
+        return self.big_n @ means, self.var_weight @ s2
+
+    def ratio(self, y: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """R = Y / X per column and V(R) = V(total of y - R x) / X^2; 0 where X = 0."""
+        big_y, _ = self.total(y)
+        big_x, _ = self.total(x)
+        r = np.divide(big_y, big_x, out=np.zeros_like(big_y), where=big_x > 0)
+        _, var_d = self.total(y - r * x)
+        return r, np.divide(var_d, big_x**2, out=np.zeros_like(big_y), where=big_x > 0)
+
+
+def _not_census(big_n: np.ndarray, n_h: np.ndarray) -> np.ndarray:
+    """1 per stratum, 0 where it was sampled whole (n_h = N_h: no sampling variance)."""
+    return (n_h < big_n).astype(float)
+
+
+def _lone_why(lone: np.ndarray, big_n: np.ndarray) -> str:
+    """Why an SE that draws on the strata ``lone`` marks has no value; "" when none."""
+    which = np.flatnonzero(lone)
+    if len(which) == 0:
+        return ""
+    named = ", ".join(f"{s} (N={big_n[s]} px)" for s in which)
+    if len(which) == 1:
+        return f"stratum {named} has 1 sample unit, too few to estimate its variance"
+    return f"strata {named} have 1 sample unit each, too few to estimate their variance"
+
+
+def _estimate(value: float, var: float, why: str) -> Estimate:
+    if why:
+        return Estimate(float(value), None, why)
+    return Estimate(float(value), float(np.sqrt(var)))
+
+
+def _check_strata(big_n: np.ndarray, n_h: np.ndarray) -> None:
+    """Every stratum with pixels has a unit, and none has more units than pixels."""
+    for s, (size, units) in enumerate(zip(big_n, n_h, strict=True)):
+        if units > size:
+            raise AreaEstimateError(
+                f"stratum {s} has {units} sample units but {size} px: expected at most one "
+                f"unit per pixel"
+            )
+        if units == 0 and size > 0:
+            raise AreaEstimateError(
+                f"stratum {s} (N={size} px) has no sample unit: the estimates would leave its "
+                f"pixels out"
+            )
+
+
+def _counts(
+    name: str, values: np.ndarray, shape: tuple[int | None, ...], meaning: str
+) -> np.ndarray:
+    """``values`` as int64 after checking the shape (None: any length), type and sign."""
+    a = np.asarray(values)
+    if a.ndim != len(shape) or any(
+        w is not None and w != g for w, g in zip(shape, a.shape, strict=True)
+    ):
+        expected = str(shape).replace("None", "n")
+        raise ValueError(f"{name}: expected shape {expected} ({meaning}), found {a.shape}")
+    if a.size == 0:
+        raise ValueError(f"{name}: expected {meaning}, found no entry")
+    if not np.issubdtype(a.dtype, np.integer):
+        raise ValueError(f"{name}: expected integer counts, found dtype {a.dtype}")
+    if (a < 0).any():
+        at = tuple(int(i) for i in np.argwhere(a < 0)[0])
+        raise ValueError(f"{name}: expected counts >= 0, found {a[at]} at index {at}")
+    return a.astype(np.int64)
+
+
+def _strata_px(values: np.ndarray) -> np.ndarray:
+    """N_h as int64: pixels per stratum, at least one pixel in all."""
+    big_n = _counts("strata_px", values, (None,), "pixels per stratum")
+    if big_n.sum() == 0:
+        raise ValueError("strata_px: expected a map with pixels, found a total of 0 px")
+    return big_n
+
+
+def _units(
+    stratum: np.ndarray, mapped: np.ndarray, reference: np.ndarray, h: int, k: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The per-unit arrays as int64 after checking their length, type and range."""
+    n = np.asarray(stratum).shape[:1]
+    checked = []
+    for name, values, top, of in (
+        ("stratum", stratum, h, "strata_px"),
+        ("mapped", mapped, k, "mapped_px"),
+        ("reference", reference, k, "mapped_px"),
+    ):
+        a = np.asarray(values)
+        if a.ndim != 1 or a.shape != n:
+            raise ValueError(
+                f"{name}: expected shape {n} (one entry per sample unit, as stratum), "
+                f"found {a.shape}"
+            )
+        if len(a) and not np.issubdtype(a.dtype, np.integer):
+            raise ValueError(f"{name}: expected integer indices, found dtype {a.dtype}")
+        bad = np.flatnonzero((a < 0) | (a >= top))
+        if len(bad):
+            raise ValueError(
+                f"{name}: expected indices 0..{top - 1} (one per entry of {of}), "
+                f"found {a[bad[0]]} at unit {bad[0]}"
+            )
+        checked.append(a.astype(np.int64))
+    return checked[0], checked[1], checked[2]
+
+
+def _strata_mapped(
+    table: np.ndarray | None,
+    big_n: np.ndarray,
+    mapped_px: np.ndarray,
+    units: tuple[np.ndarray, np.ndarray, np.ndarray],
+) -> np.ndarray:
+    """(H, K) bool: whether stratum h may hold pixels mapped as k (all True when unknown)."""
+    h, k = len(big_n), len(mapped_px)
+    if table is None:
+        return np.ones((h, k), bool)
+    meaning = "pixels per stratum (row) and map class (column)"
+    table = _counts("strata_mapped_px", table, (h, k), meaning)
+    for axis, name, want in ((1, "strata_px", big_n), (0, "mapped_px", mapped_px)):
+        got = table.sum(axis)
+        if (got != want).any():
+            i = int(np.flatnonzero(got != want)[0])
+            raise ValueError(
+                f"strata_mapped_px: expected its sums to equal {name} ({want[i]} px at {i}), "
+                f"found {got[i]} px"
+            )
+    stratum, mapped, _ = units
+    bad = np.flatnonzero(table[stratum, mapped] == 0)
+    if len(bad):
+        u = int(bad[0])
+        raise AreaEstimateError(
+            f"unit {u} in stratum {stratum[u]} is mapped as class {mapped[u]}, but "
+            f"strata_mapped_px gives that stratum no pixel of class {mapped[u]}"
+        )
+    return table > 0

@@ -1,0 +1,114 @@
+"""A run's area estimates as one table: a row per (method, level, class), in hectares.
+
+The columns are the file's contract (``results/area_estimates/{run}.csv``, docs/design.md):
+the map's pixel count (``mapped_ha``), the estimate with its standard error and interval, the
+user's, producer's and overall accuracy with their intervals, the sample units, and for the
+test split's check the CDL's area of the same pixels and how often the interval covered it.
+A standard error that cannot be estimated leaves its columns empty and says why in ``note``:
+never a silent NaN, never a zero-width interval.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+from emb.classes import ClassMap
+from emb.evaluation.area_check import LevelCheck
+from emb.evaluation.area_estimator import AreaEstimates, Estimate
+
+CHECK = "test split, CDL reference"
+USER_SAMPLE = "user sample"
+COLUMNS = [
+    "run", "method", "where", "level", "class_id", "class", "mapped_ha", "estimated_ha",
+    "se_ha", "lo_ha", "hi_ha", "cdl_ha", "coverage", "draws", "users", "users_lo", "users_hi",
+    "producers", "producers_lo", "producers_hi", "overall", "overall_lo", "overall_hi",
+    "units_mapped", "units_reference", "note",
+]  # fmt: skip
+
+
+def class_names(cmap: ClassMap, level: int) -> tuple[str, ...]:
+    return {1: cmap.l1_names, 2: cmap.l2_names, 3: cmap.l3_names}[level]
+
+
+def _with_interval(est: Estimate | None, z: float, scale: float = 1.0) -> list[float | None]:
+    """value, lo, hi (None where the estimate or its standard error does not exist)."""
+    if est is None:
+        return [None, None, None]
+    interval = est.interval(z)
+    lo, hi = (None, None) if interval is None else (interval[0] * scale, interval[1] * scale)
+    return [est.value * scale, lo, hi]
+
+
+def estimate_rows(
+    estimates: AreaEstimates, level: int, cmap: ClassMap, pixel_ha: float, z: float,
+    common: dict,
+) -> list[dict]:  # fmt: skip
+    """One row per class of ``estimates``; ``common``: run, method, where (and what the
+    caller adds, e.g. the CDL's area per class under ``cdl_ha``)."""
+    total_ha = estimates.total_px * pixel_ha
+    names = class_names(cmap, level)
+    overall = _with_interval(estimates.overall, z)
+    rows = []
+    for c in estimates.classes:
+        value, lo, hi = _with_interval(c.proportion, z, total_ha)
+        notes = [e.why for e in (c.proportion, c.users, c.producers, estimates.overall)
+                 if e is not None and e.why]  # fmt: skip
+        se = c.proportion.se
+        rows.append({
+            **common,
+            "level": level,
+            "class_id": c.cls,
+            "class": names[c.cls] if c.cls < len(names) else str(c.cls),
+            "mapped_ha": c.mapped_px * pixel_ha,
+            "estimated_ha": value,
+            "se_ha": None if se is None else se * total_ha,
+            "lo_ha": lo,
+            "hi_ha": hi,
+            **dict(zip(("users", "users_lo", "users_hi"), _with_interval(c.users, z),
+                       strict=True)),
+            **dict(zip(("producers", "producers_lo", "producers_hi"),
+                       _with_interval(c.producers, z), strict=True)),
+            **dict(zip(("overall", "overall_lo", "overall_hi"), overall, strict=True)),
+            "units_mapped": c.units_mapped,
+            "units_reference": c.units_reference,
+            "note": "; ".join(dict.fromkeys(notes)),
+        })  # fmt: skip
+    return rows
+
+
+def check_rows(
+    run: str, checks: Sequence[LevelCheck], cmap: ClassMap, pixel_ha: float, z: float,
+    where: str,
+) -> list[dict]:  # fmt: skip
+    """The test split's check: the first draw's estimates beside the CDL's area and the
+    coverage of the intervals over every draw."""
+    rows = []
+    for chk in checks:
+        common = {"run": run, "method": CHECK, "where": where, "draws": chk.draws}
+        for row in estimate_rows(chk.estimates, chk.level, cmap, pixel_ha, z, common):
+            cls = row["class_id"]
+            tally = chk.coverage.get(cls)
+            row["cdl_ha"] = float(chk.cdl_px[cls]) * pixel_ha
+            row["coverage"] = tally.covered / chk.draws if tally else None
+            rows.append(row)
+    return rows
+
+
+def table(rows: list[dict]) -> pd.DataFrame:
+    """The rows in the file's column order (largest estimated classes first per level)."""
+    frame = pd.DataFrame(rows, columns=COLUMNS)
+    if frame.empty:
+        return frame
+    frame = frame.sort_values(["method", "level", "estimated_ha"], ascending=[True, True, False],
+                              kind="stable")  # fmt: skip
+    return frame.reset_index(drop=True)
+
+
+def largest(frame: pd.DataFrame, method: str, level: int, top: int) -> pd.DataFrame:
+    """The ``top`` classes of one method and level by estimated area (the figure's rows)."""
+    rows = frame[(frame["method"] == method) & (frame["level"] == level)]
+    order = np.argsort(-rows["estimated_ha"].to_numpy(float), kind="stable")
+    return rows.iloc[order[:top]]

@@ -1,0 +1,198 @@
+"""A class map read as strata: pixels per class at a level, counted by streaming the map in
+strips, and the area of one pixel.
+
+A map is what predict writes (``results/maps/{run}/{region}.tif``): one uint8 band of L3 ids
+(0..60), 255 = nodata, in a projected CRS. Counting reads full-width strips of whole block rows
+(a few MB each) with GDAL's block cache held to about two strips, so memory stays flat in the
+map's size (``bench/map_counts.py``). The strips' row-major order is also the scan order in
+which the sample design ranks a stratum's pixels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import rasterio
+from rasterio.windows import Window
+
+from emb.classes import IGNORE, N_L3, ClassMap
+from emb.io import reading
+
+LEVELS = (1, 2, 3)  # L1 crop/non-crop, L2 groups, L3 classes
+STRIP_BYTES = 4 << 20  # at most this many pixels (uint8) in one strip read
+CHUNK = 1 << 18  # pixels per bincount call: it copies its input as int64 (8 bytes a pixel)
+MIN_CACHE_BYTES = 8 << 20  # GDAL's block cache while streaming (at least)
+
+
+class MapCrsError(ValueError):
+    """A map whose pixel area cannot be known in square metres (no or a geographic CRS)."""
+
+
+class MapFileError(ValueError):
+    """A file that is not a class map as predict writes it, or holds values no class has."""
+
+
+def level_table(level: int, cmap: ClassMap) -> np.ndarray:
+    """(256,) uint8: L3 id -> class id at ``level``; 255 for nodata and for any value that is
+    no L3 id."""
+    if level == 1:
+        return cmap.l3_to_l1
+    if level == 2:
+        return cmap.l3_to_l2
+    if level == 3:
+        table = np.full(256, IGNORE, np.uint8)
+        table[:N_L3] = np.arange(N_L3, dtype=np.uint8)
+        return table
+    raise ValueError(f"class level must be one of {LEVELS}, found {level!r}")
+
+
+def level_names(level: int, cmap: ClassMap) -> tuple[str, ...]:
+    """The class names at ``level``, indexed by class id."""
+    names = {1: cmap.l1_names, 2: cmap.l2_names, 3: cmap.l3_names}
+    if level not in names:
+        raise ValueError(f"class level must be one of {LEVELS}, found {level!r}")
+    return names[level]
+
+
+def check_map(src: rasterio.DatasetReader, path: Path | str) -> None:
+    """Refuse a file that is not a class map: one uint8 band, nodata 255 or none declared (a
+    probability file has one band per class)."""
+    if src.count != 1 or src.dtypes[0] != "uint8":
+        raise MapFileError(
+            f"{path}: not a class map: expected 1 uint8 band of L3 ids, found {src.count} "
+            f"band(s) of {src.dtypes[0]}"
+        )
+    if src.nodata is not None and src.nodata != IGNORE:
+        raise MapFileError(f"{path}: a class map's nodata is {IGNORE}, found {src.nodata}")
+
+
+def pixel_hectares(path: Path | str) -> float:
+    """The area of one pixel in hectares, from the transform (|determinant|, in the CRS's
+    linear unit converted to metres); a geographic CRS (degrees) or none is refused, since a
+    degree's length varies over the map."""
+    with reading(path), rasterio.open(path) as src:
+        return map_pixel_ha(src, path)
+
+
+def map_pixel_ha(src: rasterio.DatasetReader, path: Path | str) -> float:
+    crs = src.crs
+    if crs is None:
+        raise MapCrsError(f"{path}: no CRS; a pixel's area needs a projected CRS (e.g. UTM)")
+    if crs.is_geographic or not crs.is_projected:
+        raise MapCrsError(
+            f"{path}: CRS {crs.to_string()} is not projected (geographic degrees); a pixel's "
+            f"area needs a projected CRS (e.g. UTM)"
+        )
+    _, metres = crs.linear_units_factor
+    return abs(src.transform.determinant) * metres**2 / 10_000.0
+
+
+def strip_rows(src: rasterio.DatasetReader) -> int:
+    """Rows per strip: whole block rows while a full-width strip stays under STRIP_BYTES, else
+    as many rows as fit (at least one)."""
+    block_h = src.block_shapes[0][0]
+    fit = max(1, STRIP_BYTES // max(1, src.width))
+    return block_h * max(1, fit // block_h) if fit >= block_h else fit
+
+
+def cache_bytes(src: rasterio.DatasetReader) -> int:
+    """GDAL's block cache while streaming: one full-width row of blocks twice, so a strip
+    thinner than a block row reads each block from disk once."""
+    block_h = src.block_shapes[0][0]
+    return max(MIN_CACHE_BYTES, 2 * src.width * block_h)
+
+
+def strips(src: rasterio.DatasetReader, window: Window | None = None) -> Iterator[Window]:
+    """Full-width strips of ``window`` (default: the whole map), top row first."""
+    full = Window(0, 0, src.width, src.height)
+    window = full if window is None else window.intersection(full)
+    col0, row0 = int(window.col_off), int(window.row_off)
+    width, height = int(window.width), int(window.height)
+    step = strip_rows(src)
+    for row in range(row0, row0 + height, step):
+        yield Window(col0, row, width, min(step, row0 + height - row))
+
+
+def histogram(values: np.ndarray) -> np.ndarray:
+    """(256,) int64 occurrences of each value of a uint8 array, bincounted in chunks so that
+    bincount's int64 copy stays small."""
+    flat = values.ravel()
+    counts = np.zeros(256, np.int64)
+    for start in range(0, flat.size, CHUNK):
+        counts += np.bincount(flat[start : start + CHUNK], minlength=256)
+    return counts
+
+
+@contextmanager
+def streaming(path: Path | str) -> Iterator[rasterio.DatasetReader]:
+    """The map at ``path``, checked, open under a GDAL block cache sized for strips (GDAL's
+    default, 5% of RAM, would grow with the map up to it); read errors name the file."""
+    with reading(path), rasterio.open(path) as src:
+        check_map(src, path)
+        with rasterio.Env(GDAL_CACHEMAX=cache_bytes(src)):
+            yield src
+
+
+def count_l3(path: Path | str, mask_window: Window | None = None) -> np.ndarray:
+    """(256,) int64 pixels per map value, streamed by strips; values that are neither an L3 id
+    nor nodata are refused (naming them), so no pixel falls out of the strata silently."""
+    counts = np.zeros(256, np.int64)
+    with streaming(path) as src:
+        for win in strips(src, mask_window):
+            counts += histogram(src.read(1, window=win))
+    foreign = np.flatnonzero(counts[N_L3:IGNORE]) + N_L3
+    if foreign.size:
+        raise MapFileError(
+            f"{path}: values {foreign.tolist()} are neither L3 class ids (0..{N_L3 - 1}) nor "
+            f"nodata {IGNORE}"
+        )
+    return counts
+
+
+def collapse_counts(l3_counts: np.ndarray, level: int, cmap: ClassMap) -> np.ndarray:
+    """(K,) int64 pixels per class at ``level`` from (256,) counts per map value; nodata is
+    not counted."""
+    table = level_table(level, cmap)[:N_L3]
+    n_classes = len(level_names(level, cmap))
+    return np.bincount(table, weights=l3_counts[:N_L3], minlength=n_classes).astype(np.int64)
+
+
+def count_classes(
+    path: Path | str, level: int, cmap: ClassMap, mask_window: Window | None = None
+) -> np.ndarray:
+    """(K,) int64 pixels per class at ``level`` of the map at ``path`` (only inside
+    ``mask_window`` when given), nodata not counted; memory flat in the map's size."""
+    level_table(level, cmap)  # an unknown level is refused before the map is read
+    return collapse_counts(count_l3(path, mask_window), level, cmap)
+
+
+def pixels_of(
+    src: rasterio.DatasetReader, x: np.ndarray, y: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(rows, cols, inside): the pixel holding each point (x, y in the map's CRS), int64,
+    and whether it lies inside the map (bool)."""
+    fcols, frows = ~src.transform * (np.asarray(x, np.float64), np.asarray(y, np.float64))
+    rows = np.floor(frows).astype(np.int64)
+    cols = np.floor(fcols).astype(np.int64)
+    inside = (rows >= 0) & (rows < src.height) & (cols >= 0) & (cols < src.width)
+    return rows, cols, inside
+
+
+def values_at(src: rasterio.DatasetReader, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """(m,) uint8 map values at pixels inside the map, each block holding a point read once."""
+    block_h, block_w = src.block_shapes[0]
+    across = -(-src.width // block_w)
+    keys = (rows // block_h) * across + cols // block_w
+    out = np.empty(len(rows), np.uint8)
+    order = np.argsort(keys, kind="stable")
+    bounds = np.flatnonzero(np.diff(keys[order])) + 1
+    for group in np.split(order, bounds) if len(order) else []:
+        down, right = divmod(int(keys[group[0]]), across)
+        row0, col0 = down * block_h, right * block_w
+        win = Window(col0, row0, min(block_w, src.width - col0), min(block_h, src.height - row0))
+        block = src.read(1, window=win)
+        out[group] = block[rows[group] - row0, cols[group] - col0]
+    return out

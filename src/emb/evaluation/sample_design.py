@@ -1,0 +1,391 @@
+"""A stratified random sample of map pixels for reference labelling (Olofsson et al. 2014,
+RSE 148, section 5.1): strata are the map's classes at a level, each stratum gets a minimum
+number of units and the rest of n goes by area, and within a stratum the units are pixels drawn
+uniformly without replacement.
+
+Reproducible from the seed: the strata are counted by streaming the maps, each stratum's drawn
+ranks come from one generator in class order, and a second streaming pass picks the pixels of
+those ranks in a fixed scan order (maps in the order given, each row-major). Memory stays flat
+in the maps' size. The points go out as a CSV to fill in (``reference``), a GeoPackage of the
+same points, and a JSON record of the design beside them, which the estimate needs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyogrio.raw
+import rasterio
+import shapely
+from pyproj import CRS
+
+from emb import geo
+from emb.classes import ClassMap
+from emb.evaluation.map_classes import (
+    CHUNK,
+    check_map,
+    collapse_counts,
+    count_l3,
+    level_names,
+    level_table,
+    map_pixel_ha,
+    streaming,
+    strips,
+)
+from emb.io import atomic_path, json_text, reading
+from emb.provenance import digest_file
+
+CSV_COLUMNS = ("id", "region", "x", "y", "crs", "lon", "lat", "map_class", "map_name", "reference")
+LAYER = "sample"  # the GeoPackage's layer
+METHOD = "stratified random sample of map pixels; strata = map classes (Olofsson et al. 2014)"
+SCAN_ORDER = (
+    "maps in the order listed, each row-major from its top row; a stratum's units are its "
+    "pixels whose 0-based rank in this order was drawn"
+)
+PIXEL_AREA_RTOL = 1e-6  # maps' pixel areas that differ by less are one pixel size
+
+
+class SampleDesignError(ValueError):
+    """A design that cannot be drawn as asked (n, minimums, maps)."""
+
+
+@dataclass(frozen=True)
+class Points:
+    """Where sample units lie, (m,) arrays: ``ids`` int64; ``region`` str (a map file's stem);
+    ``x``, ``y`` float64 pixel centres in that map's CRS; ``crs`` str (``EPSG:n`` or WKT)."""
+
+    ids: np.ndarray
+    region: np.ndarray
+    x: np.ndarray
+    y: np.ndarray
+    crs: np.ndarray
+
+
+@dataclass(frozen=True)
+class MapRecord:
+    """One map file of a design: ``pixels`` = its mapped (not nodata) pixels."""
+
+    region: str
+    path: str
+    sha256: str
+    crs: str
+    pixel_ha: float
+    width: int
+    height: int
+    pixels: int
+
+
+@dataclass(frozen=True)
+class Design:
+    """A drawn sample: ``strata_px`` (K,) int64 N_h and ``allocation`` (K,) int64 n_h over the
+    K classes of ``level``; ``points`` with (m,) ``lon``, ``lat`` float64 (WGS84) and
+    ``map_class`` int64 (the stratum), m = allocation.sum(); ``n`` is the n asked for."""
+
+    level: int
+    class_names: tuple[str, ...]
+    maps: tuple[MapRecord, ...]
+    strata_px: np.ndarray
+    allocation: np.ndarray
+    n: int
+    min_per_class: int
+    seed: int
+    pixel_ha: float
+    points: Points
+    lon: np.ndarray
+    lat: np.ndarray
+    map_class: np.ndarray
+
+
+@dataclass(frozen=True)
+class DesignPaths:
+    """The three files of a design: the CSV to fill in, the GeoPackage, the JSON record."""
+
+    csv: Path
+    gpkg: Path
+    record: Path
+
+    @classmethod
+    def in_folder(cls, folder: Path | str) -> DesignPaths:
+        folder = Path(folder)
+        return cls(folder / "sample.csv", folder / "sample.gpkg", folder / "sample.json")
+
+
+def allocate(strata_px: np.ndarray, n: int, min_per_class: int) -> np.ndarray:
+    """(K,) int64 units per stratum: each stratum with pixels gets min(min_per_class, N_h), the
+    rest of ``n`` goes in proportion to N_h (largest remainder; ties to the larger stratum,
+    then the lower id), none above N_h. Sums to n, or to sum(N_h) when n exceeds it."""
+    sizes = np.asarray(strata_px)
+    if sizes.ndim != 1 or not np.issubdtype(sizes.dtype, np.integer) or (sizes < 0).any():
+        raise SampleDesignError(f"strata sizes must be non-negative integers, found {sizes}")
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise SampleDesignError(f"sample size n must be an integer >= 1, found {n!r}")
+    if (
+        isinstance(min_per_class, bool)
+        or not isinstance(min_per_class, (int, np.integer))
+        or min_per_class < 0
+    ):
+        raise SampleDesignError(f"min_per_class must be an integer >= 0, found {min_per_class!r}")
+    px = [int(v) for v in sizes]
+    total = sum(px)
+    if total == 0:
+        raise SampleDesignError("no mapped pixels: every stratum is empty (all nodata)")
+    base = [min(min_per_class, v) for v in px]
+    if n < sum(base):
+        strata = sum(v > 0 for v in px)
+        raise SampleDesignError(
+            f"n = {n} is below the {sum(base)} units the minimums need ({strata} strata with "
+            f"pixels, min_per_class {min_per_class}); n = {sum(base)} or more would do, or a "
+            f"smaller min_per_class"
+        )
+    alloc = list(base)
+    room = [v - b for v, b in zip(px, base, strict=True)]
+    active = [h for h in range(len(px)) if room[h] > 0]
+    rest = n - sum(base)
+    while rest > 0 and active:  # n beyond the pixels: every stratum ends full
+        extra = _largest_remainder(rest, [px[h] for h in active])
+        over = [h for h, e in zip(active, extra, strict=True) if e > room[h]]
+        if not over:
+            for h, e in zip(active, extra, strict=True):
+                alloc[h] += e
+            break
+        for h in over:  # full strata take all they have; the rest is shared again
+            alloc[h] += room[h]
+            rest -= room[h]
+            room[h] = 0
+        active = [h for h in active if room[h] > 0]
+    return np.array(alloc, np.int64)
+
+
+def _largest_remainder(total: int, weights: list[int]) -> list[int]:
+    """``total`` split in proportion to ``weights`` (integers, exact arithmetic): floors,
+    then one more to the largest remainders (ties: larger weight, then lower position)."""
+    whole = sum(weights)
+    shares = [total * w // whole for w in weights]
+    remainders = [total * w % whole for w in weights]
+    order = sorted(range(len(weights)), key=lambda i: (-remainders[i], -weights[i], i))
+    for i in order[: total - sum(shares)]:
+        shares[i] += 1
+    return shares
+
+
+def crs_text(crs: rasterio.crs.CRS) -> str:
+    """``EPSG:n`` when the CRS has an EPSG code, else its WKT."""
+    epsg = crs.to_epsg()
+    return f"EPSG:{epsg}" if epsg else crs.to_wkt()
+
+
+def _map_record(path: Path, level: int, cmap: ClassMap) -> tuple[MapRecord, np.ndarray]:
+    """A map's record and (K,) pixels per class at ``level`` (first streaming pass)."""
+    with reading(path), rasterio.open(path) as src:
+        check_map(src, path)
+        pixel_ha = map_pixel_ha(src, path)
+        crs, width, height = crs_text(src.crs), src.width, src.height
+    counts = collapse_counts(count_l3(path), level, cmap)
+    record = MapRecord(
+        region=path.stem, path=str(path), sha256=digest_file(path), crs=crs,
+        pixel_ha=pixel_ha, width=width, height=height, pixels=int(counts.sum()),
+    )  # fmt: skip
+    return record, counts
+
+
+def _check_maps(maps: list[Path], records: list[MapRecord]) -> float:
+    """The maps' one pixel area (ha); refuse two maps of one region or of unequal pixel
+    areas (a sample of pixels weighs every pixel alike)."""
+    if not maps:
+        raise SampleDesignError("no map files to draw a sample from")
+    regions = [r.region for r in records]
+    twice = sorted({r for r in regions if regions.count(r) > 1})
+    if twice:
+        raise SampleDesignError(f"maps {[str(m) for m in maps]}: regions named twice: {twice}")
+    areas = {r.path: r.pixel_ha for r in records}
+    first = records[0].pixel_ha
+    if any(abs(a - first) > PIXEL_AREA_RTOL * first for a in areas.values()):
+        raise SampleDesignError(
+            f"maps of unequal pixel areas (ha) {areas}: a sample of pixels needs one pixel size"
+        )
+    return first
+
+
+def draw_points(
+    maps: list[Path], level: int, cmap: ClassMap, n: int, min_per_class: int, seed: int
+) -> Design:
+    """Draw a stratified random sample of ``n`` pixel centres over ``maps`` (one per region,
+    the stratum of a pixel its map class at ``level``); never on nodata."""
+    maps = [Path(m) for m in maps]
+    table, names = level_table(level, cmap), level_names(level, cmap)
+    pairs = [_map_record(m, level, cmap) for m in maps]
+    records = [r for r, _ in pairs]
+    pixel_ha = _check_maps(maps, records)
+    strata_px = np.sum([c for _, c in pairs], axis=0).astype(np.int64)
+    allocation = allocate(strata_px, n, min_per_class)
+    rng = np.random.default_rng(seed)
+    ranks = [np.sort(rng.choice(int(px), int(k), replace=False)) for px, k in
+             zip(strata_px, allocation, strict=True)]  # fmt: skip
+    found = _pick_ranked(maps, table, ranks, strata_px)
+    region = np.concatenate([np.full(len(rows), m.stem) for m, (rows, _, _) in
+                             zip(maps, found, strict=True)])  # fmt: skip
+    xs, ys, crs, lon, lat = [], [], [], [], []
+    for path, record, (rows, cols, _) in zip(maps, records, found, strict=True):
+        with rasterio.open(path) as src:
+            x, y = src.transform * (cols + 0.5, rows + 0.5)
+            map_crs = CRS.from_user_input(src.crs.to_wkt())
+        lo, la = geo.transformer(map_crs, geo.WGS84).transform(x, y)
+        xs.append(np.asarray(x, np.float64))
+        ys.append(np.asarray(y, np.float64))
+        lon.append(np.asarray(lo, np.float64))
+        lat.append(np.asarray(la, np.float64))
+        crs.append(np.full(len(rows), record.crs, dtype=object))
+    m = int(allocation.sum())
+    points = Points(
+        ids=np.arange(1, m + 1, dtype=np.int64), region=region, x=np.concatenate(xs),
+        y=np.concatenate(ys), crs=np.concatenate(crs),
+    )  # fmt: skip
+    return Design(
+        level=level, class_names=names, maps=tuple(records), strata_px=strata_px,
+        allocation=allocation, n=int(n), min_per_class=int(min_per_class), seed=int(seed),
+        pixel_ha=pixel_ha, points=points, lon=np.concatenate(lon), lat=np.concatenate(lat),
+        map_class=np.concatenate([c for _, _, c in found]).astype(np.int64),
+    )  # fmt: skip
+
+
+def _pick_ranked(
+    maps: list[Path], table: np.ndarray, ranks: list[np.ndarray], strata_px: np.ndarray
+) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Second streaming pass: per map, (rows, cols, class) of the pixels whose rank within
+    their stratum (in scan order) was drawn, sorted row-major."""
+    k = len(ranks)
+    seen = np.zeros(k, np.int64)  # pixels of each stratum passed so far
+    taken = np.zeros(k, np.int64)  # drawn ranks of each stratum found so far
+    sentinel = np.iinfo(np.int64).max
+    out = []
+    for path in maps:
+        rows, cols, classes = [], [], []
+        with streaming(path) as src:
+            for win in strips(src):
+                flat = table[src.read(1, window=win)].ravel()
+                for start in range(0, flat.size, CHUNK):
+                    part = flat[start : start + CHUNK]
+                    counts = np.bincount(part, minlength=256)[:k]
+                    nxt = np.array([r[t] if t < len(r) else sentinel for r, t in
+                                    zip(ranks, taken, strict=True)])  # fmt: skip
+                    for h in np.flatnonzero(nxt < seen + counts):
+                        end = np.searchsorted(ranks[h], seen[h] + counts[h])
+                        want = ranks[h][taken[h] : end] - seen[h]
+                        index = start + np.flatnonzero(part == h)[want]
+                        rows.append(int(win.row_off) + index // int(win.width))
+                        cols.append(int(win.col_off) + index % int(win.width))
+                        classes.append(np.full(len(want), h, np.int64))
+                        taken[h] = end
+                    seen += counts
+        rows_a, cols_a, cls_a = (np.concatenate(v) if v else np.zeros(0, np.int64)
+                                 for v in (rows, cols, classes))  # fmt: skip
+        order = np.lexsort((cols_a, rows_a))
+        out.append((rows_a[order], cols_a[order], cls_a[order]))
+    if not np.array_equal(seen, strata_px):
+        raise SampleDesignError(
+            f"maps {[str(m) for m in maps]} changed while the sample was drawn: pixels per "
+            f"class {seen.tolist()} on the second pass, {strata_px.tolist()} on the first"
+        )
+    return out
+
+
+def design_record(design: Design) -> dict:
+    """The JSON record of a design: what the estimate needs (strata, pixel area, level) and
+    what reproduces it (maps and their digests, seed, n, min_per_class)."""
+    strata = [
+        {"class": h, "name": name, "pixels": int(px), "allocated": int(k)}
+        for h, (name, px, k) in enumerate(
+            zip(design.class_names, design.strata_px, design.allocation, strict=True)
+        )
+    ]
+    return {
+        "method": METHOD,
+        "level": design.level,
+        "class_names": list(design.class_names),
+        "maps": [vars(r) for r in design.maps],
+        "strata": strata,
+        "n": design.n,
+        "n_drawn": int(design.allocation.sum()),
+        "min_per_class": design.min_per_class,
+        "seed": design.seed,
+        "pixel_ha": design.pixel_ha,
+        "total_pixels": int(design.strata_px.sum()),
+        "scan_order": SCAN_ORDER,
+        "numpy": np.__version__,
+        "columns": list(CSV_COLUMNS),
+    }
+
+
+def _rows(design: Design) -> list[list]:
+    p = design.points
+    return [
+        [int(i), str(r), float(x), float(y), str(c), float(lo), float(la), int(k),
+         design.class_names[k], ""]
+        for i, r, x, y, c, lo, la, k in zip(p.ids, p.region, p.x, p.y, p.crs, design.lon,
+                                             design.lat, design.map_class, strict=True)
+    ]  # fmt: skip
+
+
+def _write_csv(design: Design, path: Path) -> None:
+    with open(path, "w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(CSV_COLUMNS)
+        writer.writerows(_rows(design))
+
+
+def _write_gpkg(design: Design, path: Path) -> None:
+    """The points as a GeoPackage layer ``sample``: WGS84 points, the CSV's fields."""
+    p = design.points
+    fields = list(CSV_COLUMNS)
+    data = [
+        p.ids, p.region.astype(object), p.x, p.y, p.crs.astype(object), design.lon, design.lat,
+        design.map_class, np.array([design.class_names[k] for k in design.map_class], object),
+        np.full(len(p.ids), "", object),
+    ]  # fmt: skip
+    geometry = shapely.to_wkb(shapely.points(design.lon, design.lat))
+    named = path.with_name(path.name + ".gpkg")  # GDAL wants the extension on the file it makes
+    try:
+        pyogrio.raw.write(
+            str(named), geometry, data, fields, layer=LAYER, driver="GPKG",
+            geometry_type="Point", crs=geo.WGS84.to_wkt(),
+        )  # fmt: skip
+        os.replace(named, path)
+    finally:
+        named.unlink(missing_ok=True)
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return stat.st_ino, stat.st_mtime_ns
+
+
+def write_design(design: Design, out: DesignPaths | Path | str) -> DesignPaths:
+    """Write the CSV, the GeoPackage and the JSON record (``out``: the three paths, or a
+    folder for ``sample.csv``, ``sample.gpkg``, ``sample.json``). Each file appears whole or
+    not at all; on a failure the files this call already put in place are taken back (so no
+    new file stands beside an earlier design's), and an earlier design's files it did not
+    replace are left as they were (a good output is never deleted)."""
+    paths = out if isinstance(out, DesignPaths) else DesignPaths.in_folder(out)
+    finals = (paths.csv, paths.gpkg, paths.record)
+    before = {final: _identity(final) for final in finals}
+    try:
+        with contextlib.ExitStack() as stack:
+            csv_tmp, gpkg_tmp, record_tmp = (stack.enter_context(atomic_path(f)) for f in finals)
+            _write_csv(design, csv_tmp)
+            _write_gpkg(design, gpkg_tmp)
+            record_tmp.write_text(json_text(design_record(design), indent=2) + "\n")
+    except BaseException:
+        for final in finals:  # renamed into place before another's rename failed
+            if final.is_file() and _identity(final) != before[final]:
+                with contextlib.suppress(OSError):
+                    final.unlink()
+        raise
+    return paths

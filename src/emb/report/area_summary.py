@@ -1,0 +1,91 @@
+"""The summary page's crop-area section: each run's area table read back and shown compactly.
+
+The page shows one level (L2, the seven groups, by default: readable side by side) of every
+run's test-split check: the map's pixel count, the estimate with its interval, the CDL's area
+of the same pixels and how often the interval covered it over the draws; and a figure of the
+same. The CSVs (``results/area_estimates/{run}.csv``) hold every level and class.
+"""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+
+import pandas as pd
+
+from emb import plots
+from emb.evaluation.area_table import CHECK, COLUMNS, USER_SAMPLE
+
+AREAS_TITLE = "Crop areas (hectares, 95% intervals)"
+PAGE_LEVEL = 2
+
+
+class AreaTableError(ValueError):
+    """An area table that cannot be read back: named, with what is wrong."""
+
+
+def read_area_table(path: Path) -> pd.DataFrame:
+    """A run's area CSV, refused in one line naming the file when it is cut or not one."""
+    try:
+        frame = pd.read_csv(path)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as err:
+        raise AreaTableError(f"{path}: not an area table ({err})") from None
+    missing = [c for c in COLUMNS if c not in frame.columns]
+    if missing:
+        raise AreaTableError(f"{path}: expected the columns {COLUMNS}, missing {missing}")
+    return frame
+
+
+def _interval(value: object, lo: object, hi: object) -> str:
+    if pd.isna(value):
+        return ""
+    if pd.isna(lo) or pd.isna(hi):
+        return f"{value:.1f} (no interval)"
+    return f"{value:.1f} [{lo:.1f}, {hi:.1f}]"
+
+
+def page_rows(tables: dict[str, pd.DataFrame], level: int = PAGE_LEVEL) -> pd.DataFrame:
+    """One row per run and class at ``level``, largest estimated first within a run."""
+    rows = []
+    for run, frame in tables.items():
+        part = frame[frame["level"] == level].sort_values(["method", "estimated_ha"],
+                                                          ascending=[True, False])  # fmt: skip
+        for r in part.to_dict("records"):
+            covered = r["coverage"]
+            rows.append({
+                "run": run,
+                "method": r["method"],
+                "class": r["class"],
+                "map (ha)": f"{r['mapped_ha']:.1f}",
+                "estimated (ha)": _interval(r["estimated_ha"], r["lo_ha"], r["hi_ha"]),
+                "CDL (ha)": "" if pd.isna(r["cdl_ha"]) else f"{r['cdl_ha']:.1f}",
+                "coverage": "" if pd.isna(covered) else f"{covered:.0%} of {int(r['draws'])}",
+                "units": int(r["units_reference"]),
+                "note": "" if pd.isna(r["note"]) else str(r["note"]),
+            })  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def area_section(paths: dict[str, Path], top: int = 10) -> str:
+    """The section's HTML: the figure (inline) and the table at ``PAGE_LEVEL``."""
+    tables = {run: read_area_table(Path(p)) for run, p in paths.items()}
+    if not tables:
+        return "<p>No area tables.</p>"
+    panels = []
+    for run, frame in tables.items():
+        part = frame[(frame["level"] == PAGE_LEVEL) & (frame["method"] == CHECK)]
+        panels.append((run, part.nlargest(top, "estimated_ha")))
+    figure = plots.png_bytes(plots.area_figure(panels, f"L{PAGE_LEVEL}, {CHECK}"))
+    image = (f"<img id='areas' alt='mapped vs estimated area per class' "
+             f"src='data:image/png;base64,{base64.b64encode(figure).decode()}'>")  # fmt: skip
+    users = any((f["method"] == USER_SAMPLE).any() for f in tables.values())
+    text = (
+        "<p>The test split's check: a stratified random sample of each run's map over its test "
+        "tiles (strata: the map's classes), labelled by the CDL, estimated as Olofsson et al. "
+        "(2014) give it; <i>coverage</i>: how often the interval covered the CDL's area over "
+        "the repeated draws. The CDL is taken as the truth (its own errors are not corrected); "
+        "the test split's error rates do not hold on the train blocks."
+        + (" Rows of method <i>user sample</i>: your labelled sample." if users else "")
+        + " Every level and class: <code>results/area_estimates/{run}.csv</code>.</p>"
+    )
+    return image + text + plots.html_table(page_rows(tables), "areas")

@@ -1,0 +1,45 @@
+"""Which regions a user's reference sample is drawn over, and where a labelled one lies, at
+parse time (config ``area_estimates``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+KEY = "area_estimates.design_regions"
+
+
+class SampleSettingsError(ValueError):
+    """``area_estimates`` names a region, area or file that is not there."""
+
+
+def design_regions(wanted: Sequence[str], mapped: Sequence[str], run: str) -> list[str]:
+    """The regions of run ``run``'s sample: every mapped region when ``wanted`` is empty; a
+    name is a region, or an area of the areas file (its regions ``{area}_{zone}``)."""
+    if not wanted:
+        return list(mapped)
+    chosen: list[str] = []
+    for name in wanted:
+        found = [r for r in mapped if r == name or r.startswith(f"{name}_")]
+        if not found:
+            raise SampleSettingsError(
+                f"{KEY}: expected regions (or areas) that run {run} maps, found {name!r}; "
+                f"it maps {list(mapped)}"
+            )
+        chosen += [r for r in found if r not in chosen]
+    return chosen
+
+
+def labelled_inputs(labelled: str | None) -> list[str]:
+    """The labelled sample's CSV and its design record beside it (``{stem}.json`` when there,
+    else the design's ``sample.json``: a copy renamed for labelling keeps its record), as
+    inputs; none without one."""
+    if not labelled:
+        return []
+    csv = Path(labelled)
+    if csv.suffix.lower() != ".csv":
+        raise SampleSettingsError(
+            f"area_estimates.labelled: expected the labelled sample's .csv, found {labelled!r}"
+        )
+    own = csv.with_suffix(".json")
+    return [str(csv), str(own if own.exists() else csv.with_name("sample.json"))]

@@ -1,0 +1,203 @@
+"""The test split's area check (emb.evaluation.area_check) and the stage around it
+(emb.evaluation.area_estimates): which pixels it samples, how often its intervals cover the
+CDL's area on clustered errors, and the table and figure it writes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import rasterio
+from conftest import REPO
+from rasterio.transform import from_origin
+from rasterio.windows import Window
+
+from emb.classes import IGNORE, load_class_map
+from emb.evaluation import area_estimates
+from emb.evaluation.area_check import (
+    AreaCheckError,
+    Design,
+    Population,
+    check,
+    read_population,
+    windows_of_test_tiles,
+)
+from emb.evaluation.area_estimator import z_of
+from emb.evaluation.area_table import COLUMNS
+
+CLASSES = REPO / "config" / "classes.csv"
+CMAP = load_class_map(CLASSES)
+SIZE = 96
+TRANSFORM = from_origin(500_000, 4_000_000, 10, 10)
+
+
+def write_raster(path: Path, data: np.ndarray, crs: str = "EPSG:32614") -> Path:
+    profile = {"driver": "GTiff", "height": data.shape[0], "width": data.shape[1], "count": 1,
+               "dtype": "uint8", "crs": crs, "transform": TRANSFORM, "nodata": IGNORE}  # fmt: skip
+    with rasterio.open(path, "w", **profile) as dst:
+        dst.write(data, 1)
+    return path
+
+
+def write_index(path: Path, region: str, tiles: list[tuple[int, int]], size: int = 32) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    blocks = {f"{region}_{r}_{c}": f"{region}:0,0" for r, c in tiles}
+    index = {"region": region, "tile_size": size,
+             "splits": {"train": {"blocks": {f"{region}_0_64": "x"}}, "test": {"blocks": blocks}}}
+    path.write_text(json.dumps(index))  # fmt: skip
+    return path
+
+
+def test_the_windows_come_from_the_test_tiles_keys(tmp_path: Path) -> None:
+    index = json.loads(write_index(tmp_path / "a" / "index.json", "demo_a_2", [(0, 32), (-16, 80)])
+                       .read_text())  # fmt: skip
+    assert windows_of_test_tiles(index, "x") == [Window(32, 0, 32, 32), Window(80, -16, 32, 32)]
+    index["splits"]["test"]["blocks"] = {"demo_a_zz": "b"}
+    with pytest.raises(AreaCheckError, match=r"x: splits.test.blocks: .* found 'demo_a_zz'"):
+        windows_of_test_tiles(index, "x")
+    with pytest.raises(AreaCheckError, match=r"y: expected a shard index with tile_size"):
+        windows_of_test_tiles({"splits": {}}, "y")
+
+
+def region_files(tmp_path: Path, region: str = "r1") -> tuple[np.ndarray, np.ndarray, dict]:
+    rng = np.random.default_rng(3)
+    labels = rng.integers(0, 5, (SIZE, SIZE)).astype(np.uint8)
+    labels[:5] = IGNORE  # unlabelled rows: no reference there
+    mapped = labels.copy()
+    mapped[40:60, 40:60] = 2  # a patch mapped wrong
+    mapped[90:, :] = IGNORE  # nodata at the bottom
+    paths = {
+        "map": write_raster(tmp_path / f"{region}.tif", mapped),
+        "labels": write_raster(tmp_path / f"{region}_labels.tif", labels),
+        # overlapping tiles (each pixel once), one past the raster's edge (clipped)
+        "index": write_index(tmp_path / region / "index.json", region,
+                             [(0, 0), (16, 16), (80, 80)]),
+    }  # fmt: skip
+    return mapped, labels, paths
+
+
+def test_the_population_is_each_test_pixel_once_where_map_and_cdl_both_have_a_class(
+    tmp_path: Path,
+) -> None:
+    mapped, labels, paths = region_files(tmp_path)
+    pop = read_population({"r1": paths["map"]}, {"r1": paths["labels"]}, {"r1": paths["index"]})
+    inside = np.zeros((SIZE, SIZE), bool)
+    inside[0:32, 0:32] = inside[16:48, 16:48] = inside[80:, 80:] = True
+    keep = inside & (mapped != IGNORE) & (labels != IGNORE)
+    assert len(pop.mapped) == keep.sum()
+    want = np.bincount(mapped[keep].astype(int) * 256 + labels[keep], minlength=65536)
+    assert np.array_equal(np.bincount(pop.mapped.astype(int) * 256 + pop.reference, minlength=65536),
+                          want)  # fmt: skip
+    assert pop.pixel_ha == pytest.approx(0.01)
+
+
+def test_a_map_off_its_labels_grid_or_in_degrees_is_refused_naming_the_file(
+    tmp_path: Path,
+) -> None:
+    mapped, labels, paths = region_files(tmp_path)
+    short = write_raster(tmp_path / "short.tif", mapped[:50])
+    with pytest.raises(AreaCheckError, match=r"short.tif: expected the grid of its labels"):
+        read_population({"r1": short}, {"r1": paths["labels"]}, {"r1": paths["index"]})
+    geo = write_raster(tmp_path / "geo.tif", mapped, crs="EPSG:4326")
+    geo_labels = write_raster(tmp_path / "geo_labels.tif", labels, crs="EPSG:4326")
+    with pytest.raises(ValueError, match=r"geo.tif.*(geographic|degree)"):
+        read_population({"r1": geo}, {"r1": geo_labels}, {"r1": paths["index"]})
+    cut = tmp_path / "cut" / "index.json"
+    cut.parent.mkdir()
+    cut.write_text(paths["index"].read_text()[:40])
+    with pytest.raises(AreaCheckError, match=r"cut/index.json: not valid JSON"):
+        read_population({"r1": paths["map"]}, {"r1": paths["labels"]}, {"r1": cut})
+
+
+def clustered_population(seed: int = 0) -> Population:
+    """A 400 x 400 scene of L3 classes in fields, mapped with whole fields wrong (errors
+    clustered in space, as real maps err): the truth of every class is known."""
+    rng = np.random.default_rng(seed)
+    classes = np.array([1, 2, 5, 23, 40])  # L3 ids of several L2 groups
+    fields = rng.choice(len(classes), size=(20, 20), p=[0.35, 0.3, 0.2, 0.1, 0.05])
+    reference = classes[np.kron(fields, np.ones((20, 20), int))]
+    wrong = np.kron(rng.random((20, 20)) < 0.2, np.ones((20, 20), bool))  # 20% of fields
+    mapped = np.where(wrong, classes[np.kron(rng.integers(0, 5, (20, 20)), np.ones((20, 20), int))],
+                      reference)  # fmt: skip
+    return Population(mapped.ravel().astype(np.uint8), reference.ravel().astype(np.uint8), 0.01,
+                      ("synthetic",))  # fmt: skip
+
+
+def test_the_intervals_cover_the_cdl_area_about_95_percent_of_the_draws() -> None:
+    pop = clustered_population()
+    checks = check(pop, CMAP, Design(n=400, min_per_class=20, level=3, seed=0, draws=200),
+                   z_of(0.95))  # fmt: skip
+    by_level = {c.level: c for c in checks}
+    assert sorted(by_level) == [1, 2, 3]
+    l3 = by_level[3]
+    truth = np.bincount(pop.reference, minlength=61)
+    assert np.array_equal(l3.cdl_px, truth)
+    assert np.array_equal(l3.mapped_px, np.bincount(pop.mapped, minlength=61))
+    rates = {cls: t.covered / l3.draws for cls, t in l3.coverage.items() if t.with_se == l3.draws}
+    assert set(rates) == {1, 2, 5, 23, 40}
+    assert all(0.88 <= r <= 0.995 for r in rates.values()), rates
+    assert 0.92 <= np.mean(list(rates.values())) <= 0.98, rates
+    # the pixel count is biased where the map errs; the estimate is not (over the draws)
+    l2 = by_level[2]
+    assert any(c.users is not None for c in l2.estimates.classes)
+
+
+def test_a_draw_samples_each_stratum_as_allocated_without_replacement() -> None:
+    from emb.evaluation.area_check import StratifiedSampler
+
+    strata = np.repeat(np.arange(4), [500, 300, 30, 3])
+    sampler = StratifiedSampler(strata, 61, 100, 10)
+    units = sampler.draw(np.random.default_rng(0))
+    assert len(np.unique(units)) == len(units) == sampler.allocation.sum() == 100
+    assert np.array_equal(np.bincount(strata[units], minlength=61), sampler.allocation)
+    assert sampler.allocation[3] == 3  # a stratum smaller than the minimum is taken whole
+    again = sampler.draw(np.random.default_rng(0))
+    assert np.array_equal(units, again)
+
+
+def test_the_stage_writes_every_level_beside_the_cdl_and_the_map(tmp_path: Path) -> None:
+    _, _, paths = region_files(tmp_path)
+    maps = tmp_path / "maps"
+    maps.mkdir()
+    (maps / "r1.tif").write_bytes(paths["map"].read_bytes())
+    csv, png = tmp_path / "out" / "run.csv", tmp_path / "out" / "run.png"
+    csv.parent.mkdir()
+    area_estimates.main(["--run", "run", "--maps", str(maps), "--indexes", str(paths["index"]),
+                         "--labels", str(paths["labels"]), "--classes", str(CLASSES),
+                         "--n", "200", "--min-per-class", "5", "--draws", "20",
+                         "--csv", str(csv), "--png", str(png)])  # fmt: skip
+    frame = pd.read_csv(csv)
+    assert list(frame.columns) == COLUMNS
+    assert set(frame["level"]) == {1, 2, 3}
+    assert png.stat().st_size > 1000
+    for level, part in frame.groupby("level"):
+        # the CDL's and the map's areas of one population: equal totals, in hectares
+        assert part["cdl_ha"].sum() == pytest.approx(part["mapped_ha"].sum())
+        assert part["estimated_ha"].sum() == pytest.approx(part["cdl_ha"].sum())
+        assert part["coverage"].between(0, 1).all(), level
+
+
+def test_the_stage_refuses_bad_input_in_one_line_and_writes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, _, paths = region_files(tmp_path)
+    csv = tmp_path / "run.csv"
+    with pytest.raises(SystemExit) as exit_:
+        area_estimates.main(["--run", "run", "--maps", str(tmp_path / "none"),
+                             "--indexes", str(paths["index"]), "--labels", str(paths["labels"]),
+                             "--classes", str(CLASSES), "--csv", str(csv),
+                             "--png", str(tmp_path / "run.png")])  # fmt: skip
+    assert exit_.value.code == 66
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "none/r1.tif" in err[-1] and "Traceback" not in "\n".join(err)
+    assert not csv.exists()
+    with pytest.raises(SystemExit) as exit_:
+        area_estimates.main(["--run", "run", "--maps", str(tmp_path), "--indexes",
+                             str(paths["index"]), "--labels", str(paths["labels"]),
+                             "--classes", str(CLASSES), "--min-per-class", "1",
+                             "--csv", str(csv), "--png", str(tmp_path / "run.png")])  # fmt: skip
+    assert exit_.value.code == 2
+    assert "--min-per-class: expected >= 2" in capsys.readouterr().err

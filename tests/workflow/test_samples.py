@@ -1,0 +1,36 @@
+"""Parse-time answers of emb.workflow.samples: the regions a user's sample is drawn over, and
+the files of a labelled sample."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from emb.workflow.samples import SampleSettingsError, design_regions, labelled_inputs
+
+MAPPED = ["demo_a", "demo_b", "iowa_15N", "iowa_16N", "iowa2_15N"]
+
+
+def test_no_region_named_means_every_mapped_region() -> None:
+    assert design_regions([], MAPPED, "r") == MAPPED
+
+
+def test_an_area_name_gives_its_zones_and_a_region_itself() -> None:
+    assert design_regions(["iowa", "demo_b"], MAPPED, "r") == ["iowa_15N", "iowa_16N", "demo_b"]
+    assert design_regions(["iowa_16N", "iowa"], MAPPED, "r") == ["iowa_16N", "iowa_15N"]
+
+
+def test_a_name_the_run_does_not_map_is_refused_naming_the_key_and_the_run() -> None:
+    with pytest.raises(SampleSettingsError, match=r"design_regions: .* run r maps, found 'ohio'"):
+        design_regions(["ohio"], MAPPED, "r")
+
+
+def test_a_labelled_sample_brings_its_design_record(tmp_path: Path) -> None:
+    assert labelled_inputs(None) == []
+    csv = tmp_path / "labelled.csv"
+    assert labelled_inputs(str(csv)) == [str(csv), str(tmp_path / "sample.json")]
+    (tmp_path / "labelled.json").write_text("{}")
+    assert labelled_inputs(str(csv)) == [str(csv), str(tmp_path / "labelled.json")]
+    with pytest.raises(SampleSettingsError, match=r"labelled: expected the labelled sample's"):
+        labelled_inputs(str(tmp_path / "sample.gpkg"))

@@ -1,0 +1,120 @@
+# Each class's area in hectares with its interval (Olofsson et al. 2014), per run: the test
+# split's check (samples of the map labelled by the CDL), and a user's labelled sample.
+from emb.workflow import samples
+
+# A user's sample: drawn by `snakemake results/samples/{run}/sample.csv` (not in `all`), and
+# once labelled (area_estimates.labelled) estimated for every run.
+try:
+    LABELLED = samples.labelled_inputs(config["area_estimates"]["labelled"])
+    SAMPLE_REGIONS = {
+        run: samples.design_regions(
+            config["area_estimates"]["design_regions"],
+            TABLE.mapped_regions(RUN_SOURCE[run]),
+            run,
+        )
+        for run in RUNS
+    }
+except samples.SampleSettingsError as err:
+    raise WorkflowError(str(err)) from None
+
+
+def area_regions(wildcards):
+    """The regions a run trains on: those with test tiles to check."""
+    return TABLE.training_regions(RUN_SOURCE[wildcards.run])
+
+
+def area_indexes(wildcards):
+    source = RUN_SOURCE[wildcards.run]
+    return [f"results/shards/{source}/{r}/index.json" for r in area_regions(wildcards)]
+
+
+def area_labels(wildcards):
+    source = RUN_SOURCE[wildcards.run]
+    return [f"results/labels/{source}/{r}.tif" for r in area_regions(wildcards)]
+
+
+rule area_estimates:
+    input:
+        maps="results/maps/{run}",
+        metrics="results/eval/{run}/metrics.json",  # after evaluate: the run's scores first
+        indexes=area_indexes,  # the test tiles
+        labels=area_labels,  # the CDL on the maps' grid
+        classes=config["classes"],
+        labelled=LABELLED,  # a user's labelled sample.csv and its design record, if any
+    output:
+        csv=report_file(
+            "results/area_estimates/{run}.csv",
+            "area_estimates",
+            "Crop areas",
+            "areas per class (CSV)",
+        ),
+        png=report_file(
+            "results/area_estimates/{run}.png",
+            "area_estimates",
+            "Crop areas",
+            "mapped vs estimated area",
+        ),
+    log:
+        "logs/area_estimates/{run}.log",
+    benchmark:
+        "benchmarks/area_estimates/{run}.tsv"
+    conda:
+        "../../envs/emb.yaml"
+    threads: 1
+    resources:
+        mem_mb=4000,
+        runtime=30,
+    params:
+        confidence=config["area_estimates"]["confidence"],
+        n=config["area_estimates"]["sample"]["n"],
+        min_per_class=config["area_estimates"]["sample"]["min_per_class"],
+        level=config["area_estimates"]["sample"]["level"],
+        seed=config["area_estimates"]["sample"]["seed"],
+        draws=config["area_estimates"]["draws"],
+        # ["--labelled", csv, "--record", json] or none; each word quoted by :q
+        labelled=lambda wildcards, input: (
+            ["--labelled", input.labelled[0], "--record", input.labelled[1]]
+            if input.labelled
+            else []
+        ),
+    shell:
+        "python -m emb.evaluation.area_estimates --run={wildcards.run:q} --maps={input.maps:q}"
+        " --indexes {input.indexes:q} --labels {input.labels:q} --classes={input.classes:q}"
+        " --confidence={params.confidence:q} --n={params.n:q}"
+        " --min-per-class={params.min_per_class:q} --level={params.level:q}"
+        " --seed={params.seed:q} --draws={params.draws:q} {params.labelled:q}"
+        " --csv={output.csv:q} --png={output.png:q} > {log:q} 2>&1"
+
+
+rule sample_design:
+    input:
+        maps="results/maps/{run}",
+        classes=config["classes"],
+    output:
+        csv="results/samples/{run}/sample.csv",
+        gpkg="results/samples/{run}/sample.gpkg",
+        record="results/samples/{run}/sample.json",
+    log:
+        "logs/sample_design/{run}.log",
+    benchmark:
+        "benchmarks/sample_design/{run}.tsv"
+    conda:
+        "../../envs/emb.yaml"
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=30,
+    params:
+        maps=lambda wildcards, input: [
+            f"{input.maps}/{region}.tif" for region in SAMPLE_REGIONS[wildcards.run]
+        ],
+        out_dir=lambda wildcards, output: Path(output.csv).parent,
+        n=config["area_estimates"]["sample"]["n"],
+        min_per_class=config["area_estimates"]["sample"]["min_per_class"],
+        level=config["area_estimates"]["sample"]["level"],
+        seed=config["area_estimates"]["sample"]["seed"],
+    shell:
+        "python -m emb.evaluation.reference_points --maps {params.maps:q}"
+        " --classes={input.classes:q} --n={params.n:q} --min-per-class={params.min_per_class:q}"
+        " --level={params.level:q} --seed={params.seed:q} --out-dir={params.out_dir:q}"
+        " > {log:q} 2>&1"
