@@ -173,7 +173,9 @@ def stehman(
 
     strata_px: (H,) int N_h; stratum, mapped, reference: (n,) int per sample unit (stratum
     0..H-1, map class 0..K-1, reference class 0..K-1); mapped_px: (K,) int, the assessed map's
-    pixels per class (reported as ``mapped_px``; the estimates come from the sample).
+    pixels per class (reported as ``mapped_px``; the estimates come from the sample; its total
+    may differ from the strata's when the assessed map covers other pixels than the design's,
+    e.g. another source's map with nodata elsewhere, whose "no data" is then a class).
     strata_mapped_px: optional (H, K) int, the assessed map's pixels per stratum and class. A
     stratum of 1 unit that holds no pixel mapped as k then leaves the SE of k's user's accuracy
     alone; without it, such a stratum may hold pixels mapped as k and so enters every SE.
@@ -183,14 +185,14 @@ def stehman(
     h, k = len(big_n), len(mapped_px)
     units = _units(stratum, mapped, reference, h, k)
     stratum, mapped, reference = units
-    if mapped_px.sum() != big_n.sum():
+    n_mapped, n_ref = np.bincount(mapped, minlength=k), np.bincount(reference, minlength=k)
+    if strata_mapped_px is not None and mapped_px.sum() != big_n.sum():
         raise ValueError(
             f"mapped_px: expected the area of strata_px ({big_n.sum()} px), "
             f"found {mapped_px.sum()} px"
         )
-    n_mapped, n_ref = np.bincount(mapped, minlength=k), np.bincount(reference, minlength=k)
     empty = np.flatnonzero((mapped_px == 0) & (n_mapped > 0))
-    if len(empty):
+    if strata_mapped_px is not None and len(empty):
         u = int(np.flatnonzero(mapped == empty[0])[0])
         raise AreaEstimateError(
             f"unit {u} is mapped as class {empty[0]}, but mapped_px gives class {empty[0]} no pixel"

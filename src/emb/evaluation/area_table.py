@@ -33,11 +33,20 @@ def class_names(cmap: ClassMap, level: int) -> tuple[str, ...]:
     return {1: cmap.l1_names, 2: cmap.l2_names, 3: cmap.l3_names}[level]
 
 
+ZERO_SE = (
+    "{what}: standard error 0 from the sample (no unit disagreed, or its strata were sampled "
+    "whole): no interval given, it would have no width"
+)
+NO_DATA = "no data"  # the class past a level's ids: where an assessed map has no data
+LOW_COVERAGE = 0.9  # below: the check's note says this class's intervals are too narrow
+
+
 def _with_interval(est: Estimate | None, z: float, scale: float = 1.0) -> list[float | None]:
-    """value, lo, hi (None where the estimate or its standard error does not exist)."""
+    """value, lo, hi (None where the estimate or its standard error does not exist, and no
+    zero-width interval: a standard error of 0 gives none either)."""
     if est is None:
         return [None, None, None]
-    interval = est.interval(z)
+    interval = est.interval(z) if est.se else None
     lo, hi = (None, None) if interval is None else (interval[0] * scale, interval[1] * scale)
     return [est.value * scale, lo, hi]
 
@@ -54,14 +63,21 @@ def estimate_rows(
     rows = []
     for c in estimates.classes:
         value, lo, hi = _with_interval(c.proportion, z, total_ha)
-        notes = [e.why for e in (c.proportion, c.users, c.producers, estimates.overall)
-                 if e is not None and e.why]  # fmt: skip
+        named = {
+            "area": c.proportion,
+            "user's accuracy": c.users,
+            "producer's accuracy": c.producers,
+            "overall accuracy": estimates.overall,
+        }
+        notes = [e.why for e in named.values() if e is not None and e.why]
+        notes += [ZERO_SE.format(what=what) for what, e in named.items()
+                  if e is not None and e.se == 0]  # fmt: skip
         se = c.proportion.se
         rows.append({
             **common,
             "level": level,
             "class_id": c.cls,
-            "class": names[c.cls] if c.cls < len(names) else str(c.cls),
+            "class": names[c.cls] if c.cls < len(names) else NO_DATA,
             "mapped_ha": c.mapped_px * pixel_ha,
             "estimated_ha": value,
             "se_ha": None if se is None else se * total_ha,
@@ -93,6 +109,11 @@ def check_rows(
             tally = chk.coverage.get(cls)
             row["cdl_ha"] = float(chk.cdl_px[cls]) * pixel_ha
             row["coverage"] = tally.covered / chk.draws if tally else None
+            if row["coverage"] is not None and row["coverage"] < LOW_COVERAGE:
+                row["note"] = "; ".join(filter(None, [row["note"], (
+                    f"the interval covered the CDL's area in {row['coverage']:.0%} of the draws: "
+                    "too few units of this class for the normal approximation (a larger "
+                    "area_estimates.sample.n gives more)")]))  # fmt: skip
             rows.append(row)
     return rows
 

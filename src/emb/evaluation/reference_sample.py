@@ -355,11 +355,14 @@ def read_labelled(csv_path: Path | str, design_path: Path | str, cmap: ClassMap)
     )  # fmt: skip
 
 
-def map_classes_at(points: Points, maps: dict[str, Path], level: int, cmap: ClassMap) -> np.ndarray:
+def map_classes_at(
+    points: Points, maps: dict[str, Path], level: int, cmap: ClassMap, no_data: int | None = None
+) -> np.ndarray:
     """(m,) int64 the class at ``level`` of each point on ``maps`` (region -> map file; e.g.
     another run's maps of the same regions), points moved into a map's CRS where it differs.
-    A point outside its map or on its nodata, or a region without a map, is refused naming
-    the point's id and the map."""
+    A point outside its map or on its nodata is refused naming the point's id and the map, or
+    given the class ``no_data`` when one is (another source's map may lack data where the
+    design's had it); a region without a map is refused."""
     table = level_table(level, cmap)
     out = np.empty(len(points.ids), np.int64)
     region = np.asarray(points.region, dtype=object)
@@ -384,6 +387,11 @@ def map_classes_at(points: Points, maps: dict[str, Path], level: int, cmap: Clas
                     x, y = x.copy(), y.copy()
                     x[same], y[same] = move.transform(x[same], y[same])
             rows, cols, inside = pixels_of(src, x, y)
+            if no_data is not None:
+                found = np.full(len(picked), IGNORE, np.uint8)
+                found[inside] = table[values_at(src, rows[inside], cols[inside])]
+                out[picked] = np.where(found == IGNORE, no_data, found)
+                continue
             if not inside.all():
                 i = picked[np.flatnonzero(~inside)[0]]
                 raise ReferenceSampleError(

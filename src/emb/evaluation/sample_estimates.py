@@ -5,7 +5,9 @@ strata are the map's classes: Olofsson et al. 2014 at the design's level, and St
 the coarser levels (strata then differ from those levels' classes). When they are other maps
 (another run's, over the same regions), the strata are still the design's, and each point's
 class on this run's map is read: Stehman's general estimator, so one labelled sample compares
-every run. A level finer than the design's cannot be estimated (its reference is not known).
+every run (a point where this map has no data, as another source's may, counts as mapped "no
+data": an error of the map, a class of its own in the table). A level finer than the design's
+cannot be estimated (its reference is not known).
 Unlabelled units are left out of their strata's samples (the strata sizes stay the design's):
 valid when labels are missing at random within a stratum, which the stage says beside the
 figures.
@@ -26,6 +28,7 @@ from emb.evaluation.reference_sample import LabelledSample, map_classes_at
 from emb.provenance import digest_file
 
 SIZES = {1: N_L1, 2: N_L2, 3: N_L3}
+NO_DATA_L3 = N_L3  # another map's "no data" at a sample point, one class past the L3 ids
 
 
 def coarser(ids: np.ndarray, level_from: int, level_to: int, cmap: ClassMap) -> np.ndarray:
@@ -70,11 +73,13 @@ def estimate_sample(
     strata_px = np.asarray(design.strata_px, np.int64)
     regions = [m.region for m in design.maps]
     same = designed_on(sample, maps)
-    on_map = None if same else map_classes_at(sample.points, dict(maps), 3, cmap)
+    on_map = None if same else map_classes_at(sample.points, dict(maps), 3, cmap, NO_DATA_L3)
     out = []
     for level in range(design.level, 0, -1):
         k = SIZES[level]
         mapped_px = np.sum([count_classes(maps[r], level, cmap) for r in regions], axis=0)
+        if not same:  # a point where this map has no data is mapped as "no data" (class k)
+            mapped_px = np.append(mapped_px, max(int(strata_px.sum() - mapped_px.sum()), 0))
         reference = coarser(sample.reference, design.level, level, cmap)
         if same and level == design.level:
             matrix = np.zeros((k, k), np.int64)
@@ -87,7 +92,8 @@ def estimate_sample(
                                                      level, cmap)] = strata_px  # fmt: skip
             est = stehman(strata_px, sample.stratum, mapped, reference, mapped_px, joint)
         else:
-            mapped = coarser(on_map, 3, level, cmap)
+            mapped = np.where(on_map == NO_DATA_L3, k, coarser(on_map % NO_DATA_L3, 3, level,
+                                                                cmap))  # fmt: skip
             est = stehman(strata_px, sample.stratum, mapped, reference, mapped_px)
         out.append(SampleEstimate(level, est, same))
     return out
