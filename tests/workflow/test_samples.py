@@ -34,3 +34,12 @@ def test_a_labelled_sample_brings_its_design_record(tmp_path: Path) -> None:
     assert labelled_inputs(str(csv)) == [str(csv), str(tmp_path / "labelled.json")]
     with pytest.raises(SampleSettingsError, match=r"labelled: expected the labelled sample's"):
         labelled_inputs(str(tmp_path / "sample.gpkg"))
+
+
+def test_the_check_reads_each_trained_regions_test_tiles_and_labels() -> None:
+    from emb.workflow.samples import check_inputs
+
+    assert check_inputs(["a", "b"], "tessera") == {
+        "indexes": ["results/shards/tessera/a/index.json", "results/shards/tessera/b/index.json"],
+        "labels": ["results/labels/tessera/a.tif", "results/labels/tessera/b.tif"],
+    }

@@ -18,27 +18,16 @@ except samples.SampleSettingsError as err:
     raise WorkflowError(str(err)) from None
 
 
-def area_regions(wildcards):
-    """The regions a run trains on: those with test tiles to check."""
-    return TABLE.training_regions(RUN_SOURCE[wildcards.run])
-
-
-def area_indexes(wildcards):
-    source = RUN_SOURCE[wildcards.run]
-    return [f"results/shards/{source}/{r}/index.json" for r in area_regions(wildcards)]
-
-
-def area_labels(wildcards):
-    source = RUN_SOURCE[wildcards.run]
-    return [f"results/labels/{source}/{r}.tif" for r in area_regions(wildcards)]
-
-
 rule area_estimates:
     input:
+        unpack(
+            lambda w: samples.check_inputs(
+                TABLE.training_regions(RUN_SOURCE[w.run]), RUN_SOURCE[w.run]
+            )
+        ),
         maps="results/maps/{run}",
         metrics="results/eval/{run}/metrics.json",  # after evaluate: the run's scores first
-        indexes=area_indexes,  # the test tiles
-        labels=area_labels,  # the CDL on the maps' grid
+        # indexes: each region's test tiles; labels: the CDL on the maps' grid
         classes=config["classes"],
         labelled=LABELLED,  # a user's labelled sample.csv and its design record, if any
     output:

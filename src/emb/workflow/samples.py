@@ -43,3 +43,12 @@ def labelled_inputs(labelled: str | None) -> list[str]:
         )
     own = csv.with_suffix(".json")
     return [str(csv), str(own if own.exists() else csv.with_name("sample.json"))]
+
+
+def check_inputs(regions: Sequence[str], source: str) -> dict[str, list[str]]:
+    """Rule area_estimates' test-split inputs for a run of ``source`` training on ``regions``:
+    each region's shard index (its test tiles) and its labels on the maps' grid."""
+    return {
+        "indexes": [f"results/shards/{source}/{r}/index.json" for r in regions],
+        "labels": [f"results/labels/{source}/{r}.tif" for r in regions],
+    }
