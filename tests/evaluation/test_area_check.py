@@ -45,8 +45,11 @@ def write_raster(path: Path, data: np.ndarray, crs: str = "EPSG:32614") -> Path:
 def write_index(path: Path, region: str, tiles: list[tuple[int, int]], size: int = 32) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     blocks = {f"{region}_{r}_{c}": f"{region}:0,0" for r, c in tiles}
-    index = {"region": region, "tile_size": size,
-             "splits": {"train": {"blocks": {f"{region}_0_64": "x"}}, "test": {"blocks": blocks}}}
+    index = {
+        "region": region,
+        "tile_size": size,
+        "splits": {"train": {"blocks": {f"{region}_0_64": "x"}}, "test": {"blocks": blocks}},
+    }
     path.write_text(json.dumps(index))  # fmt: skip
     return path
 
@@ -89,8 +92,8 @@ def test_the_population_is_each_test_pixel_once_where_map_and_cdl_both_have_a_cl
     keep = inside & (mapped != IGNORE) & (labels != IGNORE)
     assert len(pop.mapped) == keep.sum()
     want = np.bincount(mapped[keep].astype(int) * 256 + labels[keep], minlength=65536)
-    assert np.array_equal(np.bincount(pop.mapped.astype(int) * 256 + pop.reference, minlength=65536),
-                          want)  # fmt: skip
+    got = np.bincount(pop.mapped.astype(int) * 256 + pop.reference, minlength=65536)
+    assert np.array_equal(got, want)
     assert pop.pixel_ha == pytest.approx(0.01)
 
 
