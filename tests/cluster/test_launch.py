@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -131,6 +132,7 @@ def test_environment_defaults_expand_at_launch_and_never_override_the_user() -> 
     [
         ({"nodes": 2}, r"2 nodes need srun \(a SLURM allocation\) or --endpoint HOST:PORT"),
         ({"nodes": 2, "endpoint": "nohost"}, "endpoint: expected HOST:PORT, found 'nohost'"),
+        ({"nodes": 2, "endpoint": "h:65536"}, "endpoint h:65536: expected a port in 1-65535"),
         ({"nodes": 2, "endpoint": "h:1", "srun": True}, "found both"),
         ({"rdzv_timeout_s": 0}, "rdzv_timeout_s must be >= 1, found 0"),
         ({"nproc_per_node": 0}, "nproc_per_node must be >= 1, found 0"),
@@ -229,6 +231,28 @@ def test_cli_refuses_a_launch_it_cannot_start_before_running_anything(args, mess
     assert result.returncode == 2
     assert message in result.stderr
     assert "launch:" not in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "message"),
+    [("no-such-host.invalid:29517", r"error: endpoint no-such-host\.invalid:29517: host "
+      r"'no-such-host\.invalid' does not resolve on this node \(.+\); expected the first "
+      "node's host name or address"),  # the resolver's words: "Name or service not known"
+     ("127.0.0.1:295000", r"error: endpoint 127\.0\.0\.1:295000: expected a port in 1-65535, "
+      "found 295000"),
+     ("127.0.0.1:0", r"error: endpoint 127\.0\.0\.1:0: expected a port in 1-65535, found 0")],
+    ids=["host-not-resolving", "port-above-65535", "port-0"],
+)  # fmt: skip
+def test_an_endpoint_that_cannot_be_reached_is_refused_in_one_line_before_torchrun(
+    endpoint: str, message: str
+) -> None:
+    """Before the check: 40 s of torchrun's resolver warnings and a line blaming a wait (a bad
+    host), or a heartbeat thread dead with a TypeError (a bad port)."""
+    result = launcher("--nodes", "2", "--endpoint", endpoint, "--", "emb.training.train")
+    assert result.returncode == 2
+    assert result.stdout == ""  # no "launch:" line: torchrun never started
+    (line,) = result.stderr.splitlines()
+    assert re.fullmatch(message, line), line
 
 
 def launch_failing(tmp_path: Path, attempt: int, record: Path) -> subprocess.CompletedProcess:

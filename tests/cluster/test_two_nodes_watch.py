@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
+import pytest
 from test_two_nodes import free_port
 
-from emb.cluster.watch import SILENT_S, NodeWatch
+from emb.cluster.watch import SILENT_S, NodeWatch, store_port
 
 
 def registered(*watches: NodeWatch, timeout: float = 30) -> None:
@@ -51,3 +53,24 @@ def test_a_first_node_never_reached_is_named_as_such() -> None:
         assert lost[0].endswith("never reached in 3 s")
     finally:
         alone.close()
+
+
+def test_an_error_in_the_heartbeat_thread_is_one_warning_not_a_dead_thread(
+    capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A port no store can take (the launcher refuses it first; this is for what no check
+    foresaw): torch's TypeError, said in one line; the thread ends without a traceback."""
+    uncaught: list[threading.ExceptHookArgs] = []
+    monkeypatch.setattr(threading, "excepthook", uncaught.append)
+    watch = NodeWatch("127.0.0.1:295000", "node0", 2, True, 1)
+    watch.close()  # joins the thread
+    assert uncaught == []
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("warning: node0: heartbeat stopped (TypeError: ")
+    assert line.endswith("); a lost node will not be named")
+
+
+def test_the_store_port_stays_a_port_for_every_rendezvous_port() -> None:
+    assert store_port(29500) == 39500
+    assert store_port(60000) == 50000  # 70000 is no port
+    assert all(1 <= store_port(p) <= 65535 for p in (1, 55535, 55536, 65535))

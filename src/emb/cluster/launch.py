@@ -14,7 +14,9 @@ data set because training was started the wrong way:
 Across nodes the rendezvous waits ``--rdzv-timeout`` seconds (600) for every node, and each
 node's launcher beats in a store on the first node (:mod:`emb.cluster.watch`): when the node
 command fails, the launcher names the nodes that stopped beating (exit 75: the retry resumes
-from ``last.pt``) or never came.
+from ``last.pt``) or never came. Its line is the last: torchrun's own traceback is held back
+and cut to its exception (:mod:`emb.cluster.torchrun_output`). The endpoint is checked before
+torchrun starts (a port in 1-65535, a host that resolves here): else one line, exit 2.
 
 Why ``srun`` even on one node: Snakemake's SLURM plugin runs a rule with an ``mpi`` resource in
 the batch step, and ``sbatch --signal=USR1@N`` (without ``B:``) signals job steps only. The
@@ -26,6 +28,8 @@ inside an srun task, directly otherwise): SIGUSR1 is ignored in the command and 
 whole process tree, SIGTERM/SIGINT to the command itself. The trainer then checkpoints at its
 next step and exits 75; the launcher exits 75 when the command failed after writing
 ``--checkpoint`` during this launch (stopped early, resumable), so Snakemake's retry resumes it.
+Nothing outlives the launcher: when torchrun's agent dies (SIGKILL included), the workers it
+left are killed at once and the launcher exits only after they are gone (supervise).
 
 GPUs: more processes per node than the node's visible GPUs is refused in one line (exit 2)
 before torchrun starts, where the node command runs (here, or in each srun task / container):
@@ -54,10 +58,12 @@ from emb.cluster.gpu_check import too_many_processes
 from emb.cluster.retries import earlier_failure, errors_file, record_failure
 from emb.cluster.slurm import SlurmError, first_node, job_end_time, node_address
 from emb.cluster.supervise import EX_TEMPFAIL, LaunchError, resumable_exit, supervise
+from emb.cluster.torchrun_output import TorchrunOutput
 
 RENDEZVOUS = ("auto", "standalone", "c10d")
 LAUNCH_ID_ENV = "EMB_LAUNCH_ID"  # unique per launch: a retry's ranks never meet an earlier one's
 C10D_BASE_PORT = 29400
+MAX_PORT = 65535
 RDZV_TIMEOUT_S = 600  # a node waits this long for the others (torchrun's join_timeout default)
 NPROC_ENV = "EMB_NPROC_PER_NODE"  # processes per node, for the GPU check in each srun task
 
@@ -93,8 +99,8 @@ class Launch:
             )
         if self.endpoint and self.srun:
             raise LaunchError("--endpoint is for nodes started without srun; found both")
-        if self.endpoint and not re.fullmatch(r"[\w.:\[\]-]+:\d+", self.endpoint):
-            raise LaunchError(f"endpoint: expected HOST:PORT, found {self.endpoint!r}")
+        if self.endpoint:
+            split_endpoint(self.endpoint)
         if self.rdzv_timeout_s < 1:
             raise LaunchError(f"rdzv_timeout_s must be >= 1, found {self.rdzv_timeout_s}")
         for item in self.env:
@@ -106,6 +112,32 @@ class Launch:
         return self.rendezvous == "c10d" or (
             self.rendezvous == "auto" and (self.nodes > 1 or bool(self.endpoint))
         )
+
+
+def split_endpoint(endpoint: str) -> tuple[str, int]:
+    """(host, port) of ``HOST:PORT`` (an IPv6 host in brackets); a port outside 1-65535 is
+    refused here, before torchrun or the heartbeat thread meet it."""
+    found = re.fullmatch(r"([\w.:\[\]-]+):(\d+)", endpoint)
+    if not found:
+        raise LaunchError(f"endpoint: expected HOST:PORT, found {endpoint!r}")
+    port = int(found.group(2))
+    if not 1 <= port <= MAX_PORT:
+        raise LaunchError(f"endpoint {endpoint}: expected a port in 1-{MAX_PORT}, found {port}")
+    return found.group(1).strip("[]"), port
+
+
+def check_endpoint_resolves(endpoint: str) -> None:
+    """Refuse an endpoint whose host does not resolve here: torchrun would retry it for its
+    whole read timeout, then fail in words about waiting."""
+    host, port = split_endpoint(endpoint)
+    try:
+        socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as err:  # socket.gaierror; UnicodeError: an invalid label
+        why = getattr(err, "strerror", None) or str(err)
+        raise LaunchError(
+            f"endpoint {endpoint}: host {host!r} does not resolve on this node ({why}); "
+            "expected the first node's host name or address"
+        ) from None
 
 
 def node_command(
@@ -269,6 +301,8 @@ def prepare(
     if launch.c10d and not launch.per_node and not endpoint:
         host = node_address(first_node(job_id)) if job_id else socket.gethostname()
         endpoint = f"{host}:{c10d_port(job_id)}"
+    if launch.c10d and not launch.per_node:
+        check_endpoint_resolves(endpoint)
     run_id = args.run_id or job_id or "local"
     cmd = command(launch, args.command[0], args.command[1:], endpoint, run_id)
     env = environment(launch, env)
@@ -279,29 +313,47 @@ def prepare(
 
 def run_node(cmd: list[str], env: Mapping[str, str] | None, watch: dict | None) -> int:
     """``cmd`` under supervision. Across nodes, a failure names the nodes that were lost or
-    never came; a node lost after all had come is worth a retry (exit 75: nothing is wrong
-    with the run, and its ``last.pt`` resumes it)."""
+    never came (:func:`verdict`), as the last line: torchrun's own traceback is held back until
+    then and, where that line says why torchrun failed, shortened to its exception
+    (:mod:`emb.cluster.torchrun_output`)."""
+    output = TorchrunOutput(sys.stderr.buffer) if Path(cmd[0]).name == "torchrun" else None
+    line = None
+    try:
+        code, line = verdict(cmd, env, watch, output)
+    finally:
+        sys.stderr.flush()
+        if output is not None:
+            output.release(explained=line is not None)
+    if line is not None:
+        print(line, file=sys.stderr, flush=True)
+    return code
+
+
+def verdict(
+    cmd: list[str], env: Mapping[str, str] | None, watch: dict | None,
+    output: TorchrunOutput | None,
+) -> tuple[int, str | None]:  # fmt: skip
+    """(exit code, the launcher's line on why it failed, or None). A node lost after all had
+    come is worth a retry (exit 75: nothing is wrong with the run, and its ``last.pt`` resumes
+    it)."""
     if watch is None:
-        return supervise(cmd, env)
+        return supervise(cmd, env, output), None
     from emb.cluster.watch import NodeWatch
 
     nodes = NodeWatch(**watch)
     try:
-        code = supervise(cmd, env)
+        code = supervise(cmd, env, output)
         lost, started = nodes.lost() if code != 0 else ([], False)
     finally:
         nodes.close()
     if not lost:
-        return code
+        return code, None
     name = watch["name"]
     if not started:
         why = f"waited for {'; '.join(lost)} (--rdzv-timeout)"
-        print(f"error: {name}: {why}: not all {watch['nodes']} nodes started; exit {code}",
-              file=sys.stderr, flush=True)  # fmt: skip
-        return code
-    print(f"error: {name}: lost {'; '.join(lost)}; this node stops too (exit {code}); a retry "
-          "resumes from the last checkpoint", file=sys.stderr, flush=True)  # fmt: skip
-    return EX_TEMPFAIL
+        return code, f"error: {name}: {why}: not all {watch['nodes']} nodes started; exit {code}"
+    return EX_TEMPFAIL, (f"error: {name}: lost {'; '.join(lost)}; this node stops too (exit "
+                         f"{code}); a retry resumes from the last checkpoint")  # fmt: skip
 
 
 def node_name(given: str = "") -> str:
