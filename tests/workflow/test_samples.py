@@ -43,3 +43,21 @@ def test_the_check_reads_each_trained_regions_test_tiles_and_labels() -> None:
         "indexes": ["results/shards/tessera/a/index.json", "results/shards/tessera/b/index.json"],
         "labels": ["results/labels/tessera/a.tif", "results/labels/tessera/b.tif"],
     }
+
+
+def test_a_region_one_source_lacks_refuses_only_that_runs_sample() -> None:
+    from emb.workflow.samples import regions_per_run, sample_maps
+
+    mapped = {"aef_run": ["demo_a", "own_x"], "tessera_run": ["demo_a"]}
+    chosen = regions_per_run(["own_x"], mapped)
+    assert chosen == {"aef_run": ["own_x"], "tessera_run": []}
+    assert sample_maps(chosen["aef_run"], "m", "aef_run") == ["m/own_x.tif"]
+    with pytest.raises(SampleSettingsError, match="run tessera_run maps none of the regions"):
+        sample_maps(chosen["tessera_run"], "m", "tessera_run")
+    with pytest.raises(SampleSettingsError, match="found 'nowhere'"):
+        regions_per_run(["nowhere"], mapped)
+
+
+def test_a_labelled_sample_inside_results_is_refused_before_a_rerun_overwrites_it() -> None:
+    with pytest.raises(SampleSettingsError, match="expected a copy of the sample outside results"):
+        labelled_inputs("results/samples/aef_segformer/sample.csv")

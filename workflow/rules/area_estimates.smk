@@ -6,14 +6,10 @@ from emb.workflow import samples
 # once labelled (area_estimates.labelled) estimated for every run.
 try:
     LABELLED = samples.labelled_inputs(config["area_estimates"]["labelled"])
-    SAMPLE_REGIONS = {
-        run: samples.design_regions(
-            config["area_estimates"]["design_regions"],
-            TABLE.mapped_regions(RUN_SOURCE[run]),
-            run,
-        )
-        for run in RUNS
-    }
+    SAMPLE_REGIONS = samples.regions_per_run(
+        config["area_estimates"]["design_regions"],
+        {run: TABLE.mapped_regions(RUN_SOURCE[run]) for run in RUNS},
+    )
 except samples.SampleSettingsError as err:
     raise WorkflowError(str(err)) from None
 
@@ -94,9 +90,9 @@ rule sample_design:
         mem_mb=2000,
         runtime=30,
     params:
-        maps=lambda wildcards, input: [
-            f"{input.maps}/{region}.tif" for region in SAMPLE_REGIONS[wildcards.run]
-        ],
+        maps=lambda wildcards, input: samples.sample_maps(
+            SAMPLE_REGIONS[wildcards.run], input.maps, wildcards.run
+        ),
         out_dir=lambda wildcards, output: Path(output.csv).parent,
         n=config["area_estimates"]["sample"]["n"],
         min_per_class=config["area_estimates"]["sample"]["min_per_class"],

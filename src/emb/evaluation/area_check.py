@@ -222,9 +222,10 @@ class LevelCheck:
 
 
 def check(population: Population, cmap: ClassMap, design: Design, z: float) -> list[LevelCheck]:
-    """The check at L1, L2 and L3: ``design.draws`` seeded stratified samples (seeds
-    ``design.seed``, ``+1``, ...), each estimated at every level and its intervals (``z``)
-    compared with the CDL's area of the population."""
+    """The check at L1, L2 and L3: ``design.draws`` seeded stratified samples (draw d from
+    ``default_rng([design.seed, d])``), each estimated at every level and its intervals (``z``)
+    compared with the CDL's area of the population. A draw whose standard error is missing or
+    0 gives no interval (as the table shows none): it counts as not covering."""
     strata = population.at(design.level, cmap)[0].astype(np.int64)
     sampler = StratifiedSampler(strata, LEVEL_CLASSES[design.level], design.n,
                                 design.min_per_class)  # fmt: skip
@@ -244,13 +245,13 @@ def check(population: Population, cmap: ClassMap, design: Design, z: float) -> l
                               r[units], mapped_px, joint[level])  # fmt: skip
             first.setdefault(level, est)
             found = {c.cls: c for c in est.classes}
-            for cls in np.flatnonzero(cdl_px + mapped_px):
+            for cls in np.flatnonzero(cdl_px):  # an area of 0 has no interval to cover it
                 tally = coverage[level].setdefault(int(cls), ClassCoverage())
                 got = found.get(int(cls))
                 if got is None:  # in neither the map nor this sample: no interval at all
                     continue
                 tally.units_reference += got.units_reference
-                interval = got.proportion.interval(z)
+                interval = got.proportion.interval(z) if got.proportion.se else None
                 if interval is None:
                     continue
                 tally.with_se += 1

@@ -22,7 +22,7 @@ from emb import cli
 from emb.classes import ClassMap, load_class_map
 from emb.config_schema import config_option
 from emb.evaluation.area_check import Design, check, read_population
-from emb.evaluation.area_estimator import AreaEstimateError, z_of
+from emb.evaluation.area_estimator import z_of
 from emb.evaluation.area_table import (
     CHECK,
     USER_SAMPLE,
@@ -92,11 +92,12 @@ def sample_rows(args: argparse.Namespace, cmap: ClassMap, z: float) -> list[dict
     where = " + ".join(regions)
     common = {"run": args.run, "method": USER_SAMPLE, "where": where}
     maps = {r: args.maps / f"{r}.tif" for r in regions}
-    try:
-        found = estimate_sample(sample, maps, cmap)
-    except AreaEstimateError as err:  # e.g. another source's maps, whose nodata differs
-        log.warning("%s: not estimable on run %s's maps: %s", args.labelled, args.run, err)
-        return [{**common, "note": f"not estimable on this run's maps: {err}"}]
+    unmapped = [r for r, path in maps.items() if not path.is_file()]
+    if unmapped:  # another source's regions: this run has no map to assess there
+        log.warning("%s: run %s maps none of regions %s: no rows of it", args.labelled,
+                    args.run, unmapped)  # fmt: skip
+        return [{**common, "note": f"{args.labelled}: this run does not map {unmapped}"}]
+    found = estimate_sample(sample, maps, cmap)
     notes = [f"{args.labelled}: {len(sample.reference)} labelled units"]
     if sample.unlabelled:
         notes.append(

@@ -104,11 +104,24 @@ def check_rows(
     rows = []
     for chk in checks:
         common = {"run": run, "method": CHECK, "where": where, "draws": chk.draws}
-        for row in estimate_rows(chk.estimates, chk.level, cmap, pixel_ha, z, common):
+        shown = estimate_rows(chk.estimates, chk.level, cmap, pixel_ha, z, common)
+        names = class_names(cmap, chk.level)
+        listed = {row["class_id"] for row in shown}
+        for cls in np.flatnonzero(chk.cdl_px):  # the CDL holds it, the map and sample do not
+            if int(cls) not in listed:
+                shown.append({**common, "level": chk.level, "class_id": int(cls),
+                              "class": names[cls], "mapped_ha": 0.0, "estimated_ha": 0.0,
+                              "units_mapped": 0, "units_reference": 0,
+                              "note": "in neither map nor sample: estimated 0"})  # fmt: skip
+        for row in shown:
             cls = row["class_id"]
             tally = chk.coverage.get(cls)
             row["cdl_ha"] = float(chk.cdl_px[cls]) * pixel_ha
             row["coverage"] = tally.covered / chk.draws if tally else None
+            if tally and tally.with_se < chk.draws:
+                row["note"] = "; ".join(filter(None, [row.get("note"), (
+                    f"an interval in {tally.with_se} of the {chk.draws} draws (the others: no "
+                    "standard error, or one of 0)")]))  # fmt: skip
             if row["coverage"] is not None and row["coverage"] < LOW_COVERAGE:
                 row["note"] = "; ".join(filter(None, [row["note"], (
                     f"the interval covered the CDL's area in {row['coverage']:.0%} of the draws: "

@@ -37,6 +37,12 @@ def labelled_inputs(labelled: str | None) -> list[str]:
     if not labelled:
         return []
     csv = Path(labelled)
+    if Path("results/samples") in csv.parents or "results/samples" in csv.as_posix():
+        raise SampleSettingsError(
+            f"area_estimates.labelled: expected a copy of the sample outside results/ (rule "
+            f"sample_design rewrites {labelled!r} when the maps change, and your labels with "
+            f"it), found {labelled!r}"
+        )
     if csv.suffix.lower() != ".csv":
         raise SampleSettingsError(
             f"area_estimates.labelled: expected the labelled sample's .csv, found {labelled!r}"
@@ -52,3 +58,27 @@ def check_inputs(regions: Sequence[str], source: str) -> dict[str, list[str]]:
         "indexes": [f"results/shards/{source}/{r}/index.json" for r in regions],
         "labels": [f"results/labels/{source}/{r}.tif" for r in regions],
     }
+
+
+def regions_per_run(wanted: Sequence[str], mapped: dict[str, list[str]]) -> dict[str, list[str]]:
+    """Each run's sample regions (:func:`design_regions`); a run that maps none of a named
+    region gets none (its sample is refused only if asked for), and a name no run maps is
+    refused at once."""
+    chosen, errors = {}, {}
+    for run, regions in mapped.items():
+        try:
+            chosen[run] = design_regions(wanted, regions, run)
+        except SampleSettingsError as err:
+            chosen[run], errors[run] = [], err
+    if errors and len(errors) == len(mapped):
+        raise next(iter(errors.values()))
+    return chosen
+
+
+def sample_maps(regions: Sequence[str], maps: str, run: str) -> list[str]:
+    """The map files rule sample_design reads for run ``run``: one per sample region."""
+    if not regions:
+        raise SampleSettingsError(
+            f"{KEY}: run {run} maps none of the regions named; draw its sample on a run that does"
+        )
+    return [f"{maps}/{region}.tif" for region in regions]

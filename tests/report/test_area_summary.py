@@ -1,0 +1,68 @@
+"""H6's proposed tests for emb.report.area_summary: the area tables read back (refused in one
+line when cut or not one), and the page's rows at its level."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from emb.evaluation.area_table import CHECK, COLUMNS, USER_SAMPLE
+from emb.report.area_summary import AreaTableError, area_section, page_rows, read_area_table
+
+
+def frame() -> pd.DataFrame:
+    base = dict.fromkeys(COLUMNS)
+    rows = [
+        {**base, "run": "a", "method": CHECK, "level": 2, "class_id": 0, "class": "row_crops",
+         "mapped_ha": 120.0, "estimated_ha": 100.0, "lo_ha": 90.0, "hi_ha": 110.0,
+         "cdl_ha": 104.0, "coverage": 0.955, "draws": 200, "units_reference": 300, "note": ""},
+        {**base, "run": "a", "method": CHECK, "level": 2, "class_id": 5, "class": "natural",
+         "mapped_ha": 10.0, "estimated_ha": 12.0, "lo_ha": None, "hi_ha": None,
+         "cdl_ha": 11.0, "coverage": 0.5, "draws": 200, "units_reference": 1, "note": "why"},
+        {**base, "run": "a", "method": CHECK, "level": 3, "class_id": 1, "class": "soybeans",
+         "mapped_ha": 50.0, "estimated_ha": 60.0, "lo_ha": 50.0, "hi_ha": 70.0,
+         "cdl_ha": 55.0, "coverage": 0.9, "draws": 200, "units_reference": 50, "note": ""},
+        {**base, "run": "a", "method": USER_SAMPLE, "level": 2, "class_id": 0,
+         "class": "row_crops", "mapped_ha": 120.0, "estimated_ha": 99.0, "lo_ha": 80.0,
+         "hi_ha": 118.0, "units_reference": 40, "note": "user"},
+    ]  # fmt: skip
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def test_an_area_table_cut_or_without_its_columns_is_refused_naming_it(tmp_path: Path) -> None:
+    good = tmp_path / "a.csv"
+    frame().to_csv(good, index=False)
+    assert len(read_area_table(good)) == 4
+    empty = tmp_path / "empty.csv"
+    empty.write_text("")
+    with pytest.raises(AreaTableError, match=r"empty.csv: not an area table"):
+        read_area_table(empty)
+    short = tmp_path / "short.csv"
+    frame().drop(columns=["coverage"]).to_csv(short, index=False)
+    with pytest.raises(AreaTableError, match=r"short.csv: expected the columns .* \['coverage'\]"):
+        read_area_table(short)
+
+
+def test_the_page_shows_its_level_with_intervals_coverage_and_what_is_missing() -> None:
+    rows = page_rows({"a": frame()})
+    assert len(rows) == 3  # level 2 only: two check rows and the user's
+    check = rows[rows["method"] == CHECK].set_index("class")
+    assert check.loc["row_crops", "estimated (ha)"] == "100.0 [90.0, 110.0]"
+    assert check.loc["natural", "estimated (ha)"] == "12.0 (no interval)"
+    assert check.loc["row_crops", "coverage"] == "96% of 200"
+    assert check.loc["row_crops", "CDL (ha)"] == "104.0"
+    user = rows[rows["method"] == USER_SAMPLE].iloc[0]
+    assert user["coverage"] == "" and user["CDL (ha)"] == ""
+
+
+def test_the_section_holds_the_figure_and_says_when_a_user_sample_is_there(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "a.csv"
+    frame().to_csv(path, index=False)
+    html = area_section({"a": path})
+    assert "data:image/png;base64," in html and "<table" in html
+    assert "your labelled sample" in html
+    assert area_section({}) == "<p>No area tables.</p>"
