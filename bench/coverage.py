@@ -12,11 +12,13 @@ the kept tiles: what the shards and the training steps spend on nodata).
 Synthetic 10 m regions at 64 random offsets from the block grid, labelled everywhere
 (``rect``) or inside the ellipse their box holds (``ellipse``: an area drawn as a polygon),
 with the default config's tiles (256 px) and blocks (5120 m), then the demo's 64-px tiles
-and 1280-m blocks. Run: ``OMP_NUM_THREADS=1 .venv/bin/python bench/coverage.py`` (about two
-minutes on 2 cores).
+and 1280-m blocks. Run: ``OMP_NUM_THREADS=1 .venv/bin/python bench/coverage.py [--quick]``
+(about two minutes on 2 cores; ``--quick``: two small regions at 2 offsets, seconds).
 """
 
 from __future__ import annotations
+
+import argparse
 
 import numpy as np
 from affine import Affine
@@ -59,21 +61,27 @@ def region_labels(height: int, width: int, shape: str) -> np.ndarray:
     return np.where(inside, 0, IGNORE).astype(np.uint8)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="two small regions, 2 offsets")
+    args = parser.parse_args(argv)
+    sizes, offsets = (SIZES[:2], 2) if args.quick else (SIZES, OFFSETS)
     for size, block_m in ((256, 5120.0), (64, 1280.0)):
         for shape in ("rect", "ellipse"):
-            table(size, SplitSpec(block_m), shape)
+            table(size, SplitSpec(block_m), shape, sizes, offsets)
 
 
-def table(size: int, split: SplitSpec, shape: str) -> None:
+def table(
+    size: int, split: SplitSpec, shape: str, sizes: list[tuple[int, int]], offsets: int
+) -> None:
     rng = np.random.default_rng(0)
-    print(f"\n{shape}: tiles {size} px, blocks {split.block_m:g} m; mean of {OFFSETS} offsets")
+    print(f"\n{shape}: tiles {size} px, blocks {split.block_m:g} m; mean of {offsets} offsets")
     head = "".join(f" | mv {mv:<4g} bound   grid  +half tiles  fill" for mv in MIN_VALID)
     print(f"{'region (px)':>13} {'old':>6}{head}")
-    for height, width in SIZES:
+    for height, width in sizes:
         labels = region_labels(height, width, shape)
         old, rows = [], {mv: [] for mv in MIN_VALID}
-        for _ in range(OFFSETS):
+        for _ in range(offsets):
             x0, y0 = rng.integers(0, 512, 2) * 10.0
             transform = Affine(10, 0, 300000 + x0, 0, -10, 4000000 + y0)
             old.append(old_share(labels, transform, TileSpec(size), split))

@@ -62,6 +62,10 @@ from emb.training.run_config import TrainConfig  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 OLD_COMMIT = "0dcd26c"  # the last commit with the host-side algorithm
+# its imports that moved since (the device, precision and memory format it ran with became
+# emb.models.runtime.Runtime): the old path is the old algorithm on today's modules
+MOVED = {"from emb.evaluation.inference import Inference":
+         "from emb.models.runtime import Runtime as Inference"}  # fmt: skip
 TINY_MODEL = {"widths": [8, 16, 16, 32], "depths": [1, 1, 1, 1], "decoder_dim": 16}
 
 
@@ -107,7 +111,10 @@ def old_module() -> types.ModuleType | None:
         return None
     module = types.ModuleType("emb_windows_0dcd26c")
     sys.modules[module.__name__] = module  # its dataclasses look their module up
-    exec(compile(done.stdout, f"{OLD_COMMIT}:windows.py", "exec"), module.__dict__)  # noqa: S102
+    source = done.stdout
+    for moved, now in MOVED.items():  # what it imported that lives elsewhere now
+        source = source.replace(moved, now)
+    exec(compile(source, f"{OLD_COMMIT}:windows.py", "exec"), module.__dict__)  # noqa: S102
     return module
 
 

@@ -87,6 +87,28 @@ def write_json(path: Path | str, data: Any) -> None:
         tmp.write_text(json_text(data, indent=2, sort_keys=False) + "\n")
 
 
+class JSONFileError(ValueError):
+    """A JSON file emb wrote that cannot be parsed now (cut short by an interrupted copy,
+    edited by hand, another file under its name): one line naming it (exit code 2)."""
+
+
+def read_json(path: Path | str, what: str = "JSON file", fix: str = "rebuild it") -> Any:
+    """The JSON document at ``path``; a file that is not one is refused in one line naming
+    it, ``what`` it should be, where the parse stopped and its size, and ``fix`` (how to make
+    it again). A missing file raises ``FileNotFoundError`` (exit code 66, named)."""
+    path = Path(path)
+    data = path.read_bytes()
+    try:
+        return json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as err:
+        why = f"byte {err.start} is not UTF-8"
+    except json.JSONDecodeError as err:
+        why = f"{err.msg} at line {err.lineno}, column {err.colno}"
+    raise JSONFileError(
+        f"{path}: not a {what} ({why}; {len(data)} bytes: cut short, or not JSON); {fix}"
+    )
+
+
 @contextmanager
 def reading(path: Path | str) -> Iterator[None]:
     """Name ``path`` in a read error: rasterio says only "Read failed. See previous exception",

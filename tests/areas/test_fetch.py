@@ -18,6 +18,7 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
+import google_crc32c
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -92,7 +93,8 @@ class RangeHandler(http.server.SimpleHTTPRequestHandler):
             self.send_response(200)
         md5 = hashlib.md5(stored).digest()  # of the object as stored, whatever was sent
         if type(self).digest == "goog":
-            self.send_header("x-goog-hash", "crc32c=AAAAAA==")
+            crc = google_crc32c.value(stored).to_bytes(4, "big")
+            self.send_header("x-goog-hash", "crc32c=" + base64.b64encode(crc).decode())
             self.send_header("x-goog-hash", "md5=" + base64.b64encode(md5).decode())
         elif type(self).digest == "etag":
             self.send_header("ETag", f'"{md5.hex()}"')

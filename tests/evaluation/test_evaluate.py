@@ -340,14 +340,3 @@ def test_block_counts_from_device_rows_equal_block_counts_add() -> None:
     for lv in NUM_CLASSES:
         assert torch.equal(ours.counts["raw"][lv], theirs.counts["raw"][lv])
         assert ours.counts["raw"][lv].sum() > 0
-
-
-def test_threads_is_required_as_the_rule_always_passes_it(
-    tmp_path: Path, capsys: pytest.CaptureFixture
-) -> None:
-    """No second default beside the rule's: a missing --threads is refused by the CLI."""
-    with pytest.raises(SystemExit) as exc:
-        evaluate_main(["--run-dir", str(tmp_path / "nowhere"), "--classes", str(CLASSES_CSV),
-                       "--out-dir", str(tmp_path / "eval")])  # fmt: skip
-    assert exc.value.code == 2
-    assert "the following arguments are required: --threads" in capsys.readouterr().err

@@ -280,17 +280,3 @@ def test_raster_band_count_not_matching_in_dim_is_an_error_naming_both(
     message = run_cli(cli_args(trained, tessera, out))
     assert str(tessera) in message and "in_dim is 64" in message and "in_dim 128" in message
     assert not out.exists() and not list(tmp_path.glob(".*"))
-
-
-def test_the_options_the_rule_always_passes_are_required(
-    tmp_path: Path, capsys: pytest.CaptureFixture
-) -> None:
-    """Window overlap, block, batch size and threads come from the rule (config predict:, its
-    defaults in the schema): the CLI states no second default and refuses them missing."""
-    passed = ("--overlap", "--block", "--batch-size", "--threads")
-    args = cli_args(tmp_path / "run", tmp_path / "aef.tif", tmp_path / "map.tif")
-    with pytest.raises(SystemExit) as exc:
-        predict_main([a for a in args if not a.startswith(passed)])
-    assert exc.value.code == 2
-    err = capsys.readouterr().err
-    assert f"the following arguments are required: {', '.join(passed)}" in err

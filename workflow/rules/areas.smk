@@ -8,6 +8,7 @@
 import json
 
 from emb.workflow.areas import (
+    age_stale_markers,
     fetch_collections,
     fetch_url,
     fetched_markers,
@@ -15,7 +16,14 @@ from emb.workflow.areas import (
     npy_outputs,
     plan_inputs,
     region_collections,
+    tile_folders,
 )
+
+# A tile deleted after its fetch: the files, not the marker, say what is there. The folders
+# that hold the tiles are rule fetch_tiles' inputs, and a marker whose collection lacks a tile
+# is dated back, so the next run fetches it again (and reruns nothing after the fetch).
+age_stale_markers(AREAS, config["collections"])
+
 
 if AREAS:
 
@@ -27,7 +35,9 @@ if AREAS:
         input:
             areas=config["areas"],
             collections=plan_inputs(config["collections"]),
-            fetched=fetched_markers(config["collections"]),
+            # ancient: a tile fetched again is the same bytes (checked against the index and
+            # the server's digests): the VRTs and every job after them stay as they are
+            fetched=[ancient(m) for m in fetched_markers(config["collections"])],
             npy=npy_inputs(AREAS),
         output:
             vrts=AREA_VRTS,
@@ -53,6 +63,7 @@ if AREAS:
         input:
             areas=config["areas"],
             collections=plan_inputs(config["collections"]),
+            folders=lambda wildcards: tile_folders(AREAS, wildcards.source),
         output:
             "results/areas/fetched/{source}.tsv",
         log:

@@ -24,7 +24,7 @@ from emb.workflow.regions import (
     one_of,
     read_regions,
 )
-from emb.workflow.stage_options import predict_options, rule_options
+from emb.workflow.stage_options import predict_options, rule_options, validation_options
 
 validate(config, "../schemas/config.schema.yaml")
 
@@ -96,6 +96,10 @@ try:
     }
 except USER_ERRORS as err:
     raise WorkflowError(str(err)) from None
+try:  # the tiles and windows each run's model must map; the tiling has no gaps
+    runs.check_windows(config, TABLE, RUN_SOURCE, RUN_CONFIG)
+except USER_ERRORS as err:
+    raise WorkflowError(str(err)) from None
 try:  # a split block larger than the regions: every split needs one (after the runs' checks)
     regions.check_split_blocks(CHECKS, TABLE, config, REGIONS_FILE, RUN_SOURCE.values())
 except USER_ERRORS as err:
@@ -146,6 +150,10 @@ def loader_workers(wildcards):
     return runs.loader_workers(RUN_CONFIG.values(), wildcards.source)
 
 
+def validation_batches(wildcards):
+    return validation_options(RUN_CONFIG, wildcards.source)
+
+
 def training_ranks(wildcards):
     """Processes of one training job as the profile submits it (rule train's resources)."""
     try:
@@ -156,6 +164,10 @@ def training_ranks(wildcards):
 
 def get_run_inputs(wildcards):
     return runs.train_inputs(wildcards.run, RUN_SOURCE[wildcards.run])
+
+
+def run_manifest(wildcards):
+    return runs.train_inputs(wildcards.run, RUN_SOURCE[wildcards.run])["manifest"]
 
 
 def predict_runtime(wildcards):

@@ -111,6 +111,10 @@ rule manifest:
     params:
         ranks=training_ranks,  # as rule train is submitted under this profile
         workers=loader_workers,
+        # each run's val batch must score on the ranks: checked whenever the manifest is
+        # made; derived (it takes input), so a run's new batch size reruns no other run
+        # through a new manifest (its training checks again when it starts)
+        validation=lambda wildcards, input: validation_batches(wildcards),
     shell:
         "python -m emb.prep.manifest --out={output:q} --ranks={params.ranks:q}"
-        " --workers={params.workers:q} -- {input:q} > {log:q} 2>&1"
+        " --workers={params.workers:q} {params.validation} -- {input:q} > {log:q} 2>&1"

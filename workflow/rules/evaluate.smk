@@ -1,6 +1,7 @@
 rule evaluate:
     input:
         trained="results/runs/{run}/train.json",
+        manifest=run_manifest,  # its test split: what is scored
         classes=config["classes"],
     output:
         metrics="results/eval/{run}/metrics.json",

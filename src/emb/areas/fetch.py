@@ -1,8 +1,9 @@
 """Stage: download exactly the tiles the areas need and the folder lacks, from a collection's
 base URL (``collections.{source}.url``, the bucket's layout below it): parallel, resumable,
 each file checked by its length and, once complete, against what the server says the object
-is (its MD5 from ``x-goog-hash`` or an MD5 ETag, else every block decoded) and by its header
-against the index. Only then is it renamed to the tile's path: a file there is always whole.
+is (the CRC32C and MD5 of ``x-goog-hash``, or an MD5 ETag; with neither, every block decoded)
+and by its header against the index. Only then is it renamed to the tile's path: a file there
+is always whole.
 
 Runs where Snakemake runs (a local rule): compute nodes often have no internet. A partial
 download stays as ``{tile}.part`` and is continued with an HTTP Range request next time.
@@ -29,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import google_crc32c
 import rasterio
 from rasterio.errors import RasterioError
 from rasterio.windows import Window
@@ -36,7 +38,7 @@ from rasterio.windows import Window
 from emb import cli
 from emb.areas import AreasError
 from emb.areas.checks import check_tile
-from emb.areas.index import Tile
+from emb.areas.index import Tile, check_in_folder
 from emb.areas.plan import plan_areas
 from emb.config_schema import config_option
 from emb.io import atomic_path
@@ -57,51 +59,62 @@ class FetchError(AreasError):
 
 
 def check_inside(folder: Path, tiles: list[Tile], listed_in: str) -> None:
-    """Every destination inside ``folder`` (after ``..`` and symlinks), before any request:
-    an index row such as ``../../x.tiff`` must not write outside the collection."""
-    root = folder.resolve()
+    """Every destination inside ``folder``, before any request (the plan refused such rows
+    already, while the workflow was parsed; a stage run by hand checks again)."""
     for tile in tiles:
-        if not tile.path.resolve().is_relative_to(root):
-            raise AreasError(
-                f"{listed_in}: index row {tile.key!r} would be written to "
-                f"{tile.path.resolve()}, outside the collection folder {root}: refused"
-            )
+        check_in_folder(folder, tile, listed_in)
 
 
 def tile_url(base: str, key: str) -> str:
     return base.rstrip("/") + "/" + urllib.parse.quote(key)
 
 
+DIGEST_BYTES = {"md5": 16, "crc32c": 4}  # what x-goog-hash may state, and each one's length
+DIGEST_NAMES = {"md5": "MD5", "crc32c": "CRC32C"}
+
+
+@dataclass(frozen=True)
+class Digest:
+    """A digest the server states for the object: its ``kind`` (md5, crc32c), its bytes (a
+    CRC32C big-endian, as GCS sends it) and the header it came from."""
+
+    kind: str
+    value: bytes
+    header: str
+
+
 @dataclass(frozen=True)
 class Served:
-    """What the last answer said of the object: the bytes received now, its MD5 where the
-    server gives one (``x-goog-hash: md5=``, or an ETag that is an MD5) and the header it came
-    from, and its ``Content-Encoding`` ("" when none)."""
+    """What the last answer said of the object: the bytes received now, the digests the
+    server states (``x-goog-hash`` md5 and crc32c, or an ETag that is an MD5) and its
+    ``Content-Encoding`` ("" when none)."""
 
     received: int
-    md5: bytes | None = None
-    md5_from: str = ""
+    digests: tuple[Digest, ...] = ()
     encoding: str = ""
 
 
-def served_md5(headers) -> tuple[bytes | None, str]:
-    """The object's MD5 as the server states it, and where: GCS sends ``x-goog-hash: md5=...``
-    (base64; absent for composite objects, which carry only a CRC32C); S3 and most stores send
-    the MD5 hex as a strong ETag (a multipart ETag ``"...-N"`` or a weak ``W/`` one is not)."""
+def served_digests(headers) -> tuple[Digest, ...]:
+    """The object's digests as the server states them: GCS sends ``x-goog-hash: crc32c=...,
+    md5=...`` (base64; a composite object has the CRC32C alone); S3 and most stores send the
+    MD5 hex as a strong ETag (a multipart ETag ``"...-N"`` or a weak ``W/`` one is not)."""
+    found: dict[str, Digest] = {}
     for value in headers.get_all("x-goog-hash") or []:
         for item in value.split(","):
-            kind, _, digest = item.strip().partition("=")
-            if kind.strip().lower() == "md5":
-                try:
-                    md5 = base64.b64decode(digest.strip(), validate=True)
-                except ValueError:
-                    continue
-                if len(md5) == 16:
-                    return md5, "x-goog-hash md5"
+            kind, _, text = item.strip().partition("=")
+            kind = kind.strip().lower()
+            if kind not in DIGEST_BYTES or kind in found:
+                continue
+            try:
+                digest = base64.b64decode(text.strip(), validate=True)
+            except ValueError:
+                continue
+            if len(digest) == DIGEST_BYTES[kind]:
+                found[kind] = Digest(kind, digest, f"x-goog-hash {kind}")
     etag = (headers.get("ETag") or "").strip()
-    if (found := MD5_ETAG.match(etag)) is not None:
-        return bytes.fromhex(found.group(1)), "ETag"
-    return None, ""
+    if "md5" not in found and (match := MD5_ETAG.match(etag)) is not None:
+        found["md5"] = Digest("md5", bytes.fromhex(match.group(1)), "ETag")
+    return tuple(found[kind] for kind in DIGEST_BYTES if kind in found)  # a mismatch names MD5
 
 
 def download(url: str, dest: Path, timeout: float = TIMEOUT_S) -> Served:
@@ -127,9 +140,8 @@ def _resumes_at(content_range: str | None, have: int) -> bool:
 
 
 def _served(received: int, headers) -> Served:
-    md5, where = served_md5(headers)
     encoding = (headers.get("Content-Encoding") or "").strip().lower()
-    return Served(received, md5, where, "" if encoding == "identity" else encoding)
+    return Served(received, served_digests(headers), "" if encoding == "identity" else encoding)
 
 
 def _receive(
@@ -188,36 +200,45 @@ def check_readable(path: Path) -> None:
 
 def check_decodes(path: Path, url: str) -> None:
     """Every block of every band decodes: without a digest from the server, the only check of
-    the bytes inside (a compressed tile with garbage in it fails to decompress)."""
+    the bytes inside (a compressed tile with garbage in it fails to decompress; garbage that
+    still decompresses passes, which a digest would have refused)."""
     try:
         with rasterio.open(path) as src:
             for _, window in src.block_windows(1):
                 src.read(window=window)
     except RasterioError as err:
         raise AreasError(
-            f"{path}: fetched from {url} (no MD5 from the server): a block does not decode "
-            f"({err}): corrupt in transit; removed, a rerun fetches it again"
+            f"{path}: fetched from {url} (no MD5 from the server, nor a CRC32C): a block does not "
+            f"decode ({err}): corrupt in transit; removed, a rerun fetches it again"
         ) from None
 
 
-def _md5_of(path: Path) -> bytes:
-    digest = hashlib.md5(usedforsecurity=False)
+def digests_of(path: Path, kinds: set[str]) -> dict[str, bytes]:
+    """The ``kinds`` of digest (md5, crc32c) of the file at ``path``, in one read. CRC32C by
+    google-crc32c, in its C extension where the wheel has one (``implementation == "c"``)."""
+    md5 = hashlib.md5(usedforsecurity=False) if "md5" in kinds else None
+    crc = google_crc32c.Checksum() if "crc32c" in kinds else None
     with open(path, "rb") as fh:
         while chunk := fh.read(CHUNK):
-            digest.update(chunk)
-    return digest.digest()
+            if md5 is not None:
+                md5.update(chunk)
+            if crc is not None:
+                crc.update(chunk)
+    found = {"md5": md5.digest() if md5 is not None else b""}
+    found["crc32c"] = crc.digest() if crc is not None else b""
+    return {kind: found[kind] for kind in kinds}
 
 
-def _decoded(part: Path, served: Served, url: str) -> Path:
-    """The tile's bytes: the part itself, or the part gunzipped beside it when the server
-    sent it with ``Content-Encoding: gzip`` (the same object, compressed on the wire; its
-    digest is of the bytes as sent). Another encoding is named, not guessed at."""
+def _decoded(part: Path, served: Served, url: str) -> tuple[Path, str]:
+    """The tile's bytes and the encoding they came in: the part itself, or the part
+    gunzipped beside it when the server sent it with ``Content-Encoding: gzip`` (the same
+    object, compressed on the wire). Another encoding is named, not guessed at."""
     encoding = served.encoding
     if not encoding:
         with open(part, "rb") as fh:  # a part completed earlier: no header came this time
             encoding = "gzip" if fh.read(2) == GZIP_MAGIC else ""
     if not encoding:
-        return part
+        return part, ""
     if encoding not in ("gzip", "x-gzip"):
         raise AreasError(
             f"{part}: fetched from {url}: served with Content-Encoding: {encoding}, which the "
@@ -234,24 +255,44 @@ def _decoded(part: Path, served: Served, url: str) -> Path:
             f"{part}: fetched from {url}: served with Content-Encoding: gzip, but it does not "
             f"decompress ({err}); removed, a rerun fetches it again"
         ) from None
-    return plain
+    return plain, encoding
+
+
+def check_digests(tile: Tile, part: Path, ready: Path, encoding: str, served: Served,
+                  url: str) -> None:  # fmt: skip
+    """Every digest the server states matches the bytes as received, or (for an encoded
+    answer) the decoded bytes: servers differ in which they hash (GCS the stored object, which
+    may be the gzipped one; others the content). Raises AreasError naming the digest, the
+    encoding and both values where neither matches."""
+    kinds = {d.kind for d in served.digests}
+    received = digests_of(part, kinds)
+    if all(received[d.kind] == d.value for d in served.digests):
+        return
+    decoded = digests_of(ready, kinds) if ready != part else None
+    if decoded is not None and all(decoded[d.kind] == d.value for d in served.digests):
+        return
+    d = next(d for d in served.digests if received[d.kind] != d.value)
+    name = DIGEST_NAMES[d.kind]
+    have = f"its bytes have {name} {received[d.kind].hex()}"
+    if decoded is not None:
+        have = (f"its bytes as received (Content-Encoding: {encoding}) have {name} "
+                f"{received[d.kind].hex()}, decoded {decoded[d.kind].hex()}")  # fmt: skip
+    raise AreasError(
+        f"{tile.path}: fetched from {url}: {have}, but the server's {d.header} says "
+        f"{d.value.hex()}: corrupt in transit; removed, a rerun fetches it again"
+    )
 
 
 def verify(tile: Tile, part: Path, served: Served, url: str, source: str, listed_in) -> Path:
-    """The downloaded part checked, before it may take the tile's path: its bytes against the
-    server's MD5 (or, without one, every block decoded), decoded if sent gzipped, its header
-    against the index row. Returns the file to rename into place."""
-    if served.md5 is not None:
-        found = _md5_of(part)
-        if found != served.md5:
-            raise AreasError(
-                f"{tile.path}: fetched from {url}: its bytes have MD5 {found.hex()}, but the "
-                f"server's {served.md5_from} says {served.md5.hex()}: corrupt in transit; "
-                "removed, a rerun fetches it again"
-            )
-    ready = _decoded(part, served, url)
+    """The downloaded part checked, before it may take the tile's path: decoded if sent
+    gzipped, its bytes against every digest the server states (CRC32C, MD5; or, with
+    neither, every block decoded), its header against the index row. Returns the file to
+    rename into place."""
+    ready, encoding = _decoded(part, served, url)
+    if served.digests:
+        check_digests(tile, part, ready, encoding, served, url)
     check_tile(f"fetched from {url}", source, replace(tile, path=ready), listed_in, fetching=False)
-    if served.md5 is not None:
+    if served.digests:
         check_readable(ready)
     else:
         check_decodes(ready, url)

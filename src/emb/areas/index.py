@@ -191,6 +191,17 @@ def aef_local_path(folder: Path, path: str) -> tuple[Path, str]:
     return folder / key, key
 
 
+def check_in_folder(folder: Path, tile: Tile, listed_in: str | Path) -> None:
+    """The tile's place lies inside the collection's ``folder`` (after ``..`` and symlinks):
+    an index row such as ``../../x.tiff`` must not be read from, or fetched to, outside it."""
+    root = folder.resolve()
+    if not tile.path.resolve().is_relative_to(root):
+        raise AreasError(
+            f"{listed_in}: index row {tile.key!r} would be read from or fetched to "
+            f"{tile.path.resolve()}, outside the collection folder {root}: refused"
+        )
+
+
 # TESSERA ------------------------------------------------------------------------------------
 
 

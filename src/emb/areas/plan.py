@@ -36,6 +36,7 @@ from emb.areas.index import (
     Tile,
     aef_local_path,
     cdl_tiles,
+    check_in_folder,
     read_aef_index,
 )
 from emb.areas.tessera_tiles import registry_of, tessera_tiles
@@ -227,6 +228,7 @@ def _aef_tiles(
         )
         extent = (rec.utm_west, rec.utm_south, rec.utm_east, rec.utm_north)
         tile = Tile(path, key, str(rec.crs), size, bounds=extent)
+        check_in_folder(folder, tile, index.file)
         tile.header = check_tile(where, "aef", tile, index.file, fetching)
         tiles.append(tile)
     return tiles

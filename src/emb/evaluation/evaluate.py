@@ -38,6 +38,7 @@ import torch.distributed as dist
 
 from emb import cli, plots
 from emb.classes import ClassMap, load_class_map
+from emb.config_schema import config_option
 from emb.evaluation.block_scores import (
     FIGURES,
     BlockCounts,
@@ -335,7 +336,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--split", default="test", choices=["train", "val", "test"])
     parser.add_argument("--out-dir", type=Path, required=True, help="results/eval/{run}")
     parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--threads", type=int, required=True, help="CPU threads per process")
+    parser.add_argument(
+        "--threads", type=int, **config_option("launch.threads", "CPU threads per process")
+    )
     parser.add_argument("--resamples", type=bounded(int, 1), default=1000,
                         help="block-bootstrap resamples (>= 1)")  # fmt: skip
     parser.add_argument("--seed", type=bounded(int, 0), default=0,

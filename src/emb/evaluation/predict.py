@@ -35,6 +35,7 @@ from emb.classes import ClassMap, load_class_map
 from emb.cli import Interrupted
 from emb.cluster.launch import LAUNCH_ID_ENV
 from emb.colours import cdl_palette, l3_colours
+from emb.config_schema import config_option
 from emb.evaluation.map_files import (
     describe_map,
     describe_probabilities,
@@ -53,7 +54,7 @@ from emb.evaluation.region_maps import (
     share_of_rank,
 )
 from emb.evaluation.runs import RunError, TrainedRun, open_run
-from emb.evaluation.windows import MapBlock, PredictSpec, blocks, map_blocks
+from emb.evaluation.windows import MapBlock, PredictSpec, blocks, map_blocks, model_downsampling
 from emb.models.runtime import Runtime, claim_device
 from emb.progress import Progress
 from emb.provenance import digest_file, provenance
@@ -243,13 +244,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     one.add_argument("--png", type=Path, help="quicklook with legend")
     one.add_argument("--qml", type=Path, help="QGIS style with class names (default: beside --out)")
     one.add_argument("--probabilities", type=Path, help="also write per-class probabilities")
-    # rule predict passes these from config predict: (defaults: workflow/schemas, once)
+    # rule predict passes these from config predict: (by hand: the schema's defaults)
     parser.add_argument("--tile", type=int, help="window side (default: the training tile)")
-    parser.add_argument("--overlap", type=float, required=True, help="fraction of the window")
-    parser.add_argument("--block", type=int, required=True, help="pixels per block side")
-    parser.add_argument("--batch-size", type=int, required=True, help="windows per forward")
-    parser.add_argument("--threads", type=int, required=True,
-                        help="CPU threads per process (no GPU)")  # fmt: skip
+    parser.add_argument(
+        "--overlap", type=float, **config_option("predict.overlap", "fraction of the window")
+    )
+    parser.add_argument(
+        "--block", type=int, **config_option("predict.block", "pixels per block side")
+    )
+    parser.add_argument(
+        "--batch-size", type=int, **config_option("predict.batch_size", "windows per forward")
+    )
+    parser.add_argument(
+        "--threads", type=int, **config_option("launch.threads", "CPU threads per process (no GPU)")
+    )
     args = parser.parse_args(argv)
     wanted = ("regions", "out_dir") if args.regions or args.out_dir else ("raster", "region",
                                                                           "out", "png")  # fmt: skip
@@ -266,9 +274,10 @@ def main(argv: list[str] | None = None) -> None:
     local = int(os.environ["LOCAL_RANK"]) if "LOCAL_RANK" in os.environ else None
     cmap = load_class_map(args.classes)
     run = open_run(args.run_dir, cmap, args.classes, args.checkpoint)
-    run_on = run.runtime(claim_device(args.threads, local))
     spec = PredictSpec(args.tile or run.tile_size, args.overlap, args.block, args.batch_size)
-    spec.check(2 ** (len(run.cfg.model.widths) + 1))
+    tile = {} if args.tile else {"tile": f"the run's training tile ({run.path})"}
+    spec.check(model_downsampling(run.cfg.model.arch, len(run.cfg.model.widths)), tile)
+    run_on = run.runtime(claim_device(args.threads, local))
     if args.regions is None:
         files = MapFiles(args.out, args.png, args.qml or args.out.with_suffix(".qml"),
                          args.probabilities)  # fmt: skip

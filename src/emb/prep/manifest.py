@@ -8,7 +8,6 @@ tile size and dtype.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 from collections import Counter
 from pathlib import Path
@@ -16,8 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from emb import cli
-from emb.io import write_json
-from emb.loading.shard_manifest import ManifestError
+from emb.io import read_json, write_json
+from emb.loading.shard_manifest import ManifestError, check_validation_scored
 from emb.prep.tiles import SPLITS
 
 log = logging.getLogger(__name__)
@@ -26,10 +25,8 @@ INDEX_KEYS = ("source", "region", "in_dim", "tile_size", "dtype", "dropped", "sp
 
 def read_index(path: Path) -> dict:
     """A region index written by the shard stage, refused naming the file when it is not one."""
-    try:
-        index = json.loads(Path(path).read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ManifestError(f"{path}: not a JSON region index ({err}); rebuild it") from err
+    fix = "rebuild it (snakemake --forcerun shards)"
+    index = read_json(path, "JSON region index", fix)
     missing = [k for k in INDEX_KEYS if not isinstance(index, dict) or k not in index]
     if missing:
         raise ManifestError(
@@ -103,6 +100,17 @@ def shard_count_warnings(manifest: dict, ranks: int, workers: int) -> list[str]:
     ]
 
 
+def validation_option(text: str) -> tuple[str, int, int]:
+    """An argparse type: ``RUN:BATCH:MIN_BATCH`` (the rule's, from each run's config)."""
+    try:
+        name, batch, min_batch = text.rsplit(":", 2)
+        return name, int(batch), int(min_batch)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected RUN:BATCH:MIN_BATCH (e.g. aef_segformer:32:2), found {text!r}"
+        ) from None
+
+
 @cli.stage
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -112,6 +120,10 @@ def main(argv: list[str] | None = None) -> None:
     # by hand the defaults are one reader, the check's weakest form
     parser.add_argument("--ranks", type=int, default=1, help="training processes (all nodes)")
     parser.add_argument("--workers", type=int, default=0, help="loader workers per process")
+    parser.add_argument("--validation", type=validation_option, action="append", default=None,
+                        metavar="RUN:BATCH:MIN_BATCH", help="a run's train.batch_size and "
+                        "train.val_min_batch: its val split must score a batch on --ranks "
+                        "ranks (once per run of the source)")  # fmt: skip
     args = parser.parse_args(argv)
     manifest = merge_indexes([read_index(p) for p in args.indexes], args.indexes)
     for split in ("train", "val", "test"):
@@ -122,6 +134,9 @@ def main(argv: list[str] | None = None) -> None:
                 f"{manifest['dropped_unassigned']}); lower tiles.min_valid or change the split"
             )
     check_shard_count(manifest, args.ranks, args.workers, args.out)
+    for run, batch, min_batch in args.validation or []:
+        where = f"{args.out} (run {run!r}, {args.ranks} rank(s))"
+        check_validation_scored(manifest["splits"]["val"], where, batch, min_batch, args.ranks)
     manifest["warnings"] = shard_count_warnings(manifest, args.ranks, args.workers)
     for warning in manifest["warnings"]:
         log.warning("%s", warning)

@@ -80,45 +80,82 @@ class SplitBlocksError(ValueError):
 @dataclass(frozen=True)
 class BlockGround:
     """A region as the block count sees it: its id, its split column, the extent its blocks
-    are drawn over (x0, y0, x1, y1 in its CRS; a split group's shared one) and that draw's
-    key (the group's id; the region's own when alone)."""
+    are drawn over (x0, y0, x1, y1 in its CRS; a split group's shared one), that draw's key
+    (the group's id; the region's own when alone) and its pixel size (metres; 0: unknown)."""
 
     region: str
     split: str
     extent: tuple[float, float, float, float]
     key: str
+    pixel_m: float = 0.0
+
+
+def block_count(extent: tuple[float, float, float, float], block_m: float) -> int:
+    """How many blocks :func:`blocks_in` lists for ``extent``, without listing them (a block far
+    below a pixel would list billions)."""
+    x0, y0, x1, y1 = extent
+    nx = math.ceil(x1 / block_m) - math.floor(x0 / block_m)
+    ny = math.ceil(y1 / block_m) - math.floor(y0 / block_m)
+    return max(nx, 0) * max(ny, 0)
+
+
+def check_block_above_pixel(
+    source: str, block_m: float, pixel_m: float, where: str, key: str = "splits.block_m"
+) -> None:
+    """Refuse a split block smaller than the ``source`` rasters' pixels (``pixel_m`` metres)
+    before anything counts blocks: they would be listed one per sub-pixel step (a
+    MemoryError at 1 mm), and a block holds whole tiles."""
+    if block_m < pixel_m:
+        raise SplitBlocksError(
+            f"{where}: {key} {block_m:g} m: expected at least the pixel size of the {source} "
+            f"rasters ({pixel_m:g} m): a split block is drawn whole into one split and holds "
+            f"whole tiles; e.g. {config_default('splits.block_m'):g} (splits.block_m's default)"
+        )
 
 
 def check_blocks_hold_splits(
-    source: str, grounds: Sequence[BlockGround], block_m: float, where: str
+    source: str,
+    grounds: Sequence[BlockGround],
+    block_m: float,
+    where: str,
+    key: str = "splits.block_m",
 ) -> None:
-    """Refuse, before any job, a ``block_m`` that leaves a source fewer blocks than splits:
-    a block goes whole to one split, so the blocks meeting the regions' extents (one draw
-    per group) plus the fixed splits bound the splits that can get a tile, and the shards'
-    manifest needs train, val and test each. Without this a block larger than the region is
-    found at job time, after every shard was rebuilt all-train."""
+    """Refuse, before any job, a ``block_m`` (the config's ``key``) smaller than the rasters'
+    pixels or one that leaves a source fewer blocks than splits: a block goes whole to one
+    split, so the blocks meeting the regions' extents (one draw per group) plus the fixed
+    splits bound the splits that can get a tile, and the shards' manifest needs train, val
+    and test each. Without this a block larger than the region is found at job time, after
+    every shard was rebuilt all-train."""
     if not grounds or not math.isfinite(block_m) or block_m <= 0:
         return
+    check_block_above_pixel(source, block_m, max(g.pixel_m for g in grounds), where, key)
     fixed = {g.split for g in grounds if g.split in SPLITS}
     drawn: dict[str, tuple[BlockGround, int]] = {}
     for g in grounds:
         if g.split in SPLITS:
             continue
-        drawn.setdefault(g.key, (g, len(blocks_in(g.extent, block_m))))
+        drawn.setdefault(g.key, (g, block_count(g.extent, block_m)))
     reachable = len(fixed) + sum(min(n, len(SPLITS)) for _, n in drawn.values())
     if reachable >= len(SPLITS):
         return
+    if not drawn:  # every region has its split fixed: no block size can help
+        missing = [s for s in SPLITS if s not in fixed]
+        raise SplitBlocksError(
+            f"{where}: every {source} region has a fixed split, together only "
+            f"{sorted(fixed)}: train, val and test each need a region; set the split of a "
+            f"region to auto (drawn by {key} blocks) or give regions of {missing}"
+        )
     sizes = "; ".join(
-        f"{'group ' + key if key != g.region else 'region ' + g.region} is "
+        f"{'group ' + k if k != g.region else 'region ' + g.region} is "
         f"{_km(g.extent[2] - g.extent[0])} x {_km(g.extent[3] - g.extent[1])} "
         f"({n} block{'s' * (n != 1)})"
-        for key, (g, n) in drawn.items()
+        for k, (g, n) in drawn.items()
     )
     fixed_text = f"; fixed splits {sorted(fixed)}" if fixed else ""
     raise SplitBlocksError(
-        f"{where}: splits.block_m {block_m:g} m: the {source} regions' extents meet blocks of "
+        f"{where}: {key} {block_m:g} m: the {source} regions' extents meet blocks of "
         f"at most {reachable} of the {len(SPLITS)} splits ({sizes}{fixed_text}): a block goes "
-        "whole to one split and train, val and test each need one; set splits.block_m "
+        f"whole to one split and train, val and test each need one; set {key} "
         "smaller than the regions (a few blocks across each) or add regions"
     )
 
@@ -141,9 +178,29 @@ def _fractions() -> dict[str, float]:
 @dataclass(frozen=True)
 class TileSpec:
     size: int
-    stride: int | None = None  # None: equal to size (no overlap)
+    stride: int | None = None  # None: equal to size (no overlap); at most size (no gaps)
     min_valid: float = field(  # minimum fraction of labelled pixels
         default_factory=lambda: float(config_default("tiles.min_valid"))
+    )
+
+    def __post_init__(self) -> None:
+        check_stride(self.size, self.stride)
+
+
+def check_stride(
+    size: int, stride: int | None, keys: tuple[str, str] = ("tiles.size", "tiles.stride")
+) -> None:
+    """Refuse a stride larger than the tile (:class:`TilingError`, naming ``keys``: the size's
+    and the stride's settings): the gaps between tiles would hold pixels of no tile, neither
+    trained nor scored on, and :func:`tile_windows` promises every pixel a window."""
+    if stride is None or stride <= size:
+        return
+    gaps = 1 - (size / stride) ** 2
+    raise TilingError(
+        f"{keys[1]} {stride} is larger than {keys[0]} {size}: the gaps between tiles would "
+        f"leave {gaps:.0%} of the pixels (1 - ({size}/{stride})^2) in no tile, neither trained "
+        f"nor scored on; expected a stride of at most {size} (null: the tile size, no gaps; "
+        "smaller: overlapping tiles)"
     )
 
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import base64
 import html
-import json
 import logging
 import math
 from pathlib import Path
@@ -44,7 +43,7 @@ from emb.evaluation.bootstrap import (
     verdict,
     verdict_of,
 )
-from emb.io import atomic_path
+from emb.io import atomic_path, read_json
 
 log = logging.getLogger(__name__)
 LEVELS = ("l1", "l2", "l3")
@@ -82,14 +81,23 @@ def standard_pairs(metas: dict[str, dict]) -> list[tuple[str, str, str]]:
     return pairs
 
 
+class MetricsError(ValueError):
+    """A metrics.json the summary cannot use: one line naming it (exit code 2)."""
+
+
 def read_metrics(path: Path) -> dict:
-    """A run's metrics.json, its bootstrap settings checked (a level outside (0, 1), say, is
-    refused here in one line naming the file, not later without it)."""
-    metrics = json.loads(Path(path).read_text())
+    """A run's metrics.json, parsed and its bootstrap settings checked: a file cut short, or
+    a level outside (0, 1), is refused here in one line naming the file, not later without
+    it."""
+    fix = "rerun its evaluate job (snakemake --forcerun evaluate)"
+    metrics = read_json(path, "JSON metrics file of an evaluate job", fix)
+    if not isinstance(metrics, dict):
+        raise MetricsError(f"{path}: expected a JSON object of figures, found "
+                           f"{type(metrics).__name__}; {fix}")  # fmt: skip
     try:
         settings_of(metrics)
     except (TypeError, ValueError) as err:
-        raise ValueError(f"{path}: bootstrap: {err}") from None
+        raise MetricsError(f"{path}: bootstrap: {err}") from None
     return metrics
 
 

@@ -3,7 +3,9 @@ areas.smk): the plan from the config, the rows without a table, the rule's input
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
+from pathlib import Path
 
 import pandas as pd
 from affine import Affine
@@ -69,6 +71,36 @@ def fetched_markers(collections: Mapping | None) -> list[str]:
         for source in ("aef", "tessera")
         if ((collections or {}).get(source) or {}).get("url")
     ]
+
+
+def tile_folders(plan: AreaPlan | None, source: str) -> list[str]:
+    """The folders that hold (or will hold) ``source``'s planned tiles, those that exist now:
+    rule fetch_tiles' inputs. A tile deleted from one changes its time, so the next run
+    fetches again (a folder has no checksum for Snakemake to find unchanged). Tiles converted
+    from geotessera's .npy by rule areas are not fetched: their folders are left out."""
+    folders = {t.path.parent for r in (plan.regions if plan else [])
+               if (m := r.mosaics.get(source)) is not None for t in m.tiles
+               if t.npy is None}  # fmt: skip
+    return sorted(str(f) for f in folders if f.is_dir())
+
+
+def age_stale_markers(plan: AreaPlan | None, collections: Mapping | None) -> list[str]:
+    """Date back each marker of rule fetch_tiles whose collection lacks a tile the areas
+    need to a second before the oldest folder it stands for (:func:`tile_folders`): the
+    next run fetches again, however the tile went (a folder restored with its old time).
+    The files, not the marker, say what is there. Kept, not removed: a missing marker would
+    rerun rule areas and every job after it, for the same bytes. Returns the markers aged."""
+    aged = []
+    for marker in fetched_markers(collections):
+        path = Path(marker)
+        if plan is None or not path.exists() or not plan.missing(path.stem):
+            continue
+        folders = [Path(f).stat().st_mtime for f in tile_folders(plan, path.stem)]
+        before = max(1.0, min(folders, default=path.stat().st_mtime) - 1)  # 0: "no time"
+        if path.stat().st_mtime > before:
+            os.utime(path, (before, before))
+        aged.append(marker)
+    return aged
 
 
 def npy_inputs(plan: AreaPlan | None) -> list[str]:

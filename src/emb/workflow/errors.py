@@ -4,9 +4,18 @@ and the fix. The rules turn them into Snakemake's ``WorkflowError``: the line, n
 from __future__ import annotations
 
 from emb.areas import AreasError
+from emb.evaluation.windows import PredictSettingsError
 from emb.prep.regions import RegionsError
-from emb.prep.tiles import SplitBlocksError
+from emb.prep.tiles import SplitBlocksError, TilingError
 from emb.training.run_config import ConfigError
 from emb.workflow.profile import ProfileError
 
-USER_ERRORS = (AreasError, ConfigError, ProfileError, RegionsError, SplitBlocksError)
+USER_ERRORS = (
+    AreasError,
+    ConfigError,
+    PredictSettingsError,
+    ProfileError,
+    RegionsError,
+    SplitBlocksError,
+    TilingError,
+)

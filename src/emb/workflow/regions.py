@@ -17,13 +17,19 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from emb.prep.demo_region import DEMO_REGIONS
+from emb.prep.demo_region import DEMO_REGIONS, EMB_RES
 from emb.prep.regions import check_predict_only as check_predict_only  # for the rules
 from emb.prep.regions import check_regions as check_regions  # for the rules
 from emb.prep.regions import is_predict_only
 from emb.prep.regions import read_regions as read_regions  # for the rules
 from emb.prep.tessera_npy import find_triple
-from emb.prep.tiles import BlockGround, check_blocks_hold_splits
+from emb.prep.tiles import (
+    BlockGround,
+    TilingError,
+    check_block_above_pixel,
+    check_blocks_hold_splits,
+    check_stride,
+)
 from emb.rasters import SOURCES
 
 if TYPE_CHECKING:
@@ -59,6 +65,28 @@ def data_settings(config: Mapping, section: str, demo: bool) -> dict:
     return settings
 
 
+def setting_key(config: Mapping, section: str, key: str, demo: bool) -> str:
+    """The config key a source's data setting comes from (``demo.overlay.tiles.size`` where the
+    demo's overlay gives it, else ``tiles.size``): what a refusal names."""
+    overlay = config["demo"]["overlay"].get(section, {}) if demo else {}
+    return f"demo.overlay.{section}.{key}" if key in overlay else f"{section}.{key}"
+
+
+def check_tilings(config: Mapping, table: RegionTable, sources: Iterable[str]) -> None:
+    """The tiling of each of ``sources`` (those the runs train on) as its shards jobs will get
+    it, refused while the workflow is parsed when its stride leaves gaps between tiles
+    (:func:`emb.prep.tiles.check_stride`), naming the keys it came from."""
+    for source in sorted(set(sources)):
+        demo = table.is_demo_data(source)
+        tiles = data_settings(config, "tiles", demo)
+        keys = (setting_key(config, "tiles", "size", demo),
+                setting_key(config, "tiles", "stride", demo))  # fmt: skip
+        try:
+            check_stride(int(tiles["size"]), int(tiles["stride"]), keys)
+        except TilingError as err:
+            raise TilingError(f"config {err}") from None
+
+
 def split_group(checks: RegionChecks, source: str, region: str) -> dict[str, str]:
     """The id a region's split blocks are drawn with and the extent (``w,s,e,n``, '' for the
     region's own) they are drawn over: shared by the years of one ground, so that a block has
@@ -83,7 +111,13 @@ def check_split_blocks(
     yet (the demo's) is left to its jobs: its extent is unknown here."""
     for source in sorted(set(sources)):
         regions = table.training_regions(source)
+        demo = table.is_demo_data(source)
+        block_m = float(data_settings(config, "splits", demo)["block_m"])
+        key = setting_key(config, "splits", "block_m", demo)
         prints = {f.key: f for f in checks.footprints.get(source, [])}
+        if demo:  # the demo's rasters, not made yet: their pixel size alone is known
+            check_block_above_pixel(source, block_m, EMB_RES, str(file), key)
+            continue
         if not regions or any(r not in prints for r in regions):
             continue
         grounds = [
@@ -92,11 +126,11 @@ def check_split_blocks(
                 prints[r].split or "auto",
                 tuple(checks.split_extent(source, r) or prints[r].polygon().bounds),
                 checks.split_key(source, r),
+                prints[r].pixel_m,
             )
             for r in regions
         ]
-        splits = data_settings(config, "splits", table.is_demo_data(source))
-        check_blocks_hold_splits(source, grounds, float(splits["block_m"]), str(file))
+        check_blocks_hold_splits(source, grounds, block_m, str(file), key)
 
 
 def write_jobs_table(path: str, log: str, rows: str) -> None:

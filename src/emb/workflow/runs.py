@@ -9,12 +9,19 @@ absolute path would rerun every job after it once the project is copied or moved
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from emb.evaluation.windows import (
+    PredictSettingsError,
+    PredictSpec,
+    check_window_side,
+    model_downsampling,
+)
 from emb.training.run_config import ConfigError, TrainConfig
 from emb.training.schedule import lr_warnings
 from emb.training.train_config import resolve
+from emb.workflow.regions import RegionTable, check_tilings, data_settings, setting_key
 
 DEFAULTS = "config/train/defaults.yaml"
 
@@ -105,3 +112,46 @@ def lr_warning_lines(run_config: dict, world: int) -> list[str]:
     """The warnings of a resolved run config whose lr_scaling at ``world`` ranks takes
     optimizer.lr to where the seeds saw its architecture diverge."""
     return lr_warnings(TrainConfig.from_dict(run_config), world)
+
+
+PREDICT_KEYS = {"overlap": "config predict.overlap", "block": "config predict.block",
+                "batch_size": "config predict.batch_size"}  # fmt: skip
+
+
+def check_run_windows(
+    run: str, run_config: Mapping, tile: int, tile_key: str, predict: Mapping
+) -> None:
+    """Refuse, before any job, a run whose model cannot map its tiles or predict's windows:
+    the training tile (``tile``, the config's ``tile_key``: ``tiles.size`` or the demo
+    overlay's) and predict's window side must be multiples of the model's total downsampling,
+    and ``predict``'s overlap must leave a stride of a pixel or more. Raises
+    :class:`emb.evaluation.windows.PredictSettingsError` naming the key and a value that
+    works (found before only when the predict job started, after a whole training)."""
+    model = run_config["model"]
+    stages = len(model["widths"])
+    multiple = model_downsampling(model["arch"], stages)
+    whose = f"run {run!r} ({model['arch']}, {stages} stages): "
+    spec = PredictSpec(
+        predict.get("tile") or tile, predict["overlap"], predict["block"], predict["batch_size"]
+    )
+    names = {**PREDICT_KEYS, "tile": "config predict.tile" if predict.get("tile") else
+             f"config {tile_key}"}  # fmt: skip
+    try:
+        check_window_side(tile, multiple, f"config {tile_key}")
+        spec.check(multiple, names)
+    except PredictSettingsError as err:
+        raise PredictSettingsError(whose + str(err)) from None
+
+
+def check_windows(
+    config: Mapping, table: RegionTable, run_sources: Mapping[str, str], run_configs: Mapping
+) -> None:
+    """Every run's tiles and predict's windows (:func:`check_run_windows`), each run with its
+    source's tile size as its shards jobs get it (the demo overlay's for demo data), and the
+    tiling of each source trained on (:func:`emb.workflow.regions.check_tilings`)."""
+    check_tilings(config, table, run_sources.values())
+    for run, source in run_sources.items():
+        demo = table.is_demo_data(source)
+        tile = int(data_settings(config, "tiles", demo)["size"])
+        key = setting_key(config, "tiles", "size", demo)
+        check_run_windows(run, run_configs[run], tile, key, config["predict"])

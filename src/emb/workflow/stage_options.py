@@ -1,6 +1,7 @@
 """The options rules hand to their stages' command lines, from the rule's resources and the
 workflow's settings: the launcher's (train, gpu_check, evaluate, predict), the GPU check's
-expected shape, and predict's window settings (validated and defaulted by
+expected shape, the runs' validation batches the manifest checks, and predict's window
+settings (validated and defaulted by
 workflow/schemas/config.schema.yaml). Each is shell-quoted: it reaches a shell."""
 
 from __future__ import annotations
@@ -91,3 +92,15 @@ def predict_options(settings: Mapping[str, object]) -> str:
         *(["--with-probabilities"] if settings["probabilities"] else []),
     ]
     return shlex.join(options)
+
+
+def validation_options(run_configs: Mapping[str, Mapping], source: str) -> str:
+    """Rule manifest's ``--validation`` options, shell-quoted: each run of ``source`` with its
+    ``train.batch_size`` and ``train.val_min_batch`` (its config as train_config resolves
+    it), so that the manifest refuses a validation split those ranks cannot score before
+    any training job is queued."""
+    return shlex.join(
+        f"--validation={run}:{c['train']['batch_size']}:{c['train']['val_min_batch']}"
+        for run, c in run_configs.items()
+        if c["data"]["source"] == source
+    )
