@@ -15,9 +15,9 @@ import pytest
 from conftest import TinyDemo, venv_env
 from training_runs import manifest_with_val, resolve_config, train_here
 
+from emb.loading.shard_manifest import ValidationTooSmall, check_validation_scored
 from emb.training.run_config import ConfigError, LoopConfig
 from emb.training.train import NotValidated, write_summary
-from emb.training.validation_policy import ValidationTooSmall, check_validation_scored
 
 
 def split(*samples: int) -> dict:

@@ -25,7 +25,7 @@ from emb.loading.batches import (
 )
 from emb.loading.dequantize import Dequantize
 from emb.loading.device_feed import on_device
-from emb.loading.shard_manifest import read_manifest
+from emb.loading.shard_manifest import check_validation_scored, read_manifest
 from emb.models import build_model
 from emb.models.runtime import Runtime
 from emb.provenance import digest_config, digest_file, digest_stats, provenance
@@ -40,7 +40,7 @@ from emb.training.run_start import begin
 from emb.training.schedule import Plan, build_plan, replan, validation_steps, warmup_cosine
 from emb.training.stop_request import StopRequest
 from emb.training.trainer import Trainer, fused_adamw
-from emb.training.validation_policy import Position, Validator, check_validation_scored
+from emb.training.validation_policy import Position, Validator
 
 # What a run reads before it builds anything: its shard manifest, checked, and its statistics.
 

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from emb.loading.batches import shard_sample_counts, shards_for_rank
+from emb.loading.shard_manifest import ValidationTooSmall
 from emb.training.checkpoint_file import unwrap
 from emb.training.checkpoint_policy import Checkpointer
 from emb.training.ema import ModelEma
@@ -22,45 +22,6 @@ from emb.training.trainer import StepResult, Trainer
 
 if TYPE_CHECKING:
     from emb.training.schedule import Plan
-
-
-class ValidationTooSmall(ValueError):
-    """The validation split cannot fill one scored batch on any rank: the run would never
-    validate (no best.pt, nothing for evaluate), yet look finished."""
-
-
-def validation_shares(val: dict, world: int) -> list[int]:
-    """Validation samples each rank reads: its shards of the split, shared out round-robin
-    as :func:`emb.loading.batches.eval_batches` shares them."""
-    counts = shard_sample_counts(val)
-    return [sum(counts[s] for s in shards_for_rank(val["shards"], r, world)) for r in range(world)]
-
-
-def check_validation_scored(
-    val: dict, manifest: str, batch: int, min_batch: int, world: int
-) -> None:
-    """Refuse a validation split that no rank can score: a rank's first batch holds
-    min(``batch``, its samples), and a batch smaller than ``min_batch`` is skipped
-    (``train.val_min_batch``). A rank without a scored batch is fine while another scores:
-    the ranks sum their counts. Raises :class:`ValidationTooSmall` naming the split, its
-    samples, the batch and the ranks."""
-    shares = validation_shares(val, world)
-    busiest = max(shares, default=0)
-    if min(batch, busiest) >= min_batch:
-        return
-    idle = sum(1 for n in shares if n == 0)
-    spread = f"the busiest of {world} rank(s) reads {busiest}" + (
-        f", {idle} read none" if idle else ""
-    )
-    raise ValidationTooSmall(
-        f"{manifest}: split 'val' holds {val['samples']} sample(s) in {len(val['shards'])} "
-        f"shard(s); {spread}; a validation batch holds at most train.batch_size {batch} and "
-        f"one smaller than train.val_min_batch {min_batch} is skipped: no validation would "
-        f"score a sample, so the run would never validate (no best.pt for evaluate); expected "
-        f"at least {min_batch} validation samples on one rank: lower train.val_min_batch, use "
-        "fewer ranks (launch.nproc_per_node, the profile's tasks_per_node), or give the val "
-        "split more samples (its regions, splits.fractions, shards.max_samples)"
-    )
 
 
 @dataclass
