@@ -41,7 +41,7 @@ rule summary:
         "python -m emb.report.summary --runs {params.runs:q} --metrics {input.metrics:q}"
         " --out={output.csv:q} --html={output.html:q} --png={output.png:q}"
         " --provenance={output.provenance:q} --pairs={output.pairs:q} --pairs-png={output.pairs_png:q}"
-        " --histories {params.histories:q} > {log:q} 2>&1"
+        " --histories {params.histories:q} --areas {input.areas:q} > {log:q} 2>&1"
 
 
 rule curves:

@@ -44,6 +44,7 @@ from emb.evaluation.bootstrap import (
     verdict_of,
 )
 from emb.io import atomic_path, read_json
+from emb.report.area_summary import AREAS_TITLE, area_section
 
 log = logging.getLogger(__name__)
 LEVELS = ("l1", "l2", "l3")
@@ -284,10 +285,12 @@ def caveats(table: pd.DataFrame, metas: dict[str, dict], pairs: pd.DataFrame) ->
 
 
 def summary_page(
-    table: pd.DataFrame, metas: dict[str, dict], pairs: pd.DataFrame, forest_png: bytes | None
-) -> str:
-    """summary.html: caveats once, the runs table, the forest plot and the compact pair table,
-    validation against test; self-contained (the plot inline), readable at 1400 px."""
+    table: pd.DataFrame, metas: dict[str, dict], pairs: pd.DataFrame, forest_png: bytes | None,
+    areas: dict[str, Path] | None = None,
+) -> str:  # fmt: skip
+    """summary.html: caveats once, the runs table, each run's crop areas (``areas``: run ->
+    its area table), the forest plot and the compact pair table, validation against test;
+    self-contained (the plots inline), readable at 1400 px."""
     notes = "".join(f"<li>{html.escape(line)}</li>" for line in caveats(table, metas, pairs))
     forest = ""
     if forest_png is not None:
@@ -297,6 +300,7 @@ def summary_page(
     sections = [
         (CAVEATS_TITLE, f"<ul class='caveats'>{notes}</ul>"),
         (RUNS_TITLE, plots.html_table(runs_cells(table), "runs", grouped=True)),
+        *([(AREAS_TITLE, area_section(areas))] if areas else []),
         (PAIRS_TITLE, forest + plots.html_table(pair_cells(pairs), "pairs")
          + "<p>OA and macro-F1 differences: <code>pairs.csv</code>; every column of every run: "
          "<code>summary.csv</code>.</p>"),
@@ -329,7 +333,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--histories", type=Path, nargs="+", help="history.csv of each run")
     parser.add_argument("--pairs", type=Path, help="pairs.csv (the paired comparisons)")
     parser.add_argument("--pairs-png", type=Path, help="pairs.png (the forest plot)")
+    parser.add_argument("--areas", type=Path, nargs="+",
+                        help="each run's area table, in --runs' order")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.areas and len(args.areas) != len(args.runs):
+        parser.error(f"--areas: expected one per run ({len(args.runs)}), found {len(args.areas)}")
     table = summarize(args.runs, args.metrics, args.histories)
     with atomic_path(args.out) as tmp:
         table.to_csv(tmp, index=False)
@@ -353,7 +361,8 @@ def main(argv: list[str] | None = None) -> None:
                 tmp.write_bytes(forest_png)
     if args.html:
         with atomic_path(args.html) as tmp:
-            tmp.write_text(summary_page(table, metas, pairs, forest_png))
+            areas = dict(zip(args.runs, args.areas, strict=True)) if args.areas else None
+            tmp.write_text(summary_page(table, metas, pairs, forest_png, areas))
     if args.provenance:
         page = plots.html_page("emb provenance", [(PROVENANCE_TITLE, provenance_table(table))])
         with atomic_path(args.provenance) as tmp:
