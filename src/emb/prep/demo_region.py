@@ -161,7 +161,7 @@ def write_region(
     rng = np.random.default_rng([seed, zlib.crc32(region.name.encode())])
     cmap = load_class_map(classes_csv)
     crs = CRS.from_epsg(region.epsg)
-    # Snap the origin to a multiple of the demo's split block (config.yaml demo.overlay: 1280 m)
+    # Snap the origin to a multiple of the demo's split blocks (config.yaml demo.overlay: 640 m)
     # so few tiles straddle.
     left = np.floor((region.centre[0] - size * EMB_RES / 2) / 1280.0) * 1280.0
     bottom = np.floor((region.centre[1] - size * EMB_RES / 2) / 1280.0) * 1280.0
