@@ -66,7 +66,8 @@ def test_a_thousand_prediction_only_regions_add_no_slurm_job(
     assert result.returncode == 0, result.stderr[-3000:]
     jobs = submitted(result.stdout)
     assert jobs.pop("group prep") == math.ceil(2 * TRAINING / PREP_PER_JOB)
-    assert jobs == {"gpu_check": 1, "channel_stats": 2, "train": 4, "evaluate": 4, "predict": 4}
+    assert jobs == {"gpu_check": 1, "channel_stats": 2, "train": 4, "evaluate": 4, "predict": 4,
+                    "area_estimates": 4}  # fmt: skip
     predict = [job for job in jobs_of(result.stdout) if job["rule"] == "predict"]
     assert all("results/regions.tsv" in job["shell"] for job in predict)
     assert "region=r0999" not in result.stdout  # no per-region job: only predict reads it

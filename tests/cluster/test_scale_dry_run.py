@@ -127,7 +127,8 @@ def test_a_thousand_regions_and_four_runs_make_at_most_a_hundred_slurm_jobs(
     assert sum(jobs.values()) <= 100
     assert jobs.pop("group prep") == math.ceil(2 * REGIONS / PREP_PER_JOB)  # 2 sources a region
     # one predict job per run maps all 1,000 regions, on every GPU of a node
-    assert jobs == {"gpu_check": 1, "channel_stats": 2, "train": 4, "evaluate": 4, "predict": 4}
+    assert jobs == {"gpu_check": 1, "channel_stats": 2, "train": 4, "evaluate": 4, "predict": 4,
+                    "area_estimates": 4}  # fmt: skip
     predict = [job for job in jobs_of(result.stdout) if job["rule"] == "predict"]
     assert all("--regions=" in job["shell"] and "--nproc-per-node" in job["shell"]
                for job in predict)  # fmt: skip
