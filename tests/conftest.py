@@ -106,7 +106,8 @@ def tiny_demo(tmp_path_factory: pytest.TempPathFactory, class_map: ClassMap) -> 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects: the marks added here must count
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The slow tier (tests/slow_tests.py): mark its tests, and stop on an entry naming nothing."""
+    """The slow tier (tests/slow_tests.py): mark its tests, and stop on an entry naming nothing;
+    the longest modules first (what pytest-xdist's workers take in this order)."""
     here = config.invocation_params.dir
     whole = any((here / arg).resolve() in (REPO, REPO / "tests") for arg in config.args)
     problems = slow_tests.check(config.rootpath, items, config.args, whole)
@@ -116,4 +117,5 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             + "\n  ".join(problems)
         )
     slow_tests.mark(config.rootpath, items)
+    slow_tests.order(items)
     config.stash[slow_tests.COLLECTED] = list(items)

@@ -28,12 +28,15 @@ def _npy_head(shape: tuple[int, ...], descr: str) -> bytes:
     return head.getvalue()
 
 
-def forged_shard(path: Path, sidecar: bool, tile: int = TILE) -> Path:
-    """``a.emb.npy`` claiming ``FORGED`` (payload a hole) then a true ``a.label.npy``."""
-    emb_head = _npy_head(FORGED, "|i1")
+def forged_shard(
+    path: Path, sidecar: bool, tile: int = TILE, claim: tuple[int, ...] = FORGED
+) -> Path:
+    """``a.emb.npy`` claiming ``claim`` (payload a hole) then a true ``a.label.npy`` of
+    ``tile`` px: a shard of one sample."""
+    emb_head = _npy_head(claim, "|i1")
     label = io.BytesIO()
     np.save(label, np.zeros((tile, tile), np.uint8))
-    members = [("a.emb.npy", emb_head, len(emb_head) + math.prod(FORGED)),
+    members = [("a.emb.npy", emb_head, len(emb_head) + math.prod(claim)),
                ("a.label.npy", label.getvalue(), label.tell())]  # fmt: skip
     records = []
     with open(path, "wb") as fh:

@@ -11,6 +11,8 @@ takes more than ~10 s on 2 cores. `pytest` (CI) still runs everything. Three way
 
 Listed names are checked at collection (``check``): a renamed or deleted test or fixture fails
 the run with its entry named, so this list cannot rot silently. Timings: ``--durations=0``.
+
+``LONGEST_FIRST``: the order in which pytest-xdist's workers take the modules (``order``).
 """
 
 from __future__ import annotations
@@ -46,8 +48,20 @@ TORCHRUN = "torchrun or spawned ranks (gloo)"
 # file -> why the whole file is slow, or {test function or test[param]: why it is slow}
 SLOW_FILES: dict[str, str | dict[str, str]] = {
     "tests/test_workflow.py": "whole Snakemake workflow runs and dry runs",
+    "tests/test_workflow_inputs.py": "a whole Snakemake workflow and dry runs",
     "tests/areas/test_workflow_areas.py": "whole Snakemake workflow over area zones",
     "tests/training/test_ddp.py": TORCHRUN,
+    "tests/cluster/test_torchrun_failures.py": TORCHRUN,
+    "tests/workflow/test_parse_refusals.py": {
+        "test_snakemake_prints_the_refusal_in_one_line": SNAKEMAKE
+    },
+    "tests/areas/test_refetch.py": "Snakemake runs over a served collection: fetch, refetch",
+    "tests/prep/test_manifest_validation.py": {
+        "test_snakemake_plans_the_check_and_evaluate_reads_the_manifest": SNAKEMAKE
+    },
+    "tests/bench/test_bench_defaults.py": {
+        "test_each_bench_runs_its_default_path_in_its_smallest_mode": "each bench as a process"
+    },
     "tests/training/test_train_resume.py": "torchrun, 2 ranks, killed and resumed",
     "tests/training/test_resume_schedule.py": {
         "test_two_ranks_resumed_with_a_longer_run_log_a_continuous_lr": TORCHRUN,
@@ -121,6 +135,22 @@ SLOW_FILES: dict[str, str | dict[str, str]] = {
             "the train CLI in a subprocess (~7 s)",
     },
 }  # fmt: skip
+# Under pytest-xdist (README: `pytest -n 2`; pyproject: `--dist loadscope`, so each module's
+# tests run in one worker process and its module fixtures are built once) these modules start
+# first, longest first, then the rest of the slow tier, then the quick tier: a long module
+# started last would leave the other worker idle while it runs. Seconds in CI, 2 workers.
+LONGEST_FIRST: dict[str, int] = {
+    "tests/test_slurm.py": 800,
+    "tests/reliability/test_real_forms.py": 450,
+    "tests/test_workflow.py": 250,
+    "tests/cluster/test_two_nodes.py": 250,
+    "tests/reliability/test_crash_resume.py": 200,
+    "tests/cluster/test_scale_dry_run.py": 150,
+    "tests/areas/test_workflow_areas.py": 140,
+    "tests/training/test_train_resume.py": 110,
+    "tests/cluster/test_profiles.py": 100,
+    "tests/reliability/test_kill_during_save.py": 90,
+}
 # node id or its prefix (a file, a class, a function, one parameter) -> why it is slow
 SLOW_TESTS: dict[str, str] = {
     (f"{file}::{test}" if test else file): why
@@ -170,12 +200,13 @@ def _fixture_files(item: pytest.Item, root: Path) -> dict[str, str]:
 
 
 def check(root: Path, items: list[pytest.Item], args: list[str], whole: bool) -> list[str]:
-    """Entries that name nothing: a missing file, test, class or fixture, or a parameter that
-    its collected function no longer has. Only entries of the files collected, unless ``whole``
-    (all of tests/ collected): a run of other files is not stopped by an entry it cannot use."""
+    """Entries (of every list here) that name nothing: a missing file, test, class or fixture, or
+    a parameter that its collected function no longer has. Only entries of the files collected,
+    unless ``whole`` (all of tests/ collected): a run of other files is not stopped by an entry
+    it cannot use."""
     problems, trees = [], {}
     files = {item.nodeid.split("::", 1)[0] for item in items}
-    for entry in [*SLOW_TESTS, *SLOW_FIXTURES]:
+    for entry in [*SLOW_TESTS, *SLOW_FIXTURES, *LONGEST_FIRST]:
         path, names, param = _split(entry)
         file = root / path
         if not whole and path not in files:
@@ -202,3 +233,16 @@ def mark(root: Path, items: list[pytest.Item]) -> None:
         reasons += [why for entry, why in SLOW_TESTS.items() if _matches(item.nodeid, entry)]
         if reasons and not item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.slow(reason=reasons[0]))
+
+
+def order(items: list[pytest.Item]) -> None:
+    """Sort ``items`` by module as :data:`LONGEST_FIRST` says, then slow modules (a module with
+    a slow test) before quick ones; stable, so each module keeps its own order of tests."""
+    first = sorted(LONGEST_FIRST, key=LONGEST_FIRST.__getitem__, reverse=True)
+    rank = {path: i for i, path in enumerate(first)}
+    slow = {_module(item) for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: (rank.get(_module(item), len(rank)), _module(item) not in slow))
+
+
+def _module(item: pytest.Item) -> str:
+    return item.nodeid.split("::", 1)[0]

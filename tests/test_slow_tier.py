@@ -61,9 +61,27 @@ def test_listed_files_tests_and_users_of_slow_fixtures_are_marked_and_others_not
         pytest.skip("judged when tests/test_workflow.py and tests/cluster/test_profiles.py are")
     slow = {n for n, i in collected.items() if i.get_closest_marker("slow")}
     assert "tests/test_workflow.py::test_rerun_has_nothing_to_do" in slow  # a listed file
-    assert "tests/test_workflow.py::test_dry_run_on_fresh_checkout_lists_every_rule" in slow
+    assert "tests/test_workflow.py::test_full_run_creates_every_declared_output" in slow
     assert "tests/test_inputs.py::test_missing_file_names_row_and_column" in slow  # a test
     assert "tests/test_inputs.py::test_unknown_key_in_config_yaml_is_rejected[launch-gpus]" in slow
     users = [i.nodeid for i in profiles if {"listed", "own_data"} & set(i.fixturenames)]
     assert users and set(users) <= slow  # these fixtures run Snakemake: their users are slow
     assert "tests/cluster/test_profiles.py::test_no_profile_is_named_default" not in slow
+
+
+def test_the_longest_modules_come_first_then_the_slow_ones_each_module_in_one_piece(
+    request: pytest.FixtureRequest,
+) -> None:
+    """The order pytest-xdist's workers take the modules in (tests/slow_tests.py, ``order``)."""
+    collected = request.config.stash[slow_tests.COLLECTED]
+    runs = [item.nodeid.split("::", 1)[0] for item in collected]
+    modules = list(dict.fromkeys(runs))
+    pieces = [m for i, m in enumerate(runs) if i == 0 or runs[i - 1] != m]
+    assert pieces == modules, "a module's tests are not together"
+    first = slow_tests.LONGEST_FIRST
+    longest = sorted(first, key=first.__getitem__, reverse=True)
+    listed = [m for m in longest if m in modules]
+    assert modules[: len(listed)] == listed
+    slow = {item.nodeid.split("::", 1)[0] for item in collected if item.get_closest_marker("slow")}
+    rest = [m in slow for m in modules[len(listed) :]]
+    assert rest == sorted(rest, reverse=True), "a quick module before a slow one"

@@ -124,9 +124,9 @@ def test_every_rule_of_the_demo_runs_as_a_slurm_job_or_group_but_bookkeeping(
         for rule in alone
     )
     # sbatch calls: 2 demo regions, the prep groups, and per source (2) stats, then gpu_check,
-    # and per run (2) train, evaluate, one map job
+    # and per run (2) train, evaluate, one map job, its area check
     submitted = re.findall(r"has been submitted with SLURM jobid", log)
-    assert len(submitted) == 2 + len(groups) + 2 + 1 + 3 * 2, log[-3000:]
+    assert len(submitted) == 2 + len(groups) + 2 + 1 + 4 * 2, log[-3000:]
     fits = re.findall(r"cluster fit: group prep \((\d+) jobs of align_labels, shards\): "
                       r"(\d+) cores, (\d+) MB", log)  # fmt: skip
     assert fits and all(int(n) == 2 * per_job and int(c) == per_job for n, c, _ in fits), fits
@@ -267,8 +267,9 @@ def test_a_failed_region_in_a_grouped_job_is_named_in_its_logs(workdir: Path) ->
     blocks = workdir / ".test/blocks.yaml"  # blocks small enough for the 1.28 km region
     blocks.parent.mkdir(exist_ok=True)
     blocks.write_text("splits:\n  block_m: 320\n")
+    # one attempt: the profile's retries would only fail the same way twice more
     result = snakemake(workdir, PROFILE, "results/shards/aef/bad_region/index.json",
-                       "--config", "runs=[aef_segformer]", f"regions={table}",
+                       "--retries", "0", "--config", "runs=[aef_segformer]", f"regions={table}",
                        configfiles=(str(blocks),))  # fmt: skip
 
     assert result.returncode != 0
@@ -292,27 +293,30 @@ def two_nodes(slurm) -> None:
 
 
 def test_training_on_two_nodes_runs_one_srun_task_per_node_meeting_through_c10d(
-    two_nodes, tmp_path: Path
+    two_nodes, workdir: Path, tmp_path: Path
 ) -> None:
     """``nodes: 2`` for gpu_check and train through the profile (2 processes each: the plugin
     refuses an ``mpi`` job of 1 task per node): srun starts one task on each node, the check
-    runs on both, the two torchrun agents meet at the first node; rank 0 alone logs."""
+    runs on both, the two torchrun agents meet at the first node; rank 0 alone logs. In a copy
+    of the finished demo: its data is made, the check (its node count changed) and a new run
+    of the same recipe run on the two nodes."""
     profile = yaml.safe_load((PROFILE / "config.v8+.yaml").read_text())
     for rule in ("gpu_check", "train"):
         profile["set-resources"][rule] = {**profile["set-resources"][rule], "nodes": 2}
     (tmp_path / "two").mkdir()
     (tmp_path / "two" / "config.v8+.yaml").write_text(yaml.safe_dump(profile))
     work = tmp_path / "work"
-    shutil.copytree(REPO / "config", work / "config")
-    shutil.copytree(REPO / ".test", work / ".test")
+    shutil.copytree(workdir, work, symlinks=True)
+    shutil.copy(work / "config/train/aef_segformer.yaml", work / "config/train/aef_two.yaml")
     result = snakemake(work, tmp_path / "two", "results/gpu_check.json",
-                       "results/runs/aef_segformer/train.json",
-                       "--config", "runs=[aef_segformer]")  # fmt: skip
+                       "results/runs/aef_two/train.json", "--config", "runs=[aef_two]")  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
-    log = (work / "logs/train/aef_segformer.log").read_text()
+    out = result.stdout + result.stderr
+    assert {"gpu_check", "train"} <= set(re.findall(r"^\s*rule (\w+):", out, re.M)), out[-3000:]
+    log = (work / "logs/train/aef_two.log").read_text()
     assert "launch: srun --nodes=2 --ntasks=2 --ntasks-per-node=1" in log
     assert re.search(r"--nnodes=2 --rdzv_backend=c10d --rdzv_endpoint=127\.0\.0\.1:\d+", log)
-    run_dir = work / "results/runs/aef_segformer"
+    run_dir = work / "results/runs/aef_two"
     records = [json.loads((run_dir / f"ranks/rank{r}.json").read_text()) for r in range(4)]
     assert [r["world"] for r in records] == [4] * 4
     assert len({r["digest"] for r in records}) == 1

@@ -1,4 +1,6 @@
-"""The real Snakemake workflow on a tiny demo: dry run, full run, every declared output."""
+"""The real Snakemake workflow on the tiny demo, run once: every declared output, the summary,
+maps and report, a rerun and a moved project with nothing to do, a prediction-only region added
+after it. (A fresh checkout's dry run and your own regions: tests/test_workflow_inputs.py.)"""
 
 from __future__ import annotations
 
@@ -13,33 +15,11 @@ import numpy as np
 import pandas as pd
 import pytest
 import rasterio
-import yaml
-from conftest import REPO, venv_env
+from conftest import REPO
+from workflow_runs import RULES, RUNS, make_workdir, snakemake
 
 from emb.provenance import digest_config, digest_file
 from emb.training import checkpoint_file
-
-RULES = ["demo_region", "align_labels", "shards", "manifest", "channel_stats", "train_config",
-         "train", "evaluate", "summary", "predict", "curves", "data_report"]  # fmt: skip
-RUNS = ["aef_segformer", "aef_deeplab", "tessera_segformer", "tessera_deeplab"]
-
-
-def make_workdir(path: Path) -> Path:
-    """A fresh checkout as a user runs it: the Snakefile, workflow/, envs/, config/ and .test/ in
-    one folder (emb itself is installed from this repository), so the project can be moved."""
-    path.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(REPO / "Snakefile", path / "Snakefile")
-    for folder in ("workflow", "envs", "config", ".test"):
-        shutil.copytree(REPO / folder, path / folder, ignore=shutil.ignore_patterns("__pycache__"))
-    return path
-
-
-def snakemake(workdir: Path, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
-    cmd = ["snakemake", "-s", str(workdir / "Snakefile"), "-d", str(workdir),
-           "--configfile", ".test/config.yaml", *args]  # fmt: skip
-    return subprocess.run(
-        cmd, cwd=workdir, env=venv_env(), capture_output=True, text=True, timeout=timeout
-    )
 
 
 @pytest.fixture(scope="module")
@@ -48,13 +28,6 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     result = snakemake(workdir, "--cores", "2")
     assert result.returncode == 0, result.stderr[-4000:]
     return workdir
-
-
-def test_dry_run_on_fresh_checkout_lists_every_rule(tmp_path: Path) -> None:
-    result = snakemake(make_workdir(tmp_path), "-n")
-    assert result.returncode == 0, result.stderr[-3000:]
-    missing = [rule for rule in RULES if f"rule {rule}:" not in result.stdout]
-    assert not missing, f"dry run does not list {missing}"
 
 
 def test_full_run_creates_every_declared_output(finished_run: Path) -> None:
@@ -172,6 +145,28 @@ def test_every_map_has_the_crs_transform_and_shape_of_its_input(
         assert (out.read(1) != 255).mean() > 0
 
 
+def test_every_run_has_its_area_table_whose_intervals_hold_on_its_test_split(
+    finished_run: Path,
+) -> None:
+    """Issue 49: the test split's check for every run: mapped, estimated with its interval and
+    the CDL's area, and the intervals' coverage over the seeded draws in 90-99% for the classes
+    with 100 sample units or more (Olofsson's rule of thumb is 50-100 a stratum)."""
+    for run in RUNS:
+        frame = pd.read_csv(finished_run / "results" / "area_estimates" / f"{run}.csv")
+        check = frame[frame["method"] == "test split, CDL reference"]
+        assert set(check["level"]) == {1, 2, 3}, run
+        assert (finished_run / "results" / "area_estimates" / f"{run}.png").stat().st_size > 10_000
+        for level, part in check.groupby("level"):  # one population at every level
+            assert part["cdl_ha"].sum() == pytest.approx(part["mapped_ha"].sum()), (run, level)
+            assert part["estimated_ha"].sum() == pytest.approx(part["cdl_ha"].sum()), (run, level)
+        enough = check[(check["units_reference"] >= 100) & (check["cdl_ha"] > 0)]
+        assert len(enough) >= 3, (run, check[["level", "class", "units_reference"]])
+        assert enough["coverage"].between(0.90, 0.99).all(), (run, enough[["class", "coverage"]])
+        assert enough["lo_ha"].notna().all() and (enough["lo_ha"] < enough["hi_ha"]).all()
+    page = (finished_run / "results" / "summary.html").read_text()
+    assert "Crop areas" in page and "id='areas'" in page
+
+
 def test_report_shows_every_figure_of_every_run(finished_run: Path) -> None:
     result = snakemake(finished_run, "--report", "results/report.html")
     assert result.returncode == 0, result.stderr[-3000:]
@@ -187,47 +182,6 @@ def test_report_shows_every_figure_of_every_run(finished_run: Path) -> None:
             "tessera.png", "tessera.html", "provenance.html"]  # fmt: skip
     assert {name: shown(name) for name in once} == dict.fromkeys(once, 1)
     assert "row-normalized" in page  # a caption from workflow/report/*.rst
-
-
-# Spaces, both quotes, a command substitution, '#' and non-ASCII letters: every one of them
-# must reach each stage as one argument and never run in a shell.
-WEIRD_DIR = "in put 'single' \"double\" $(touch PWNED) $HOME #1 ñøé"
-
-
-def test_demo_runs_end_to_end_from_paths_a_shell_would_break(
-    finished_run: Path, tmp_path: Path
-) -> None:
-    workdir = make_workdir(tmp_path / "wd")
-    inputs = workdir / WEIRD_DIR
-    rows = ["region\tyear\taef\ttessera\tcdl\tsplit"]
-    for region in ("demo_a", "demo_b"):
-        cells = []
-        for kind in ("aef", "tessera", "cdl"):
-            target = inputs / f"{region} {kind} #$x.tif"
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(finished_run / f"resources/demo/{region}/{kind}.tif", target)
-            cells.append(str(target.relative_to(workdir)))
-        rows.append("\t".join([f"odd_{region}", "2024", *cells, "auto"]))
-    table = inputs / "my regions #1.tsv"
-    table.write_text("# a comment line\n" + "\n".join(rows) + "\n", encoding="utf-8")
-
-    # In the test config, not --config: the command line's YAML would cut the value at " #".
-    test_config = workdir / ".test" / "config.yaml"
-    # your own regions get the full-size tiling: these 128-px ones need the demo's small one
-    small = yaml.safe_load(test_config.read_text())["demo"]["overlay"]
-    settings = {"regions": str(table), "runs": ["aef_segformer"], **small}
-    test_config.write_text(test_config.read_text() + yaml.safe_dump(settings, allow_unicode=True))
-
-    result = snakemake(workdir, "--cores", "2")
-
-    assert result.returncode == 0, result.stderr[-4000:]
-    assert not list(workdir.rglob("PWNED")), "a path ran in a shell"
-    for region in ("odd_demo_a", "odd_demo_b"):
-        with rasterio.open(inputs / f"{region[4:]} aef #$x.tif") as src:
-            grid = (src.crs, src.transform, src.shape)
-        with rasterio.open(workdir / f"results/maps/aef_segformer/{region}.tif") as out:
-            assert (out.crs, out.transform, out.shape) == grid
-    assert pd.read_csv(workdir / "results/summary.csv")["run"].tolist() == ["aef_segformer"]
 
 
 def test_metrics_summary_and_maps_name_the_code_config_and_data_that_made_them(
@@ -291,7 +245,8 @@ def test_a_prediction_only_region_is_mapped_by_every_run_of_its_source_and_chang
 
     assert result.returncode == 0, result.stderr[-4000:]
     ran = set(re.findall(r"^(?:local)?rule (\w+):", result.stdout + result.stderr, re.M))
-    assert ran == {"regions_table", "predict", "all"}, ran
+    # the maps' folder changed: the area checks read it (seconds) and the summary shows them
+    assert ran == {"regions_table", "predict", "area_estimates", "summary", "all"}, ran
     assert {name: (workdir / name).read_bytes() for name in kept} == before
     for (run, region), (grid, classes) in demo_maps.items():  # predict ran again: same maps
         again, again_classes = map_of(workdir, run, region)
@@ -318,24 +273,3 @@ def test_a_prediction_only_region_is_mapped_by_every_run_of_its_source_and_chang
     page = (workdir / "results/report.html").read_text()
     assert "Maps, unscored (prediction-only regions)" in page
     assert "favour AEF" in page  # AEF was trained with CDL among its targets
-
-
-def test_your_own_regions_get_the_full_size_tiling_and_the_demo_keeps_its_own(
-    finished_run: Path, tmp_path: Path
-) -> None:
-    demo = finished_run / "resources/demo/demo_a"
-    table = tmp_path / "mine.tsv"
-    table.write_text("region\tyear\taef\ttessera\tcdl\tsplit\n"
-                     f"mine\t2024\t{demo / 'aef.tif'}\t\t{demo / 'cdl.tif'}\tauto\n")  # fmt: skip
-    blocks = tmp_path / "blocks.yaml"  # 5120 m blocks would leave this 1.28 km region one
-    blocks.write_text("splits:\n  block_m: 640\n")  # block: refused before any job
-    own = ["--config", f"regions={table}", "--configfile", ".test/config.yaml", str(blocks)]
-    shells = {}
-    for name, extra in (("own", own), ("demo", ["--configfile", ".test/config.yaml", str(blocks)])):
-        result = snakemake(finished_run, "-n", "-p", "-F", "results/shards/aef/manifest.json",
-                           *extra)  # fmt: skip
-        assert result.returncode == 0, result.stderr[-3000:]
-        shells[name] = result.stdout
-    assert "--tile-size=256 --stride=256" in shells["own"]
-    assert "--block-m=640" in shells["own"] and "--max-samples=256" in shells["own"]
-    assert "--tile-size=32 --stride=32" in shells["demo"] and "--block-m=320" in shells["demo"]

@@ -119,6 +119,23 @@ def test_below_the_floor_there_is_no_interval_and_no_verdict() -> None:
     assert verdict_of(paired_difference(a, b), "oa") == DISTINGUISHABLE
 
 
+def test_the_floor_counts_the_blocks_both_runs_share_not_either_runs_own() -> None:
+    """Run a scored on 12 blocks, run b on 12 of which it shares 4 with a (8 elsewhere), far
+    better on those 4: 4 shared blocks are below the floor, so no interval and no verdict,
+    though each run alone has 12."""
+    cms = population(20, 1, 6)[:, 0]
+    a = {f"b{i}": cm for i, cm in enumerate(cms[:12])}
+    b = {f"b{i}": np.diag(np.diag(a[f"b{i}"])) for i in range(4)}  # every pixel right
+    b |= {f"elsewhere{i}": cm for i, cm in enumerate(cms[12:])}
+    assert len(a) == len(b) == 12 and len(set(a) & set(b)) == 4
+    diff = paired_difference(a, b)
+    assert diff["blocks"] == 4 and not diff["reliable"]
+    assert diff["oa"] > 0.05 and diff["oa_lo"] is None and diff["oa_hi"] is None
+    assert verdict_of(diff, "oa") == verdict_of(diff, "miou") == NO_VERDICT
+    text = verdict("B - A OA L1", "oa", diff)
+    assert "only 4 shared test blocks (fewer than 10)" in text and "[" not in text
+
+
 def test_an_interval_touching_zero_is_never_distinguishable() -> None:
     """12 blocks on which b equals a except one: the lower bound is 0 (or rounds to it), so
     no verdict of a difference; a clear gap is one."""

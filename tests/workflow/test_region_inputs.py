@@ -89,6 +89,33 @@ def test_a_tile_size_given_alone_tiles_without_gaps(given: dict, stride: int) ->
     assert (tiles["size"], tiles["stride"]) == (given.get("size", 256), stride)
 
 
+DEMO_TILES = [  # (the demo overlay's tiles, your --configfile's tiles, the demo's tiling)
+    ({"size": 32}, {}, (32, 32)),
+    ({"size": 32}, {"size": 128}, (32, 32)),
+    ({"size": 32, "stride": 16}, {}, (32, 16)),
+    ({}, {"size": 128}, (128, 128)),
+]
+
+
+@pytest.mark.parametrize(("overlay", "base", "tiling"), DEMO_TILES)
+def test_a_null_stride_is_the_tile_size_of_the_tiling_in_force_the_demo_overlays_included(
+    overlay: dict, base: dict, tiling: tuple[int, int]
+) -> None:
+    """For demo data the tiling in force is the demo overlay's: an overlay giving only
+    ``tiles: {size: 32}`` tiles the demo at 32 px without gaps, never at the base section's
+    256 px between origins; your own data keeps the base section's size as its stride."""
+    from snakemake.utils import update_config, validate
+
+    config = yaml.safe_load((REPO / "config/config.yaml").read_text())
+    update_config(config, {"tiles": base})
+    config["demo"]["overlay"]["tiles"] = overlay  # as config.yaml would write it
+    validate(config, str(REPO / "workflow/schemas/config.schema.yaml"))
+    demo = regions.data_settings(config, "tiles", demo=True)
+    assert (demo["size"], demo["stride"]) == tiling
+    own = regions.data_settings(config, "tiles", demo=False)
+    assert own["size"] == own["stride"] == base.get("size", 256)
+
+
 def test_the_years_of_one_ground_share_a_split_draw_over_their_extent() -> None:
     checks = RegionChecks(
         split_keys={"aef": {"field_2025": "field_2024"}},
