@@ -24,14 +24,8 @@ import numpy as np
 from affine import Affine
 
 from emb.classes import IGNORE
-from emb.prep.tiles import (
-    SplitSpec,
-    Tile,
-    TileSpec,
-    block_aligned_offset,
-    label_coverage,
-    plan_tiles,
-)
+from emb.prep.spatial_split import SplitSpec
+from emb.prep.tiles import Tile, TileSpec, block_aligned_offset, label_coverage, plan_tiles
 
 SIZES = [(175, 251), (200, 250), (300, 300), (512, 512), (1000, 800), (3000, 3000)]
 MIN_VALID = (0.25, 0.1, 0.05)

@@ -68,7 +68,8 @@ from emb.loading.dequantize import Dequantize
 from emb.loading.shard_index import SampleAt, scan_shard
 from emb.prep.channel_stats import channel_stats, tile_moments
 from emb.prep.shards import GDAL_CACHE_MB, build_region
-from emb.prep.tiles import SplitSpec, TileSpec, tile_windows
+from emb.prep.spatial_split import SplitSpec
+from emb.prep.tiles import TileSpec, tile_windows
 
 CRS = "EPSG:32615"
 

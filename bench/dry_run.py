@@ -8,7 +8,10 @@ alternating the sizes so both see the same machine, and keeps each one's best ti
 
 - slurm_jobs_{cluster}_{n}: "Group job" entries plus jobs of rules neither grouped nor local
   (goal for 1,000 regions x 4 runs: <= 100).
-- dry_run_s_{cluster}_{n}: seconds of the whole dry run (goal for 1,000: < 30 s).
+- dry_run_s_{cluster}_{n}: seconds of the whole dry run (goal for 1,000: < 30 s). 2026-11-28,
+  this shared 2-core machine, --repeats 1: lumi 25.0 -> 22.3 s, betzy 28.8 -> 22.5 s once the
+  regions check read its rasters in threads (each opened once) and the resource functions
+  became lookups (issue 52; the bench's CPU time 69 -> 56 s).
 - growth_{cluster}: time for the large table / time for the small one; ~10 for 10x the
   regions is linear, more means something quadratic in the DAG is back.
 - group_{cluster}_{n}: the widest group job as Snakemake submits it (its side-by-side members

@@ -34,6 +34,7 @@ from emb.models.runtime import Runtime
 from emb.training.distributed import wrap_model
 from emb.training.ema import ModelEma
 from emb.training.loss import HierarchyTargets, MultiHeadLoss
+from emb.training.run_config import LoopConfig
 from emb.training.schedule import warmup_cosine
 from emb.training.trainer import Trainer, fused_adamw
 
@@ -110,12 +111,12 @@ def trainer_step(
     batches in pinned memory (on a GPU) copied one step ahead."""
     runtime = Runtime(device, precision, channels_last, compile)
     plain = runtime.prepare(make_model(arch, bands, size, tiny, device), training=True)
-    model = wrap_model(plain, 1, device, compile=runtime.compile)
+    model = wrap_model(plain, 1, runtime)
     opt = optimizer_for(model, device)
     sched = warmup_cosine(opt, 500, 10_000, 1e-4, 1e-6, 0)
     trainer = Trainer(
-        model, MultiHeadLoss(WEIGHTS, 0.05).to(device), targets, prepare, opt, sched, device,
-        precision=precision, ema=ModelEma(plain, 0.9999), channels_last=channels_last,
+        model, MultiHeadLoss(WEIGHTS, 0.05).to(device), targets, prepare, opt, sched, runtime,
+        LoopConfig(precision=precision), ModelEma(plain, 0.9999),
     )  # fmt: skip
     used[f"trainer {'cl' if channels_last else 'eager'}{' compiled' if compile else ''}"] = (
         trainer.model, trainer.loss_fn, trainer.targets, trainer.dequantize, trainer.ema.module,

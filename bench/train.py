@@ -39,8 +39,10 @@ from torch import nn
 from emb.classes import ClassMap, load_class_map
 from emb.loading.dequantize import Dequantize
 from emb.models import ModelConfig, build_model
+from emb.models.runtime import Runtime
 from emb.training.ema import ModelEma
 from emb.training.loss import HierarchyTargets, MultiHeadLoss
+from emb.training.run_config import LoopConfig
 from emb.training.schedule import warmup_cosine
 from emb.training.trainer import Trainer
 
@@ -84,7 +86,8 @@ def trainer_step(model: nn.Module, batch: dict, cmap: ClassMap, ema: bool) -> St
     opt, sched = optimizer_and_schedule(model)
     trainer = Trainer(
         model, MultiHeadLoss(WEIGHTS), HierarchyTargets(cmap), Dequantize("aef"), opt, sched,
-        torch.device("cpu"), precision="fp32", ema=ModelEma(model, 0.999) if ema else None,
+        Runtime(torch.device("cpu")), LoopConfig(precision="fp32"),
+        ModelEma(model, 0.999) if ema else None,
     )  # fmt: skip
 
     def step() -> None:

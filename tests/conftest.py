@@ -18,7 +18,8 @@ from emb.prep.align_labels import align_labels
 from emb.prep.demo_region import DEMO_REGIONS, write_region
 from emb.prep.manifest import merge_indexes
 from emb.prep.shards import build_region
-from emb.prep.tiles import SplitSpec, TileSpec
+from emb.prep.spatial_split import SplitSpec
+from emb.prep.tiles import TileSpec
 
 # One intra-op thread in the test process (subprocesses get OMP_NUM_THREADS=1 from venv_env):
 # on a busy 2-core machine torch's default of a thread per core made the tiny fits 15x slower

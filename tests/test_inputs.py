@@ -125,7 +125,8 @@ def test_a_path_cell_with_a_trailing_space_is_shown_quoted(
     tiny_demo: TinyDemo, tmp_path: Path
 ) -> None:
     """The space is invisible in a plain message ("file not found: hin/base/aef.tif")."""
-    from emb.prep.regions import RegionsError, check_regions, read_regions
+    from emb.prep.regions import RegionsError, read_regions
+    from emb.workflow.region_checks import check_regions
 
     aef, cdl = tiny_demo.rasters["demo_a"]["aef"], tiny_demo.rasters["demo_a"]["cdl"]
     table = tmp_path / "regions.tsv"

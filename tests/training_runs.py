@@ -15,9 +15,10 @@ import pytest
 import torch
 from conftest import REPO, TinyDemo, venv_env
 
+from emb.models.runtime import CPU_HOST, Runtime
 from emb.training import checkpoint_file
 from emb.training.loop import Stopped, run
-from emb.training.run_config import load
+from emb.training.run_config import TrainConfig, load
 from emb.training.stop_request import StopRequest
 from emb.training.train_config import main as resolve_config_main
 
@@ -50,9 +51,15 @@ def resolve_config(
     return config
 
 
+def cpu_runtime(cfg: TrainConfig) -> Runtime:
+    """The runtime a training process on a CPU resolves for ``cfg`` (as emb.training.train)."""
+    return Runtime.resolve(cfg.train, cfg.model.arch, CPU_HOST, training=True)
+
+
 def train_here(config: Path, stop: StopRequest | None = None) -> dict:
     """Train ``config`` in this process (world size 1); returns the ``train.json`` summary."""
-    return run(load(config), config.parent, 0, 1, torch.device("cpu"), stop)
+    cfg = load(config)
+    return run(cfg, config.parent, 0, 1, cpu_runtime(cfg), stop)
 
 
 def interrupt(config: Path) -> int:

@@ -20,6 +20,7 @@ from emb.classes import load_class_map
 from emb.loading.batches import LoaderSpec, eval_batches, shard_sample_counts
 from emb.loading.dequantize import Dequantize
 from emb.models import build_model
+from emb.models.runtime import Runtime
 from emb.training import checkpoint_file
 from emb.training.loss import HierarchyTargets, MultiHeadLoss
 from emb.training.run_config import TrainConfig
@@ -40,8 +41,8 @@ def main(ckpt: Path, out: Path, as_trained: bool = False) -> None:
     trainer = Trainer(
         model, MultiHeadLoss(cfg.loss.weights, cfg.loss.label_smoothing),
         HierarchyTargets(load_class_map(cfg.data.classes)), Dequantize(cfg.data.source),
-        opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0), torch.device("cpu"),
-        precision="fp32",
+        opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0), Runtime(torch.device("cpu")),
+        cfg.train, None,
     )  # fmt: skip
     val = json.loads(Path(cfg.data.manifest).read_text())["splits"]["val"]
     spec = LoaderSpec(cfg.data.source, cfg.model.in_dim, cfg.train.batch_size if as_trained else 3)

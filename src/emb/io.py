@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import yaml
 from rasterio.errors import RasterioIOError
 
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)  # no space left; disk quota exceeded
@@ -107,6 +108,26 @@ def read_json(path: Path | str, what: str = "JSON file", fix: str = "rebuild it"
     raise JSONFileError(
         f"{path}: not a {what} ({why}; {len(data)} bytes: cut short, or not JSON); {fix}"
     )
+
+
+class YAMLFileError(ValueError):
+    """A YAML file that cannot be parsed (a tab in the indentation, an unclosed bracket, a file
+    that is not text): one line naming it, the line and column (exit code 2)."""
+
+
+def read_yaml(path: Path | str, error: type[ValueError] = YAMLFileError) -> Any:
+    """The YAML document at ``path``; a file that does not parse raises ``error`` naming it,
+    the line and column where the parse stopped and the problem. A missing file raises
+    ``FileNotFoundError`` (exit code 66, named)."""
+    try:
+        return yaml.safe_load(Path(path).read_text())
+    except UnicodeDecodeError as err:
+        raise error(f"{path}: not a UTF-8 text file ({err})") from err
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" line {mark.line + 1} column {mark.column + 1}:" if mark else ""
+        problem = getattr(err, "problem", None) or str(err)
+        raise error(f"{path}:{where} not valid YAML: {problem}") from err
 
 
 @contextmanager

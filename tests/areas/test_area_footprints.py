@@ -20,9 +20,10 @@ from test_plan import collections
 from emb.areas.plan import AreaPlan, plan_areas
 from emb.areas.vrt import write_mosaic
 from emb.prep import align_labels, shards
-from emb.prep.regions import RegionsError, check_regions
-from emb.workflow.areas import planned_footprints
-from emb.workflow.regions import split_group
+from emb.prep.regions import RegionsError
+from emb.workflow.area_plan import planned_footprints
+from emb.workflow.region_checks import check_regions
+from emb.workflow.region_table import split_group
 
 NEXT = YEAR + 1
 

@@ -21,7 +21,7 @@ from pyproj import CRS
 
 from emb.areas import AreasError
 from emb.geo import WGS84, reproject
-from emb.workflow.areas import plan_from_config
+from emb.workflow.area_plan import plan_from_config
 
 
 @pytest.fixture(scope="module")

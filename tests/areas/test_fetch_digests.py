@@ -25,7 +25,7 @@ from test_fetch import NEEDED, local_copy, name_of, tile
 
 from emb.areas import AreasError
 from emb.areas.fetch import check_decodes, fetch, served_digests
-from emb.workflow.areas import plan_from_config
+from emb.workflow.area_plan import plan_from_config
 
 
 def crc32c(data: bytes) -> bytes:
@@ -221,7 +221,7 @@ def test_served_digests_reads_gcs_and_s3_forms() -> None:
 def test_an_index_row_outside_the_collection_is_refused_when_the_plan_is_made(
     server, tmp_path: Path
 ) -> None:
-    """As the workflow parses (emb.workflow.areas.plan_from_config), before any request:
+    """As the workflow parses (emb.workflow.area_plan.plan_from_config), before any request:
     like every other index problem, not only when the fetch job starts."""
     c, url = server
     collections = copy_to_fetch(c, tmp_path, url)

@@ -21,8 +21,9 @@ from emb.areas.tile_yield import check_tile_yield, region_grid, specs_of
 from emb.areas.vrt import mosaic_grid, part_grid
 from emb.classes import IGNORE
 from emb.config_schema import config_default
-from emb.prep.tiles import Ground, SplitSpec, TileSpec, count_tiles, plan_tiles, tile_windows
-from emb.workflow.areas import plan_from_config
+from emb.prep.spatial_split import SplitSpec
+from emb.prep.tiles import Ground, TileSpec, count_tiles, plan_tiles, tile_windows
+from emb.workflow.area_plan import plan_from_config
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +110,7 @@ def test_a_partial_tiles_section_takes_the_schemas_other_settings() -> None:
     tile_spec, split_spec = specs_of({"tiles": {"size": 64}})
     schema = config_default("splits.block_m"), config_default("tiles.min_valid")
     assert (split_spec.block_m, tile_spec.min_valid) == schema
-    assert (tile_spec.size, tile_spec.stride, split_spec.fractions) == (64, None, {"train": 1.0})
+    assert (tile_spec.size, tile_spec.stride, split_spec.fractions) == (64, 64, {"train": 1.0})
     given = specs_of({"tiles": {"size": 32, "stride": 16, "min_valid": 0.5},
                       "splits": {"block_m": 640}})  # fmt: skip
     assert given == (TileSpec(32, 16, 0.5), SplitSpec(640.0, {"train": 1.0}))

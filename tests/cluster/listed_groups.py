@@ -1,4 +1,4 @@
-"""The group jobs a dry run lists, summed as Snakemake submits them (emb.workflow.fit): what
+"""The group jobs a dry run lists, summed as Snakemake submits them (emb.workflow.cluster_fit): what
 ``snakemake -n`` shows of a cluster profile's groups, checked against the node sizes each
 listed job carries (resources node_cores, node_mem_mb, max_runtime)."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from emb.workflow.fit import Node, Request, group_request
+from emb.workflow.cluster_fit import Node, Request, group_request
 
 FIELD = re.compile(r"^\s+(input|output|resources|threads): (.*)$", re.M)
 

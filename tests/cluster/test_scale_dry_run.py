@@ -21,7 +21,7 @@ from conftest import REPO
 from rasterio.transform import from_origin
 from test_profiles import CPU_PARTITION, cluster_env, dry_run, jobs_of, real_run
 
-from emb.workflow.fit import Node, Request, check_fits
+from emb.workflow.cluster_fit import Node, Request, check_fits
 
 LOCAL_RULES = {"regions_table", "train_config", "manifest", "summary", "curves", "data_report",
                "all"}  # fmt: skip

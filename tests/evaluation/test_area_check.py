@@ -19,7 +19,7 @@ from emb.classes import IGNORE, load_class_map
 from emb.evaluation import area_estimates
 from emb.evaluation.area_check import (
     AreaCheckError,
-    Design,
+    CheckDesign,
     Population,
     check,
     read_population,
@@ -131,7 +131,7 @@ def clustered_population(seed: int = 0) -> Population:
 
 def test_the_intervals_cover_the_cdl_area_about_95_percent_of_the_draws() -> None:
     pop = clustered_population()
-    checks = check(pop, CMAP, Design(n=400, min_per_class=20, level=3, seed=0, draws=200),
+    checks = check(pop, CMAP, CheckDesign(n=400, min_per_class=20, level=3, seed=0, draws=200),
                    z_of(0.95))  # fmt: skip
     by_level = {c.level: c for c in checks}
     assert sorted(by_level) == [1, 2, 3]

@@ -12,7 +12,7 @@ from test_area_check import CMAP, IGNORE, SIZE, region_files, write_index, write
 
 from emb.evaluation.area_check import (
     AreaCheckError,
-    Design,
+    CheckDesign,
     Population,
     StratifiedSampler,
     check,
@@ -104,7 +104,7 @@ def rare_error_population() -> Population:
 
 def test_an_interval_covers_only_when_the_truth_lies_between_both_ends() -> None:
     pop = rare_error_population()
-    l3 = check(pop, CMAP, Design(n=40, min_per_class=20, level=3, seed=0, draws=50),
+    l3 = check(pop, CMAP, CheckDesign(n=40, min_per_class=20, level=3, seed=0, draws=50),
                z_of(0.95))[-1]  # fmt: skip
     assert l3.level == 3
     assert l3.coverage[1].covered <= 5  # below every zero-width interval but the rare hit's
@@ -115,9 +115,9 @@ def test_the_table_shows_the_first_draw_whatever_the_number_of_draws() -> None:
     from test_area_check import clustered_population
 
     pop = clustered_population()
-    design = Design(n=150, min_per_class=10, level=3, seed=3, draws=1)
+    design = CheckDesign(n=150, min_per_class=10, level=3, seed=3, draws=1)
     one = check(pop, CMAP, design, z_of(0.95))
-    many = check(pop, CMAP, Design(**{**vars(design), "draws": 4}), z_of(0.95))
+    many = check(pop, CMAP, CheckDesign(**{**vars(design), "draws": 4}), z_of(0.95))
     assert [c.estimates for c in one] == [c.estimates for c in many]
 
 
@@ -126,7 +126,7 @@ def test_a_class_the_map_omits_entirely_is_tallied_from_the_cdl() -> None:
     reference = mapped.copy()
     reference[:300] = 5  # class 5: in the CDL, never in the map
     pop = Population(mapped, reference, 0.01, ("omit",))
-    l3 = check(pop, CMAP, Design(n=200, min_per_class=20, level=3, seed=0, draws=20),
+    l3 = check(pop, CMAP, CheckDesign(n=200, min_per_class=20, level=3, seed=0, draws=20),
                z_of(0.95))[-1]  # fmt: skip
     assert 5 in l3.coverage and l3.coverage[5].units_reference > 0
 
@@ -135,7 +135,7 @@ def test_the_strata_are_the_maps_classes_at_the_design_level() -> None:
     from test_area_check import clustered_population
 
     pop = clustered_population()
-    design = Design(n=300, min_per_class=20, level=2, seed=0, draws=2)
+    design = CheckDesign(n=300, min_per_class=20, level=2, seed=0, draws=2)
     l2 = next(c for c in check(pop, CMAP, design, z_of(0.95)) if c.level == 2)
     sizes = np.bincount(CMAP.l3_to_l2[pop.mapped], minlength=7)
     want = allocate(sizes, 300, 20)

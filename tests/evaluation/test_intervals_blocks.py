@@ -30,7 +30,8 @@ from emb.prep.align_labels import align_labels
 from emb.prep.demo_region import DEMO_REGIONS, write_region
 from emb.prep.manifest import merge_indexes
 from emb.prep.shards import build_region
-from emb.prep.tiles import SplitSpec, TileSpec
+from emb.prep.spatial_split import SplitSpec
+from emb.prep.tiles import TileSpec
 
 TILE, BLOCK_M, BLOCKS_PER_SIDE = 32, 640.0, 4  # 10 m pixels: a block is 2 x 2 tiles
 LEVELS = ("l1", "l2", "l3")

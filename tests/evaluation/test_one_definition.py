@@ -16,6 +16,7 @@ from emb.evaluation.runs import open_run
 from emb.loading.batches import LoaderSpec, eval_batches, shard_sample_counts
 from emb.loading.shard_manifest import read_manifest
 from emb.metrics import FIGURES, scores_from_confusion
+from emb.models.runtime import Runtime
 from emb.training.loss import HierarchyTargets, MultiHeadLoss
 from emb.training.trainer import Trainer
 
@@ -38,7 +39,7 @@ def test_validating_the_test_split_gives_the_figures_of_metrics_json(
     trainer = Trainer(
         first, MultiHeadLoss({"l1": 1.0, "l2": 1.0, "l3": 1.0}), HierarchyTargets(cmap),
         run.dequantize(), optimizer, torch.optim.lr_scheduler.ConstantLR(optimizer, 1.0),
-        torch.device("cpu"), precision="fp32",
+        Runtime(torch.device("cpu")), run.cfg.train, None,
     )  # fmt: skip
     test = read_manifest(Path(run.cfg.data.manifest), splits=("test",))["splits"]["test"]
     spec = LoaderSpec(run.cfg.data.source, run.cfg.model.in_dim, 4)

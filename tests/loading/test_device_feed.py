@@ -22,7 +22,8 @@ from emb.loading.batches import LoaderSpec, shard_sample_counts, train_batches
 from emb.loading.buffer_pool import BufferPool
 from emb.loading.device_feed import _Feed, on_device
 from emb.loading.shard_manifest import read_manifest
-from emb.training.loop import build_loop, parameter_digest, runtime_of
+from emb.models.runtime import Host, Runtime
+from emb.training.loop import build_loop, parameter_digest
 from emb.training.run_config import load
 from emb.training.stop_request import StopRequest
 
@@ -74,7 +75,8 @@ def test_the_feed_gives_the_weights_of_synchronous_copies(tiny_demo: TinyDemo, t
         run_dir = tmp_path / f"run-{pinned}"
         config = resolve_config(tiny_demo, run_dir, "train.max_updates=20", "train.epochs=100",
                                 "ema.enabled=true", arch="deeplab")  # fmt: skip
-        cuda = runtime_of(load(config), torch.device("cuda"))
+        cfg = load(config)
+        cuda = Runtime.resolve(cfg.train, cfg.model.arch, Host(gpus=1, local_rank=0), training=True)
         loop = build_loop(load(config), run_dir, 0, 1, cuda, StopRequest())
         cfg, train = loop.cfg, read_manifest(Path(load(config).data.manifest))["splits"]["train"]
         spec = LoaderSpec(cfg.data.source, cfg.model.in_dim, loop.plan.batch, 2,

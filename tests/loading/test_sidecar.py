@@ -27,7 +27,8 @@ from emb.loading.shard_index import ShardError, scan_shard
 from emb.loading.sidecar import MissingSidecarWarning, read_sidecar, sidecar_path
 from emb.prep.channel_stats import channel_stats
 from emb.prep.shards import build_region
-from emb.prep.tiles import SplitSpec, TileSpec
+from emb.prep.spatial_split import SplitSpec
+from emb.prep.tiles import TileSpec
 
 SPEC = LoaderSpec("tessera", 128, batch_size=4, num_workers=2, shuffle_buffer=8, seed=3)
 

@@ -1,18 +1,20 @@
-"""One device module (issue 43): precision, channels_last and compile resolved once per run by
-the measured rules, applied to model and inputs, the same for training, evaluation and
-prediction of one run config, and recorded in train.json, the checkpoint, metrics.json and the
-maps; the training tile size travels with the run."""
+"""One device module (issue 43, 52): the device, precision, channels_last and compile (with its
+memory budget) resolved once per process by the measured rules from the config, the
+architecture and what the process finds (its Host), applied to model and inputs, the same for
+training, evaluation and prediction of one run config, and recorded in train.json, the
+checkpoint, metrics.json and the maps; the training tile size travels with the run."""
 
 from __future__ import annotations
 
+import ast
 import json
 from pathlib import Path
 
 import pytest
 import rasterio
 import torch
-from conftest import CLASSES_CSV, TinyDemo
-from training_runs import resolve_config, train_here
+from conftest import CLASSES_CSV, REPO, TinyDemo
+from training_runs import cpu_runtime, resolve_config, train_here
 
 from emb.classes import load_class_map
 from emb.evaluation.evaluate import main as evaluate_main
@@ -20,13 +22,21 @@ from emb.evaluation.predict import main as predict_main
 from emb.evaluation.runs import RunError, open_run
 from emb.models import ModelConfig, build_model
 from emb.models.flat_tensors import flats_of
-from emb.models.runtime import Runtime, claim_device, resolve_channels_last, resolve_precision
+from emb.models.runtime import (
+    CPU_HOST,
+    Host,
+    Runtime,
+    pick_device,
+    resolve_channels_last,
+    resolve_precision,
+)
 from emb.training import checkpoint_file
-from emb.training.loop import build_trainer, runtime_of
+from emb.training.distributed import wrap_model
+from emb.training.loop import build_trainer
 from emb.training.run_config import LoopConfig, load
 from emb.training.schedule import build_plan
 
-CPU, CUDA = torch.device("cpu"), torch.device("cuda")
+CPU, CUDA = torch.device("cpu"), torch.device("cuda", 0)
 RUNTIME_KEYS = ("device_type", "precision", "channels_last", "compile")
 
 # train.channels_last: auto, as measured (issue 31, H200): DeepLab 1.10-1.28x faster in
@@ -53,15 +63,19 @@ def test_resolution_is_the_measured_rule(
     arch: str, device_type: str, hip: bool, channels_last: bool | str, precision: str,
     compile: bool,
 ) -> None:  # fmt: skip
-    """Every architecture x device type x ROCm x setting; true/false are taken as set."""
-    settings = LoopConfig(precision=precision, channels_last=channels_last, compile=compile)
-    device = torch.device(device_type)
+    """Every architecture x device type x ROCm x setting; true/false are taken as set; compile
+    and its memory budget for training only."""
+    settings = LoopConfig(precision=precision, channels_last=channels_last, compile=compile,
+                          compile_memory_budget=0.5)  # fmt: skip
+    host = Host(gpus=1, local_rank=0, hip=hip) if device_type == "cuda" else Host(0, hip=hip)
+    device = CUDA if device_type == "cuda" else CPU
     wanted_cl = AUTO_CHANNELS_LAST[arch, device_type, hip] if channels_last == "auto" \
         else channels_last  # fmt: skip
     for training in (True, False):
-        runtime = Runtime.resolve(settings, arch, device, training=training, hip=hip)
+        runtime = Runtime.resolve(settings, arch, host, training=training)
+        compiled = compile and training
         assert runtime == Runtime(device, PRECISION[device_type, precision], wanted_cl,
-                                  compile and training)  # fmt: skip
+                                  compiled, 0.5 if compiled else None)  # fmt: skip
         assert resolve_channels_last(channels_last, arch, device_type, hip) is wanted_cl
         assert resolve_precision(precision, device_type) == PRECISION[device_type, precision]
 
@@ -71,7 +85,7 @@ def test_default_is_auto_and_other_words_refused() -> None:
     with pytest.raises(ValueError, match=r"train.channels_last: expected auto.*'yes'"):
         resolve_channels_last("yes", "deeplab", "cuda")
     with pytest.raises(ValueError, match=r"train.precision: expected one of .*'fp8'"):
-        Runtime.resolve(LoopConfig(precision="fp8"), "deeplab", CPU, training=True)
+        Runtime.resolve(LoopConfig(precision="fp8"), "deeplab", CPU_HOST, training=True)
     with pytest.raises(ValueError, match=r"channels_last: expected the resolved true or false"):
         Runtime(CPU, "fp32", "auto")  # type: ignore[arg-type]
 
@@ -122,12 +136,38 @@ def test_record_names_what_ran() -> None:
     }  # fmt: skip
 
 
+@pytest.mark.parametrize(
+    ("host", "training", "device"),
+    [
+        (Host(gpus=4, local_rank=2), True, torch.device("cuda", 2)),  # a torchrun rank
+        (Host(gpus=4), True, torch.device("cuda", 0)),  # plain python: the first GPU
+        (Host(gpus=4, local_rank=3), False, torch.device("cuda", 3)),  # evaluate under torchrun
+        (Host(gpus=0, local_rank=1), True, CPU),  # no GPU
+        (Host(gpus=0), False, CPU),
+    ],
+)
+def test_the_device_is_the_local_ranks_gpu_or_the_cpu(
+    host: Host, training: bool, device: torch.device
+) -> None:
+    assert pick_device(host, training) == device
+
+
+def test_the_host_is_read_from_the_environment_it_is_given() -> None:
+    """Only the stage reads the environment; the rest take the Host as plain data."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    hip = bool(torch.version.hip)
+    assert Host.here({"LOCAL_RANK": "3", "RANK": "7"}) == Host(gpus, 3, hip)
+    assert Host.here({}) == Host(gpus, None, hip)
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU process claims a GPU instead")
 def test_a_cpu_process_runs_on_the_threads_its_rule_gave_it() -> None:
     before = torch.get_num_threads()
     try:
-        assert claim_device(threads=3) == CPU and torch.get_num_threads() == 3
-        assert claim_device(threads=0) == CPU and torch.get_num_threads() == 1
+        Runtime(CPU).occupy(threads=3)
+        assert torch.get_num_threads() == 3
+        Runtime(CPU).occupy(threads=0)
+        assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
 
@@ -155,7 +195,7 @@ def test_training_evaluate_and_predict_resolve_the_same(
     size predict takes from the run."""
     cfg = load(channels_last_run / "config.yaml")
     plan = build_plan(cfg, tiny_demo.manifest("aef")["splits"]["train"], 1)
-    trainer, _ = build_trainer(cfg, plan, [1] * 61, 1, runtime_of(cfg, CPU))
+    trainer, _ = build_trainer(cfg, plan, [1] * 61, 1, cpu_runtime(cfg))
     expected = Runtime(CPU, "fp32", True, False)  # bf16 and channels_last asked, on a CPU
     assert trainer.runtime == expected and is_channels_last(trainer.model)
 
@@ -163,11 +203,14 @@ def test_training_evaluate_and_predict_resolve_the_same(
     state = checkpoint_file.load(channels_last_run / "best.pt")
     assert runtime_of_record(summary["provenance"]) == expected.record()
     assert runtime_of_record(state["provenance"]) == expected.record()
+    # the config a checkpoint records says what ran (the runtime's precision), so a resume on
+    # another kind of device is refused by its precision (emb.training.checkpoint_file)
+    assert state["config"]["train"]["precision"] == expected.precision
     tile = tiny_demo.manifest("aef")["tile_size"]
     assert summary["tile_size"] == state["tile_size"] == tile
 
     run = open_run(channels_last_run, load_class_map(CLASSES_CSV), CLASSES_CSV)
-    assert run.runtime(CPU) == expected and run.tile_size == tile
+    assert run.runtime(CPU_HOST) == expected and run.tile_size == tile
     evaluate_main([f"--run-dir={channels_last_run}", f"--classes={CLASSES_CSV}",
                    f"--out-dir={tmp_path / 'eval'}", "--threads=1"])  # fmt: skip
     record = json.loads((tmp_path / "eval" / "metrics.json").read_text())
@@ -208,3 +251,65 @@ def test_predict_refuses_a_run_without_its_tile_size(
         _ = run.tile_size
     predict_main([*args, "--tile=32"])
     assert out.is_file()
+
+
+# Where each part of the runtime may be decided: the runtime module alone, entered once per
+# process by a stage (train resolves for training, a trained run for evaluate and predict).
+RESOLVERS = {"resolve_precision", "resolve_channels_last", "pick_device", "claim_gpu"}
+RESOLVES = {"emb/training/train.py", "emb/evaluation/runs.py"}  # Runtime.resolve(...)
+
+
+def runtime_decisions(path: Path) -> list[str]:
+    """What ``path`` decides itself that the runtime decides: its resolver calls, a Runtime
+    built or resolved, the CUDA device set, LOCAL_RANK read, a compile memory budget set."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
+            owner = getattr(func, "value", None)
+            if name in RESOLVERS | {"Runtime", "set_device"}:
+                found.append(f"{name}() at line {node.lineno}")
+            elif name == "resolve" and getattr(owner, "id", "") == "Runtime":
+                found.append(f"Runtime.resolve() at line {node.lineno}")
+        elif isinstance(node, ast.Constant) and node.value == "LOCAL_RANK":
+            found.append(f"'LOCAL_RANK' at line {node.lineno}")
+        elif isinstance(node, ast.Attribute) and node.attr == "activation_memory_budget":
+            found.append(f"activation_memory_budget at line {node.lineno}")
+    return found
+
+
+def test_only_the_runtime_decides_device_precision_format_and_compile() -> None:
+    """No module but emb.models.runtime resolves or rebuilds a part of the runtime; the two
+    stage entries resolve it once; wrap_model applies the budget the runtime holds."""
+    src = REPO / "src"
+    allowed = {
+        "emb/models/runtime.py": None,
+        "emb/training/distributed.py": ["activation_memory_budget"],
+        **{path: ["Runtime.resolve()"] for path in RESOLVES},
+    }
+    wrong = {}
+    for path in sorted((src / "emb").rglob("*.py")):
+        name = path.relative_to(src).as_posix()
+        found = runtime_decisions(path)
+        if name in allowed and allowed[name] is None:
+            continue
+        kinds = [f.split(" at ")[0] for f in found]
+        if kinds != (allowed.get(name) or []):
+            wrong[name] = found
+    assert wrong == {}
+
+
+def test_wrap_model_compiles_with_the_runtimes_memory_budget() -> None:
+    import torch._functorch.config as functorch_config
+
+    before = functorch_config.activation_memory_budget
+    try:
+        runtime = Runtime(CPU, "fp32", False, True, 0.25)
+        wrapped = wrap_model(torch.nn.Linear(2, 2), 1, runtime)
+        assert functorch_config.activation_memory_budget == 0.25
+        assert wrapped is not None and hasattr(wrapped, "_orig_mod")  # compiled, lazily
+        eager = wrap_model(torch.nn.Linear(2, 2), 1, Runtime(CPU))
+        assert not hasattr(eager, "_orig_mod")
+    finally:
+        functorch_config.activation_memory_budget = before

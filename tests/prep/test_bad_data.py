@@ -23,7 +23,8 @@ from emb.loading.batches import (
 )
 from emb.prep.align_labels import AlignmentError, align_labels
 from emb.prep.shards import build_region
-from emb.prep.tiles import SplitSpec, TileSpec, TilingError
+from emb.prep.spatial_split import SplitSpec, TilingError
+from emb.prep.tiles import TileSpec
 
 
 def copy_split(demo: TinyDemo, source: str, split: str, dest: Path) -> tuple[list[str], dict]:

@@ -16,9 +16,10 @@ import yaml
 from conftest import REPO, TinyDemo, venv_env
 from test_channel_stats import ordinary_tile, two_pass_reference
 
+from emb.loading.dequantize import StatsError
 from emb.loading.shard_index import ShardError
 from emb.loading.sidecar import sidecar_path
-from emb.prep.channel_stats import StatsError, channel_stats
+from emb.prep.channel_stats import channel_stats
 from emb.prep.moments import moments_array, tile_moments
 from emb.prep.shards import encode_npy, write_shards
 

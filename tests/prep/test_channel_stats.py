@@ -13,8 +13,9 @@ import pytest
 from conftest import TinyDemo, venv_env
 from shard_reader import iter_samples
 
+from emb.loading.dequantize import StatsError
 from emb.loading.shard_index import ShardError
-from emb.prep.channel_stats import StatsError, channel_stats, tile_moments
+from emb.prep.channel_stats import channel_stats, tile_moments
 from emb.prep.shards import encode_npy, write_shards
 from emb.rasters import valid_pixels
 

@@ -14,8 +14,10 @@ from rasterio.warp import transform as warp_points
 
 from emb.geo import utm_epsg
 from emb.prep.footprints import Footprint, ground_groups, ground_metre_problem
-from emb.prep.regions import RegionsError, check_regions, read_regions
-from emb.prep.tiles import SplitSpec, TileSpec, plan_tiles
+from emb.prep.regions import RegionsError, read_regions
+from emb.prep.spatial_split import SplitSpec
+from emb.prep.tiles import TileSpec, plan_tiles
+from emb.workflow.region_checks import check_regions
 
 LON, LAT = -93.5, 42.0  # Iowa, UTM zone 15
 

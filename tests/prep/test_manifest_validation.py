@@ -18,7 +18,8 @@ from emb import cli
 from emb.loading.shard_manifest import ValidationTooSmall, check_validation_scored
 from emb.prep.manifest import main as manifest_main
 from emb.prep.shards import build_region
-from emb.prep.tiles import SplitSpec, TileSpec
+from emb.prep.spatial_split import SplitSpec
+from emb.prep.tiles import TileSpec
 from emb.workflow.stage_options import validation_options
 
 

@@ -18,7 +18,8 @@ from test_channel_stats import bytes_read, float64_values, two_pass_reference
 from emb.prep.channel_stats import MissingMomentsWarning, channel_stats
 from emb.prep.moments import tile_moments
 from emb.prep.shards import build_region
-from emb.prep.tiles import SplitSpec, TileSpec
+from emb.prep.spatial_split import SplitSpec
+from emb.prep.tiles import TileSpec
 
 
 def test_each_training_tile_stores_the_moments_of_its_valid_pixels(tiny_demo: TinyDemo) -> None:

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO, TinyDemo, venv_env
 
-from emb.prep.regions import RegionsError, check_regions, read_regions
+from emb.prep.regions import RegionsError, read_regions
+from emb.workflow.region_checks import check_regions
 
 HEADER = "region\tyear\taef\ttessera\tcdl\tsplit\n"
 

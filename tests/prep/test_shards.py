@@ -14,7 +14,8 @@ from shard_reader import iter_samples
 from emb.classes import IGNORE
 from emb.prep.manifest import merge_indexes
 from emb.prep.shards import build_region
-from emb.prep.tiles import SplitSpec, TileSpec
+from emb.prep.spatial_split import SplitSpec
+from emb.prep.tiles import TileSpec
 from emb.rasters import dequantize_tessera
 from emb.report.data_report import coverage_table
 

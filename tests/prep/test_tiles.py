@@ -9,14 +9,8 @@ from affine import Affine
 from conftest import TinyDemo
 
 from emb.classes import IGNORE
-from emb.prep.tiles import (
-    SplitSpec,
-    TileSpec,
-    blocks_of,
-    count_tiles,
-    label_coverage,
-    plan_tiles,
-)
+from emb.prep.spatial_split import SplitSpec, blocks_of
+from emb.prep.tiles import TileSpec, count_tiles, label_coverage, plan_tiles, tile_windows
 
 
 def test_tiles_of_different_splits_never_share_a_block(tiny_demo: TinyDemo) -> None:
@@ -87,3 +81,11 @@ def test_count_tiles_names_an_area_with_no_tile_at_min_valid() -> None:
     labels[:8, :8] = 0
     assert len(plan_tiles(labels, transform, "", TileSpec(16), SplitSpec(160.0))[0]) == 1
     assert count_tiles(transform, 40, 40, TileSpec(16), SplitSpec(160.0)) == 9
+
+
+def test_a_null_stride_tiles_side_by_side() -> None:
+    """TileSpec resolves a null stride once (the tile size): the windows abut, no overlap,
+    no gaps, as with the stride given."""
+    assert TileSpec(16).stride == 16 and TileSpec(16) == TileSpec(16, 16)
+    rows = [w.row_off for w in tile_windows(40, 16, TileSpec(16))]
+    assert rows == [0, 16, 32]

@@ -12,7 +12,8 @@ import shapely
 from affine import Affine
 
 from emb.classes import IGNORE
-from emb.prep.tiles import SplitSpec, TileSpec, count_tiles, label_coverage, plan_tiles
+from emb.prep.spatial_split import SplitSpec
+from emb.prep.tiles import TileSpec, count_tiles, label_coverage, plan_tiles
 
 TRANSFORM = Affine(10, 0, 0, 0, -10, 400)
 

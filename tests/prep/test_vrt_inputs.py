@@ -17,7 +17,8 @@ from emb.classes import ClassMap
 from emb.evaluation.predict import main as predict_main
 from emb.prep.align_labels import align_labels
 from emb.prep.shards import build_region
-from emb.prep.tiles import SplitSpec, TileSpec
+from emb.prep.spatial_split import SplitSpec
+from emb.prep.tiles import TileSpec
 
 GDAL_TYPES = {"int8": "Int8", "uint8": "Byte", "float32": "Float32", "float64": "Float64"}
 

@@ -30,11 +30,14 @@ from training_runs import resolve_config
 
 from emb.classes import load_class_map
 from emb.loading.batches import LoaderSpec, eval_batches
+from emb.models.runtime import CPU_HOST, Runtime
 from emb.prep import align_labels
-from emb.prep.regions import check_regions, read_regions
+from emb.prep.regions import read_regions
 from emb.prep.shards import build_region
-from emb.prep.tiles import SplitSpec, TileSpec
+from emb.prep.spatial_split import SplitSpec
+from emb.prep.tiles import TileSpec
 from emb.training import checkpoint_file, loop, run_config, train, train_config
+from emb.workflow.region_checks import check_regions
 
 pytestmark = pytest.mark.reliability
 
@@ -586,7 +589,9 @@ def good_tree(tiny_demo: TinyDemo, tmp_path_factory) -> Path:
     shutil.copytree(tiny_demo.root / "shards" / "aef" / "demo_a", root / "shards/aef/demo_a")
     run_dir = root / "runs" / "r"
     config_path = resolve_config(tiny_demo, run_dir, "train.max_updates=2")
-    loop.run(run_config.load(config_path), run_dir, 0, 1, torch.device("cpu"))
+    cfg = run_config.load(config_path)
+    runtime = Runtime.resolve(cfg.train, cfg.model.arch, CPU_HOST, training=True)
+    loop.run(cfg, run_dir, 0, 1, runtime)
     assert (run_dir / "last.pt").exists() and (run_dir / "best.pt.sha256").exists()
     return root
 

@@ -28,9 +28,11 @@ from test_hostile_inputs import (
 
 from emb.classes import load_class_map
 from emb.loading.dequantize import Dequantize
-from emb.prep.regions import check_regions, read_regions
-from emb.prep.tiles import SplitSpec, TileSpec, plan_tiles
+from emb.prep.regions import read_regions
+from emb.prep.spatial_split import SplitSpec
+from emb.prep.tiles import TileSpec, plan_tiles
 from emb.training import checkpoint_file, run_config
+from emb.workflow.region_checks import check_regions
 
 pytestmark = pytest.mark.reliability
 good_tree = base.good_tree  # the fixture: a tree of good outputs made by the real stages

@@ -23,6 +23,7 @@ from fault_runs import launch, run, wait_for
 from training_runs import resolve_config
 from trials import pytest_generate_tests, trials  # noqa: F401 - parametrizes `trial`
 
+from emb.provenance import digest_file
 from emb.training import checkpoint_file
 
 pytestmark = pytest.mark.reliability
@@ -55,7 +56,7 @@ def check_latest(last: Path, where: str) -> int:
     assert isinstance(state, dict) and "model" in state, where
     recorded = checkpoint_file.recorded_checksums(last)
     assert recorded, f"{where}: no checksum recorded in {checkpoint_file.checksum_path(last)}"
-    assert checkpoint_file.file_sha256(last) in recorded, f"{where}: sha256 not recorded"
+    assert digest_file(last) in recorded, f"{where}: sha256 not recorded"
     return checkpoint_file.load(last)["step"]  # load() verifies the checksum itself, too
 
 

@@ -13,10 +13,10 @@ from training_runs import resolve_config
 from emb.classes import ClassMap
 from emb.loading.dequantize import Dequantize
 from emb.models import ModelConfig, build_model
-from emb.models.runtime import Runtime
-from emb.training.loop import build_loop, run, runtime_of
+from emb.models.runtime import CPU_HOST, Host, Runtime
+from emb.training.loop import build_loop, run
 from emb.training.loss import HierarchyTargets, MultiHeadLoss
-from emb.training.run_config import load
+from emb.training.run_config import LoopConfig, load
 from emb.training.schedule import warmup_cosine
 from emb.training.stop_request import StopRequest
 from emb.training.trainer import Trainer
@@ -39,12 +39,12 @@ TINY_DEEPLAB = ModelConfig(
 CPU = torch.device("cpu")
 
 
-def tiny_trainer(model: torch.nn.Module, class_map: ClassMap, **kw) -> Trainer:
+def tiny_trainer(model: torch.nn.Module, class_map: ClassMap, runtime: Runtime) -> Trainer:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     return Trainer(
         model, MultiHeadLoss({"l1": 0.1, "l2": 0.3, "l3": 1.0}, 0.0),
         HierarchyTargets(class_map), Dequantize("aef"), opt,
-        warmup_cosine(opt, 1, 10, 1e-3, 1e-5), CPU, precision="fp32", **kw,
+        warmup_cosine(opt, 1, 10, 1e-3, 1e-5), runtime, LoopConfig(), None,
     )  # fmt: skip
 
 
@@ -56,8 +56,8 @@ def test_trainer_feeds_the_resolved_format(class_map: ClassMap, channels_last: b
     runtime = Runtime(CPU, channels_last=channels_last)
     model = runtime.prepare(build_model(TINY_DEEPLAB), training=True)
     assert model_is_channels_last(model) is channels_last
-    trainer = tiny_trainer(model, class_map, channels_last=channels_last)
-    assert trainer.runtime == runtime
+    trainer = tiny_trainer(model, class_map, runtime)
+    assert trainer.runtime is runtime  # taken as given, never rebuilt
     wanted = torch.channels_last if channels_last else torch.contiguous_format
     g = torch.Generator().manual_seed(1)
     batch = {"emb": torch.randint(-127, 128, (2, 64, 16, 16), generator=g, dtype=torch.int8),
@@ -68,19 +68,20 @@ def test_trainer_feeds_the_resolved_format(class_map: ClassMap, channels_last: b
     assert trainer.train_step([batch]).applied
 
 
-def test_trainer_takes_no_auto(class_map: ClassMap) -> None:
-    """The Trainer does not resolve the setting a second time: ``auto`` is refused."""
+def test_a_runtime_takes_no_auto() -> None:
+    """Nothing resolves the setting a second time: a Runtime holds the resolved value only."""
     with pytest.raises(ValueError, match=r"channels_last: expected the resolved true or false"):
-        tiny_trainer(build_model(TINY_DEEPLAB), class_map, channels_last="auto")
+        Runtime(CPU, channels_last="auto")  # type: ignore[arg-type]
 
 
-def train_json_format(config: Path, device: torch.device) -> tuple[str, bool]:
+def train_json_format(config: Path, host: Host) -> tuple[str, bool]:
     """train.json's recorded format, and whether the trained model was in channels_last."""
     cfg = load(config)
-    loop = build_loop(cfg, config.parent, 0, 1, runtime_of(cfg, device), StopRequest())
+    runtime = Runtime.resolve(cfg.train, cfg.model.arch, host, training=True)
+    loop = build_loop(cfg, config.parent, 0, 1, runtime, StopRequest())
     loop.log.close()
     used = model_is_channels_last(loop.trainer.model)
-    return run(cfg, config.parent, 0, 1, device)["provenance"]["channels_last"], used
+    return run(cfg, config.parent, 0, 1, runtime)["provenance"]["channels_last"], used
 
 
 @pytest.mark.parametrize(("setting", "expected"), [("auto", "false"), ("true", "true")])
@@ -93,7 +94,7 @@ def test_train_json_records_the_resolved_format(
         tiny_demo, tmp_path / "run", "train.max_updates=2", f"train.channels_last={setting}",
         arch="deeplab",
     )  # fmt: skip
-    recorded, used = train_json_format(config, CPU)
+    recorded, used = train_json_format(config, CPU_HOST)
     assert recorded == expected and used is (expected == "true")
 
 
@@ -109,5 +110,5 @@ def test_auto_resolves_per_architecture_on_cuda(
     config = resolve_config(
         tiny_demo, tmp_path / "run", "train.max_updates=2", "train.channels_last=auto", arch=arch
     )
-    recorded, used = train_json_format(config, torch.device("cuda"))
+    recorded, used = train_json_format(config, Host(gpus=1, local_rank=0))
     assert recorded == expected and used is (expected == "true")

@@ -19,9 +19,10 @@ import torch
 from conftest import TinyDemo
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
-from training_runs import resolve_config
+from training_runs import cpu_runtime, resolve_config
 
-from emb.training.loop import build_loop, fit, runtime_of
+from emb.models.runtime import Host, Runtime
+from emb.training.loop import build_loop, fit
 from emb.training.run_config import load
 from emb.training.stop_request import StopRequest
 
@@ -91,8 +92,7 @@ def test_steps_that_do_not_log_make_no_host_read(tiny_demo: TinyDemo, tmp_path, 
         "train.val_every_updates=null", "ema.enabled=true", "train.patience=1000", arch=arch,
     )  # fmt: skip
     cfg = load(config)
-    loop = build_loop(cfg, run_dir, 0, 1, runtime_of(cfg, torch.device("cpu")),
-                      StopRequest(check_every=CHECK_EVERY))  # fmt: skip
+    loop = build_loop(cfg, run_dir, 0, 1, cpu_runtime(cfg), StopRequest(check_every=CHECK_EVERY))
     counter, reads = ReadCounter(), {}
     step = loop.trainer.train_step
 
@@ -126,7 +126,8 @@ def test_quiet_steps_pass_cuda_sync_debug_mode_error(tiny_demo: TinyDemo, tmp_pa
         "train.precision=bf16", arch="deeplab",
     )  # fmt: skip
     cfg = load(config)
-    loop = build_loop(cfg, run_dir, 0, 1, runtime_of(cfg, torch.device("cuda")), StopRequest())
+    cuda = Runtime.resolve(cfg.train, cfg.model.arch, Host(gpus=1, local_rank=0), training=True)
+    loop = build_loop(cfg, run_dir, 0, 1, cuda, StopRequest())
     stream = iter(loop.epoch_batches(0, start_batch=0))  # pinned batches, copied one ahead
     loop.trainer.train_step([next(stream)])  # the first step allocates and picks kernels
     next(stream)  # the pinned pool's first buffers (page-locking is a synchronising call)

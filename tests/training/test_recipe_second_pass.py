@@ -20,12 +20,13 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import yaml
 from conftest import REPO, TINY, TinyDemo, venv_env
-from training_runs import resolve_config, train_here, unstamped
+from training_runs import cpu_runtime, resolve_config, train_here, unstamped
 
 from emb.prep.shards import build_region
-from emb.prep.tiles import SplitSpec, TileSpec
+from emb.prep.spatial_split import SplitSpec
+from emb.prep.tiles import TileSpec
 from emb.training.ema import ModelEma
-from emb.training.loop import build_trainer, runtime_of
+from emb.training.loop import build_trainer
 from emb.training.run_config import TrainConfig, load
 from emb.training.run_log import RunLog
 from emb.training.schedule import build_plan, lr_warnings
@@ -111,7 +112,7 @@ def test_ema_warmup_is_a_config_key_and_the_loop_honours_it(
     cfg = load(config)
     assert cfg.ema.warmup is False
     plan = build_plan(cfg, tiny_demo.manifest("aef")["splits"]["train"], 1)
-    _, ema = build_trainer(cfg, plan, [1] * 61, 1, runtime_of(cfg, torch.device("cpu")))
+    _, ema = build_trainer(cfg, plan, [1] * 61, 1, cpu_runtime(cfg))
     assert ema is not None and ema.current_decay() == cfg.ema.decay
 
 
@@ -146,7 +147,7 @@ def _two_ranks(rank: int, run_dir: str, config: str, samples: int, out: str) -> 
     try:
         cfg = load(Path(config))
         trainer, _ = build_trainer(cfg, build_plan(cfg, even_split(samples, 2), 2), [1] * 61, 2,
-                                   runtime_of(cfg, torch.device("cpu")))  # fmt: skip
+                                   cpu_runtime(cfg))  # fmt: skip
         log = RunLog(Path(run_dir), rank, cfg)
         losses = {"l1": 1.0 + rank, "l2": 2.0 + rank, "l3": 3.0 + 3 * rank}
         for step, shift in ((1, -2.0), (2, 2.0)):  # the line averages the steps since the last

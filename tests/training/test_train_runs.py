@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import TinyDemo, venv_env
-from training_runs import assert_bitwise_equal, interrupt, resolve_config, train_here
+from training_runs import assert_bitwise_equal, cpu_runtime, interrupt, resolve_config, train_here
 
 from emb.training import checkpoint_file
 from emb.training.checkpoint_file import CheckpointError
-from emb.training.loop import build_loop, run, runtime_of
+from emb.training.loop import build_loop, run
 from emb.training.run_config import load
 from emb.training.stop_request import StopRequest
 
@@ -77,13 +77,13 @@ def test_restart_false_with_init_from_loads_weights_only(finished, tiny_demo, tm
     )  # fmt: skip
     cfg = load(config)
     (tmp_path / "tuned" / "last.pt").write_bytes(b"ignored: restart is false")
-    loop = build_loop(cfg, config.parent, 0, 1, runtime_of(cfg, torch.device("cpu")), StopRequest())
+    loop = build_loop(cfg, config.parent, 0, 1, cpu_runtime(cfg), StopRequest())
     loop.log.close()
     source = checkpoint_file.load(source_dir / "best.pt")  # selected by its EMA weights
     assert_bitwise_equal(loop.trainer.model.state_dict(), source["ema"], "model")
     assert_bitwise_equal(loop.trainer.ema.module.state_dict(), source["ema"], "ema")
     assert loop.trainer.step == 0 and loop.trainer.optimizer.state_dict()["state"] == {}
-    summary = run(cfg, config.parent, 0, 1, torch.device("cpu"))
+    summary = run(cfg, config.parent, 0, 1, cpu_runtime(cfg))
     state = checkpoint_file.load(tmp_path / "tuned" / "last.pt")
     assert state["step"] == summary["steps"] < 2 * summary["steps"] + 1  # a fresh schedule
     assert state["loader"] == {"epoch": 1, "batch": 0}

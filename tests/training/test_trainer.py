@@ -21,6 +21,7 @@ from torch.nn.parallel import DistributedDataParallel
 from emb.classes import N_L1, N_L2, N_L3
 from emb.loading.dequantize import Dequantize
 from emb.models import ModelConfig, build_model
+from emb.models.runtime import Runtime
 from emb.training import checkpoint_file
 from emb.training.ema import ModelEma
 from emb.training.loss import HierarchyTargets, MultiHeadLoss, class_weights_from_histogram
@@ -68,10 +69,11 @@ def make_trainer(model: nn.Module, class_map, lr: float = 1e-2, total: int = 50,
     optimizer = kw.pop("optimizer", partial(torch.optim.AdamW, fused=True))
     opt = optimizer(model.parameters(), lr=lr)
     sched = warmup_cosine(opt, 3, total, lr, 1e-4, kw.pop("cooldown", 0))
-    kw.setdefault("precision", "fp32")
+    runtime = Runtime(torch.device("cpu"), kw.pop("precision", "fp32"))
+    ema = kw.pop("ema", None)  # the rest: train: settings, the schema's defaults where not given
     return Trainer(
         model, MultiHeadLoss(WEIGHTS, 0.05), HierarchyTargets(class_map), Dequantize("aef"),
-        opt, sched, torch.device("cpu"), **kw,
+        opt, sched, runtime, LoopConfig(precision=runtime.precision, **kw), ema,
     )  # fmt: skip
 
 
@@ -171,8 +173,23 @@ def test_bf16_has_no_grad_scaler_and_fp16_has_one(class_map) -> None:
     assert isinstance(fp16.scaler, torch.amp.GradScaler)
     with pytest.raises(ValueError, match="bf16"):
         make_trainer(GroupNormNet(), class_map, precision="bf16", grad_scaler=True)
-    assert not LoopConfig(precision="bf16").uses_grad_scaler
-    assert LoopConfig(precision="fp16").uses_grad_scaler
+    assert not LoopConfig(precision="bf16").grad_scaler_with("bf16")
+    assert LoopConfig(precision="fp16").grad_scaler_with("fp16")
+    # an fp16 run on a CPU runs fp32 (the runtime's precision): no GradScaler unless asked
+    assert not LoopConfig(precision="fp16").grad_scaler_with("fp32")
+    assert LoopConfig(precision="fp16", grad_scaler=True).grad_scaler_with("fp32")
+
+
+def test_an_fp16_config_on_a_cpu_runs_fp32_without_a_grad_scaler(class_map) -> None:
+    """The GradScaler follows the runtime's precision (a CPU runs fp32), not the config's."""
+    model = GroupNormNet()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    trainer = Trainer(
+        model, MultiHeadLoss(WEIGHTS), HierarchyTargets(class_map), Dequantize("aef"), opt,
+        warmup_cosine(opt, 1, 10, 0.1, 0.01), Runtime(torch.device("cpu"), "fp32"),
+        LoopConfig(precision="fp16"), None,
+    )  # fmt: skip
+    assert trainer.scaler is None and trainer.precision == "fp32"
 
 
 def test_config_asking_grad_scaler_with_bf16_is_refused() -> None:

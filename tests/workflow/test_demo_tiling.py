@@ -8,7 +8,7 @@ from conftest import REPO
 
 from emb.evaluation.bootstrap import BootstrapSettings
 from emb.prep.demo_region import DEMO_REGIONS, EMB_RES
-from emb.prep.tiles import SplitSpec, assign_blocks, blocks_in
+from emb.prep.spatial_split import SplitSpec, assign_blocks, blocks_in
 
 
 def test_the_demo_split_draws_at_least_the_interval_floor_of_test_blocks_per_run() -> None:

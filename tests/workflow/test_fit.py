@@ -1,11 +1,12 @@
-"""What a SLURM job or group asks for, and the check of it against a node (emb.workflow.fit),
-and the measured memory and time of the CPU stages (emb.workflow.resources)."""
+"""What a SLURM job or group asks for, and the check of it against a node
+(emb.workflow.cluster_fit), and the measured memory and time of the CPU stages
+(emb.workflow.resources)."""
 
 from __future__ import annotations
 
 import pytest
 
-from emb.workflow.fit import (
+from emb.workflow.cluster_fit import (
     FitError,
     Node,
     Request,

@@ -19,10 +19,15 @@ from rasterio.crs import CRS
 from emb.evaluation.windows import PredictSettingsError
 from emb.prep.demo_region import DEMO_REGIONS, write_region
 from emb.prep.footprints import Footprint
-from emb.prep.regions import RegionChecks
-from emb.prep.tiles import BlockGround, SplitBlocksError, TilingError, check_blocks_hold_splits
-from emb.workflow.regions import RegionTable, check_split_blocks, demo_rasters
-from emb.workflow.runs import check_windows
+from emb.prep.spatial_split import (
+    BlockGround,
+    SplitBlocksError,
+    TilingError,
+    check_blocks_hold_splits,
+)
+from emb.workflow.region_checks import RegionChecks
+from emb.workflow.region_table import RegionTable, check_split_blocks, demo_rasters
+from emb.workflow.run_configs import check_windows
 
 SCHEMA_CONFIG = yaml.safe_load((REPO / "config/config.yaml").read_text())
 SEGFORMER = {"model": {"arch": "segformer", "widths": [16, 32, 64, 128]}}

@@ -1,5 +1,5 @@
 """The regions table's answers behind the workflow's input functions and params
-(emb.workflow.regions), asked directly: before, only dry runs of the whole workflow reached
+(emb.workflow.region_table), asked directly: before, only dry runs of the whole workflow reached
 the demo's rasters, the wildcard pattern, the demo tiling, the split draw, the .npy tile's
 inputs, the jobs' table and predict's rasters."""
 
@@ -13,9 +13,10 @@ import pytest
 import yaml
 from conftest import REPO
 
-from emb.prep.regions import RegionChecks, read_regions
-from emb.workflow import regions
-from emb.workflow.regions import RegionTable
+from emb.prep.regions import read_regions
+from emb.workflow import region_table
+from emb.workflow.region_checks import RegionChecks
+from emb.workflow.region_table import RegionTable
 
 ROWS = """region\tyear\taef\ttessera\tcdl\tsplit
 demo_a\t2024\tresources/demo/demo_a/aef.tif\tresources/demo/demo_a/tessera.tif\tc/a.tif\tauto
@@ -39,17 +40,17 @@ def npy(tmp_path: Path) -> Path:
 def table(tmp_path: Path, npy: Path) -> RegionTable:
     path = tmp_path / "regions.tsv"
     path.write_text(ROWS.format(npy=npy), encoding="utf-8")
-    return RegionTable(read_regions(path), generated=regions.demo_rasters())
+    return RegionTable(read_regions(path), generated=region_table.demo_rasters())
 
 
 def test_the_demo_rasters_are_those_rule_demo_region_writes() -> None:
-    rasters = regions.demo_rasters()
+    rasters = region_table.demo_rasters()
     assert rasters[:3] == [f"resources/demo/demo_a/{k}.tif" for k in ("aef", "tessera", "cdl")]
-    assert len(rasters) == 3 * len(regions.DEMO_NAMES) == 6
+    assert len(rasters) == 3 * len(region_table.DEMO_NAMES) == 6
 
 
 def test_a_wildcard_pattern_matches_its_names_exactly_dots_included() -> None:
-    pattern = re.compile(regions.one_of(["field.2024", "demo_a"]))
+    pattern = re.compile(region_table.one_of(["field.2024", "demo_a"]))
     assert pattern.fullmatch("field.2024") and pattern.fullmatch("demo_a")
     assert not pattern.fullmatch("fieldX2024")  # an unescaped dot would match any character
     assert not pattern.fullmatch("demo_a/x")
@@ -61,10 +62,10 @@ def test_demo_data_gets_the_demo_overlay_over_the_schemas_tiling_and_your_data_d
         "splits": {"block_m": 5120},
         "demo": {"overlay": {"tiles": {"size": 32, "stride": 32}}},
     }
-    demo = regions.data_settings(config, "tiles", demo=True)
+    demo = region_table.data_settings(config, "tiles", demo=True)
     assert demo == {"size": 32, "stride": 32, "min_valid": 0.5}
-    assert regions.data_settings(config, "tiles", demo=False) == config["tiles"]
-    assert regions.data_settings(config, "splits", demo=True) == {"block_m": 5120}
+    assert region_table.data_settings(config, "tiles", demo=False) == config["tiles"]
+    assert region_table.data_settings(config, "splits", demo=True) == {"block_m": 5120}
 
 
 GIVEN_TILES = [
@@ -85,7 +86,7 @@ def test_a_tile_size_given_alone_tiles_without_gaps(given: dict, stride: int) ->
     config = yaml.safe_load((REPO / "config/config.yaml").read_text())
     update_config(config, {"tiles": given})
     validate(config, str(REPO / "workflow/schemas/config.schema.yaml"))
-    tiles = regions.data_settings(config, "tiles", demo=False)
+    tiles = region_table.data_settings(config, "tiles", demo=False)
     assert (tiles["size"], tiles["stride"]) == (given.get("size", 256), stride)
 
 
@@ -110,9 +111,9 @@ def test_a_null_stride_is_the_tile_size_of_the_tiling_in_force_the_demo_overlays
     update_config(config, {"tiles": base})
     config["demo"]["overlay"]["tiles"] = overlay  # as config.yaml would write it
     validate(config, str(REPO / "workflow/schemas/config.schema.yaml"))
-    demo = regions.data_settings(config, "tiles", demo=True)
+    demo = region_table.data_settings(config, "tiles", demo=True)
     assert (demo["size"], demo["stride"]) == tiling
-    own = regions.data_settings(config, "tiles", demo=False)
+    own = region_table.data_settings(config, "tiles", demo=False)
     assert own["size"] == own["stride"] == base.get("size", 256)
 
 
@@ -123,9 +124,9 @@ def test_the_years_of_one_ground_share_a_split_draw_over_their_extent() -> None:
     )
     shared = {"key": "field_2024", "extent": "500000.000000,4000000.000000,500640.000000,"
               "4000320.125000"}  # fmt: skip
-    assert regions.split_group(checks, "aef", "field_2025") == shared
-    assert regions.split_group(checks, "aef", "field_2024") == shared
-    assert regions.split_group(checks, "tessera", "field_2025") == {
+    assert region_table.split_group(checks, "aef", "field_2025") == shared
+    assert region_table.split_group(checks, "aef", "field_2024") == shared
+    assert region_table.split_group(checks, "tessera", "field_2025") == {
         "key": "field_2025",
         "extent": "",
     }
@@ -152,6 +153,6 @@ def test_predict_reads_every_mapped_regions_job_raster(table: RegionTable) -> No
 def test_the_jobs_table_is_written_with_its_count(table: RegionTable, tmp_path: Path) -> None:
     rows = table.jobs_table().to_csv(sep="\t", index=False)
     out, log = tmp_path / "regions.tsv", tmp_path / "regions_table.log"
-    regions.write_jobs_table(str(out), str(log), rows)
+    region_table.write_jobs_table(str(out), str(log), rows)
     assert out.read_text(encoding="utf-8") == rows
     assert log.read_text() == f"wrote {out}: 3 regions\n"

@@ -1,4 +1,4 @@
-"""The workflow's questions about the regions table (emb.workflow.regions), asked directly:
+"""The workflow's questions about the regions table (emb.workflow.region_table), asked directly:
 before, only dry runs of the whole workflow reached these answers."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from emb.prep.regions import is_predict_only, read_regions
-from emb.workflow.regions import RegionTable
+from emb.workflow.region_table import RegionTable
 
 DEMO = ["resources/demo/demo_a/aef.tif", "resources/demo/demo_b/aef.tif"]
 ROWS = """region\tyear\taef\ttessera\tcdl\tsplit

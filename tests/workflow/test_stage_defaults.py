@@ -16,7 +16,8 @@ import yaml
 import emb
 from emb import config_schema
 from emb.config_schema import SchemaError, config_default
-from emb.prep.tiles import SPLITS, SplitSpec, TileSpec
+from emb.prep.spatial_split import SPLITS, SplitSpec
+from emb.prep.tiles import TileSpec
 
 SRC = Path(emb.__file__).resolve().parent  # the package under test (a copy's, if first)
 SCHEMA = SRC.parents[1] / "workflow" / "schemas" / "config.schema.yaml"
@@ -129,7 +130,7 @@ def test_the_tiling_dataclasses_state_their_scale_and_default_the_rest_to_the_sc
         SplitSpec()  # type: ignore[call-arg]
     tile = TileSpec(schema_default("tiles.size"))
     split = SplitSpec(schema_default("splits.block_m"))
-    assert tile.stride is None and tile.min_valid == schema_default("tiles.min_valid")
+    assert tile.stride == tile.size and tile.min_valid == schema_default("tiles.min_valid")
     assert split.fractions == dict(zip(SPLITS, schema_default("splits.fractions"), strict=True))
     assert (split.seed, split.buffer_m) == (schema_default("splits.seed"),
                                            schema_default("splits.buffer_m"))  # fmt: skip

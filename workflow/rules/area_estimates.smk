@@ -4,14 +4,12 @@ from emb.workflow import samples
 
 # A user's sample: drawn by `snakemake results/samples/{run}/sample.csv` (not in `all`), and
 # once labelled (area_estimates.labelled) estimated for every run.
-try:
+with as_workflow_error((samples.SampleSettingsError,)):
     LABELLED = samples.labelled_inputs(config["area_estimates"]["labelled"])
     SAMPLE_REGIONS = samples.regions_per_run(
         config["area_estimates"]["design_regions"],
         {run: TABLE.mapped_regions(RUN_SOURCE[run]) for run in RUNS},
     )
-except samples.SampleSettingsError as err:
-    raise WorkflowError(str(err)) from None
 
 
 rule area_estimates:

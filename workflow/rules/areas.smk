@@ -7,7 +7,7 @@
 # given as geotessera .npy are converted to GeoTIFFs here first, once per tile.
 import json
 
-from emb.workflow.areas import (
+from emb.workflow.area_plan import (
     age_stale_markers,
     fetch_collections,
     fetch_url,

@@ -1,7 +1,9 @@
 # Validation, the parsed tables and the input functions; runs before any job starts, top to
 # bottom. The decisions live in tested code, all in the package emb.workflow (docs/design.md):
-# the regions table's answers in regions, the runs' files and configs in runs, the profile's
-# checks in profile, the report's targets in report_targets, stages' options in stage_options.
+# the regions' checks in region_checks, the table's answers in region_table, the runs' files and
+# configs in run_configs, the profile's checks in profile, the report's targets in
+# report_targets, stages' options in stage_options; a user's mistake found here is one line
+# (errors.as_workflow_error: Snakemake's WorkflowError, no traceback).
 import os
 from pathlib import Path
 
@@ -11,15 +13,14 @@ from snakemake.exceptions import WorkflowError
 from snakemake.settings.types import DeploymentMethod
 from snakemake.utils import validate
 
-from emb.workflow import profile, regions, runs
+from emb.workflow import profile, region_table, run_configs
 from emb.workflow import report_targets as targets
-from emb.workflow.areas import empty_regions, plan_from_config, planned_footprints
-from emb.workflow.errors import USER_ERRORS
-from emb.workflow.regions import (
+from emb.workflow.area_plan import empty_regions, plan_from_config, planned_footprints
+from emb.workflow.errors import as_workflow_error
+from emb.workflow.region_checks import check_predict_only, check_regions
+from emb.workflow.region_table import (
     DEMO_NAMES,
     RegionTable,
-    check_predict_only,
-    check_regions,
     demo_rasters,
     one_of,
     read_regions,
@@ -31,21 +32,18 @@ validate(config, "../schemas/config.schema.yaml")
 
 # The regions: the table's rows, then those planned from config areas: over tile collections
 # (workflow/rules/areas.smk writes their VRTs; the planner has checked their tiles).
-try:
+UNREADABLE = (ValueError, KeyError, OSError)  # RegionsError, pandas, decoding
+with as_workflow_error(UNREADABLE, f"regions table {config['regions']}: "):
     REGIONS = read_regions(config["regions"]) if config["regions"] else empty_regions()
-except (ValueError, KeyError, OSError) as err:  # RegionsError, pandas, decoding
-    raise WorkflowError(f"regions table {config['regions']}: {err}") from None
-try:
+with as_workflow_error():
     AREAS = plan_from_config(config)
-except USER_ERRORS as err:
-    raise WorkflowError(str(err)) from None
 AREA_VRTS = AREAS.vrts() if AREAS else []
 if AREAS:
     REGIONS = pd.concat([REGIONS, AREAS.rows()])
 validate(REGIONS, "../schemas/regions.schema.yaml")
 REGIONS_FILE = Path(config["regions"] or config["areas"])
 DEMO_FILES = demo_rasters()
-try:
+with as_workflow_error():
     # sizes (the demo's own rasters, not made yet, count as 0) and split groups of the rasters
     CHECKS = check_regions(
         REGIONS,
@@ -53,8 +51,6 @@ try:
         generated=DEMO_FILES + AREA_VRTS,
         planned=planned_footprints(AREAS, config["areas"]) if AREAS else None,
     )
-except USER_ERRORS as err:
-    raise WorkflowError(str(err)) from None
 RASTER_PIXELS = CHECKS.pixels
 if AREAS:  # the areas' VRTs, not written yet: their parts' extents
     RASTER_PIXELS.update(AREAS.pixels())
@@ -69,20 +65,24 @@ def profile_resource(rule, name):
 # its config as train_config will resolve it; each prediction job's minutes from its regions'
 # megapixels (refused beyond the partition's limit).
 RUNS = config["runs"]
-TRAIN_SCHEMA = runs.schema_path(Path(workflow.basedir))
-OVERLAYS = runs.shared_overlays(
+TRAIN_SCHEMA = run_configs.schema_path(Path(workflow.basedir))
+OVERLAYS = run_configs.shared_overlays(
     config["train_overlays"], profile_resource("train_config", "train_overlay")
 )
-try:
+with as_workflow_error():
     profile.check_gpu_partitions(workflow.resource_settings)
-    RUN_SOURCE = {run: runs.run_source(run, Path(TRAIN_SCHEMA)) for run in RUNS}
+    RUN_SOURCE = {run: run_configs.run_source(run, Path(TRAIN_SCHEMA)) for run in RUNS}
     check_predict_only(REGIONS, REGIONS_FILE, RUN_SOURCE)
     RUN_FILES = {
-        run: runs.config_files(run, TABLE.is_demo_data(RUN_SOURCE[run]), OVERLAYS)
+        run: run_configs.config_files(
+            run, TABLE.is_demo_data(RUN_SOURCE[run]), OVERLAYS
+        )
         for run in RUNS
     }
     RUN_CONFIG = {
-        run: runs.resolve_run(run, RUN_FILES[run], Path(TRAIN_SCHEMA), RUN_SOURCE[run])
+        run: run_configs.resolve_run(
+            run, RUN_FILES[run], Path(TRAIN_SCHEMA), RUN_SOURCE[run]
+        )
         for run in RUNS
     }
     PREDICT_MINUTES = {
@@ -94,16 +94,13 @@ try:
         )
         for run in RUNS
     }
-except USER_ERRORS as err:
-    raise WorkflowError(str(err)) from None
-try:  # the tiles and windows each run's model must map; the tiling has no gaps
-    runs.check_windows(config, TABLE, RUN_SOURCE, RUN_CONFIG)
-except USER_ERRORS as err:
-    raise WorkflowError(str(err)) from None
-try:  # a split block larger than the regions: every split needs one (after the runs' checks)
-    regions.check_split_blocks(CHECKS, TABLE, config, REGIONS_FILE, RUN_SOURCE.values())
-except USER_ERRORS as err:
-    raise WorkflowError(str(err)) from None
+with as_workflow_error():  # the tiles and windows each run's model must map; no gaps
+    run_configs.check_windows(config, TABLE, RUN_SOURCE, RUN_CONFIG)
+# a split block larger than the regions: every split needs one (after the runs' checks)
+with as_workflow_error():
+    region_table.check_split_blocks(
+        CHECKS, TABLE, config, REGIONS_FILE, RUN_SOURCE.values()
+    )
 
 
 wildcard_constraints:
@@ -118,7 +115,7 @@ def train_config_files(run):
 
 
 def data_settings(source, section):
-    return regions.data_settings(config, section, TABLE.is_demo_data(source))
+    return region_table.data_settings(config, section, TABLE.is_demo_data(source))
 
 
 def get_emb(wildcards):
@@ -138,7 +135,7 @@ def get_split(wildcards):
 
 
 def split_group(wildcards):
-    return regions.split_group(CHECKS, wildcards.source, wildcards.region)
+    return region_table.split_group(CHECKS, wildcards.source, wildcards.region)
 
 
 def get_region_indexes(wildcards):
@@ -147,7 +144,7 @@ def get_region_indexes(wildcards):
 
 
 def loader_workers(wildcards):
-    return runs.loader_workers(RUN_CONFIG.values(), wildcards.source)
+    return run_configs.loader_workers(RUN_CONFIG.values(), wildcards.source)
 
 
 def validation_batches(wildcards):
@@ -156,18 +153,16 @@ def validation_batches(wildcards):
 
 def training_ranks(wildcards):
     """Processes of one training job as the profile submits it (rule train's resources)."""
-    try:
+    with as_workflow_error():
         return profile.launched_processes(rules.train.rule.resources, "train")
-    except USER_ERRORS as err:
-        raise WorkflowError(str(err)) from None
 
 
 def get_run_inputs(wildcards):
-    return runs.train_inputs(wildcards.run, RUN_SOURCE[wildcards.run])
+    return run_configs.train_inputs(wildcards.run, RUN_SOURCE[wildcards.run])
 
 
 def run_manifest(wildcards):
-    return runs.train_inputs(wildcards.run, RUN_SOURCE[wildcards.run])["manifest"]
+    return get_run_inputs(wildcards)["manifest"]
 
 
 def predict_runtime(wildcards):

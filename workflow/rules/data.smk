@@ -32,7 +32,7 @@ rule regions_table:
     params:
         rows=lambda wildcards: TABLE.jobs_table().to_csv(sep="\t", index=False),
     run:
-        regions.write_jobs_table(output[0], log[0], params.rows)
+        region_table.write_jobs_table(output[0], log[0], params.rows)
 
 
 rule align_labels:

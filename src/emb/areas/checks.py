@@ -11,7 +11,7 @@ from rasterio.errors import RasterioIOError
 
 from emb.areas import AreasError
 from emb.areas.areas_file import Area
-from emb.areas.index import AEF_YEARS, TESSERA_YEARS, AefIndex, Tile
+from emb.areas.index import AEF_YEARS, TESSERA_YEARS, AefIndex, CollectionTile
 from emb.areas.tiffhead import Header, read_header
 from emb.geo import DENSIFY_DEG, WGS84, reproject, utm_epsg
 from emb.rasters import BANDS, DTYPES
@@ -67,7 +67,7 @@ def check_tessera_year(where: str, year: int) -> None:
 
 
 def check_tile(
-    where: str, source: str, tile: Tile, listed_in: object, fetching: bool
+    where: str, source: str, tile: CollectionTile, listed_in: object, fetching: bool
 ) -> Header | None:
     """The file against what the index promises: present, its CRS, size, extent, bands and
     type. Returns its header (None: absent, left to the fetch); the planner keeps it."""

@@ -38,7 +38,7 @@ from rasterio.windows import Window
 from emb import cli
 from emb.areas import AreasError
 from emb.areas.checks import check_tile
-from emb.areas.index import Tile, check_in_folder
+from emb.areas.index import CollectionTile, check_in_folder
 from emb.areas.plan import plan_areas
 from emb.config_schema import config_option
 from emb.io import atomic_path
@@ -58,7 +58,7 @@ class FetchError(AreasError):
     error (one line, exit code 2), not a bug; a rerun resumes."""
 
 
-def check_inside(folder: Path, tiles: list[Tile], listed_in: str) -> None:
+def check_inside(folder: Path, tiles: list[CollectionTile], listed_in: str) -> None:
     """Every destination inside ``folder``, before any request (the plan refused such rows
     already, while the workflow was parsed; a stage run by hand checks again)."""
     for tile in tiles:
@@ -258,7 +258,7 @@ def _decoded(part: Path, served: Served, url: str) -> tuple[Path, str]:
     return plain, encoding
 
 
-def check_digests(tile: Tile, part: Path, ready: Path, encoding: str, served: Served,
+def check_digests(tile: CollectionTile, part: Path, ready: Path, encoding: str, served: Served,
                   url: str) -> None:  # fmt: skip
     """Every digest the server states matches the bytes as received, or (for an encoded
     answer) the decoded bytes: servers differ in which they hash (GCS the stored object, which
@@ -283,7 +283,9 @@ def check_digests(tile: Tile, part: Path, ready: Path, encoding: str, served: Se
     )
 
 
-def verify(tile: Tile, part: Path, served: Served, url: str, source: str, listed_in) -> Path:
+def verify(
+    tile: CollectionTile, part: Path, served: Served, url: str, source: str, listed_in
+) -> Path:
     """The downloaded part checked, before it may take the tile's path: decoded if sent
     gzipped, its bytes against every digest the server states (CRC32C, MD5; or, with
     neither, every block decoded), its header against the index row. Returns the file to
@@ -300,7 +302,7 @@ def verify(tile: Tile, part: Path, served: Served, url: str, source: str, listed
 
 
 def fetch_tiles(
-    tiles: list[Tile],
+    tiles: list[CollectionTile],
     base: str,
     source: str,
     workers: int,
@@ -315,7 +317,7 @@ def fetch_tiles(
     progress = Progress(len(tiles), "tiles", f"fetch {source}", log)
     totals = {"bytes": 0}
 
-    def one(tile: Tile) -> None:
+    def one(tile: CollectionTile) -> None:
         url = tile_url(base, tile.key)
         for attempt in range(1, ATTEMPTS + 1):
             try:

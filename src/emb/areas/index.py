@@ -48,7 +48,7 @@ ZONE_DIR = re.compile(r"^\d{1,2}[NS]$")
 
 
 @dataclass
-class Tile:
+class CollectionTile:
     """One file a VRT lists: where it is (or will be, once fetched) and what it must be."""
 
     path: Path
@@ -191,7 +191,7 @@ def aef_local_path(folder: Path, path: str) -> tuple[Path, str]:
     return folder / key, key
 
 
-def check_in_folder(folder: Path, tile: Tile, listed_in: str | Path) -> None:
+def check_in_folder(folder: Path, tile: CollectionTile, listed_in: str | Path) -> None:
     """The tile's place lies inside the collection's ``folder`` (after ``..`` and symlinks):
     an index row such as ``../../x.tiff`` must not be read from, or fetched to, outside it."""
     root = folder.resolve()

@@ -33,7 +33,7 @@ from emb.areas.checks import (
 from emb.areas.index import (
     AEF_RESOLUTION,
     AefIndex,
-    Tile,
+    CollectionTile,
     aef_local_path,
     cdl_tiles,
     check_in_folder,
@@ -54,7 +54,7 @@ class Mosaic:
     source: str
     vrt: str
     crs: str
-    tiles: list[Tile]
+    tiles: list[CollectionTile]
     cutline: BaseGeometry | None  # the part in ``crs`` (None: no mask, a CDL)
 
     def resolution(self) -> float:
@@ -121,10 +121,10 @@ class AreaPlan:
                 sizes[m.vrt] = (math.ceil((e - w) / res) + 1) * (math.ceil((n - s) / res) + 1)
         return sizes
 
-    def converted(self) -> list[Tile]:
+    def converted(self) -> list[CollectionTile]:
         """TESSERA tiles given as geotessera ``.npy``, each once: rule areas writes their
         GeoTIFFs (under :data:`NPY_OUT`) before the VRTs that list them."""
-        seen: dict[Path, Tile] = {}
+        seen: dict[Path, CollectionTile] = {}
         for r in self.regions:
             m = r.mosaics.get("tessera")
             for t in m.tiles if m else ():
@@ -132,9 +132,9 @@ class AreaPlan:
                     seen.setdefault(t.path, t)
         return list(seen.values())
 
-    def missing(self, source: str) -> list[Tile]:
+    def missing(self, source: str) -> list[CollectionTile]:
         """Tiles of ``source`` not in the folder yet (what a fetch downloads), once each."""
-        seen: dict[Path, Tile] = {}
+        seen: dict[Path, CollectionTile] = {}
         for r in self.regions:
             m = r.mosaics.get(source)
             for t in m.tiles if m else ():
@@ -214,7 +214,7 @@ def plan_areas(areas_file: str | Path, collections: Mapping) -> AreaPlan:
 
 def _aef_tiles(
     where: str, zone: str, year: int, part, part_utm, index: AefIndex, folder: Path, fetching: bool
-) -> list[Tile]:
+) -> list[CollectionTile]:
     rows = index.select(year, zone, part)
     f = index.frame.iloc[rows]
     boxes = shapely.box(f["utm_west"], f["utm_south"], f["utm_east"], f["utm_north"])
@@ -227,7 +227,7 @@ def _aef_tiles(
             round((rec.utm_north - rec.utm_south) / AEF_RESOLUTION),
         )
         extent = (rec.utm_west, rec.utm_south, rec.utm_east, rec.utm_north)
-        tile = Tile(path, key, str(rec.crs), size, bounds=extent)
+        tile = CollectionTile(path, key, str(rec.crs), size, bounds=extent)
         check_in_folder(folder, tile, index.file)
         tile.header = check_tile(where, "aef", tile, index.file, fetching)
         tiles.append(tile)
@@ -253,7 +253,7 @@ def _plan_cdl(where: str, plan: RegionPlan, out: str, collection: Mapping) -> No
         for header in chosen:
             check_cdl_tile_year(where, header, plan.year)
         check_gap(where, "CDL", path, part, boxes[keep], CRS.from_user_input(crs))
-        tiles = [Tile(h.path, h.path.name, crs.to_string(), header=h) for h in chosen]
+        tiles = [CollectionTile(h.path, h.path.name, crs.to_string(), header=h) for h in chosen]
         plan.mosaics["cdl"] = Mosaic("cdl", f"{out}/cdl.vrt", crs.to_string(), tiles, None)
         return
     try:

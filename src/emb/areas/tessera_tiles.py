@@ -12,7 +12,7 @@ import shapely
 from emb.areas import AreasError
 from emb.areas.checks import check_tile, raise_gap
 from emb.areas.index import (
-    Tile,
+    CollectionTile,
     read_tessera_registry,
     tessera_cells,
     tessera_key,
@@ -33,14 +33,14 @@ def tessera_tiles(
     collection: Mapping,
     registry: set | None,
     fetching: bool,
-) -> list[Tile]:
+) -> list[CollectionTile]:
     folder = Path(collection["folder"])
     crs = f"EPSG:{zone_epsg(zone)}"
     tiles, absent = [], []
     for lon, lat in tessera_cells(part):
         key = tessera_key(year, lon, lat)
         listed = registry is None or (year, round(lon * 100), round(lat * 100)) in registry
-        tile = Tile(folder / key, key, crs)
+        tile = CollectionTile(folder / key, key, crs)
         npy = tessera_npy_path(folder, year, lon, lat)
         if not tile.path.exists() and npy.exists():
             tiles.append(npy_tile(where, npy, key, crs))
@@ -62,7 +62,7 @@ def tessera_tiles(
     return tiles
 
 
-def npy_tile(where: str, npy: Path, key: str, crs: str) -> Tile:
+def npy_tile(where: str, npy: Path, key: str, crs: str) -> CollectionTile:
     """A geotessera ``.npy`` tile, checked (its three files, shapes, CRS) and planned as the
     GeoTIFF rule areas converts it to; read as such once it exists."""
     try:
@@ -74,7 +74,7 @@ def npy_tile(where: str, npy: Path, key: str, crs: str) -> Tile:
             f"{npy}: {where}: its landmask is in {facts.crs.to_string()}, but the tile's cell "
             f"is in {crs}"
         )
-    tile = Tile(Path(NPY_OUT) / key, key, crs, (facts.width, facts.height), npy=npy)
+    tile = CollectionTile(Path(NPY_OUT) / key, key, crs, (facts.width, facts.height), npy=npy)
     tile.bounds = tuple(facts.bounds)
     if tile.path.exists() and tile.path.stat().st_mtime >= npy.stat().st_mtime:
         tile.header = check_tile(where, "tessera", tile, npy, fetching=False)

@@ -22,31 +22,24 @@ from rasterio.transform import array_bounds
 from emb.areas import AreasError
 from emb.areas.plan import AreaPlan, Mosaic
 from emb.areas.vrt import snap_outward
-from emb.config_schema import config_default
+from emb.prep.data_settings import tiling_in_force
 from emb.prep.regions import PREDICT
-from emb.prep.tiles import SPLITS, Ground, SplitSpec, TileSpec, count_tiles
+from emb.prep.spatial_split import SPLITS, SplitSpec
+from emb.prep.tiles import Ground, TileSpec, count_tiles
 
 TRY_SIZES = (128, 64, 32, 16, 8)  # smaller tiles a message may suggest (the schema's minimum: 8)
 TRY_MIN_VALID = (0.2, 0.15, 0.1, 0.05, 0.01)
 
 
 def specs_of(config: Mapping) -> tuple[TileSpec, SplitSpec] | None:
-    """The config's ``tiles`` as the shards stage gets them and its split blocks, each one
-    counted as training ground (None without a ``tiles`` section: a plan checked alone,
-    outside the workflow)."""
-    tiles, splits = config.get("tiles"), config.get("splits") or {}
-    if not tiles:
+    """The config's tiling as the shards stage gets it (:func:`tiling_in_force`; the areas'
+    regions are your own data: no demo overlay) and its split blocks, each one counted as
+    training ground (None without a ``tiles`` section: a plan checked alone, outside the
+    workflow)."""
+    if not config.get("tiles"):
         return None
-    # the workflow's config has every key (the schema's defaults); a partial one, the same
-    block_m = splits.get("block_m", config_default("splits.block_m"))
-    split_spec = SplitSpec(float(block_m), {"train": 1.0})
-    stride = tiles.get("stride")  # absent: equal to the size
-    tile_spec = TileSpec(
-        int(tiles.get("size", config_default("tiles.size"))),
-        None if stride is None else int(stride),
-        float(tiles.get("min_valid", config_default("tiles.min_valid"))),
-    )
-    return tile_spec, split_spec
+    tiling = tiling_in_force(config)
+    return tiling.tile_spec(), tiling.split_spec(fractions={"train": 1.0})
 
 
 def region_grid(mosaic: Mosaic) -> tuple[Affine, int, int]:
@@ -94,10 +87,10 @@ def check_tile_yield(
 def _ways_out(tile_spec: TileSpec, count: Callable[[TileSpec], int]) -> str:
     """What would give the region a tile: the largest smaller tile size (the stride scaled
     with it), the largest lower min_valid, each alone, when one does."""
-    stride = tile_spec.stride or tile_spec.size
-    sizes = [s for s in TRY_SIZES if s < tile_spec.size]
+    size, stride = tile_spec.size, tile_spec.stride
+    sizes = [s for s in TRY_SIZES if s < size]
     size_n = next(((s, n) for s in sizes if (n := count(TileSpec(
-        s, max(1, stride * s // tile_spec.size), tile_spec.min_valid)))), None)  # fmt: skip
+        s, max(1, stride * s // size), tile_spec.min_valid)))), None)  # fmt: skip
     lower = [v for v in TRY_MIN_VALID if v < tile_spec.min_valid]
     valid_n = next(((v, n) for v in lower if (n := count(replace(tile_spec, min_valid=v)))), None)
     return (

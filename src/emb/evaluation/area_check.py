@@ -152,7 +152,7 @@ def read_population(
 
 
 @dataclass(frozen=True)
-class Design:
+class CheckDesign:
     """The check's sample: strata = the map's classes at ``level``."""
 
     n: int
@@ -221,7 +221,9 @@ class LevelCheck:
     draws: int
 
 
-def check(population: Population, cmap: ClassMap, design: Design, z: float) -> list[LevelCheck]:
+def check(
+    population: Population, cmap: ClassMap, design: CheckDesign, z: float
+) -> list[LevelCheck]:
     """The check at L1, L2 and L3: ``design.draws`` seeded stratified samples (draw d from
     ``default_rng([design.seed, d])``), each estimated at every level and its intervals (``z``)
     compared with the CDL's area of the population. A draw whose standard error is missing or

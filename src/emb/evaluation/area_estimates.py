@@ -21,7 +21,7 @@ from pathlib import Path
 from emb import cli
 from emb.classes import ClassMap, load_class_map
 from emb.config_schema import config_option
-from emb.evaluation.area_check import Design, check, read_population
+from emb.evaluation.area_check import CheckDesign, check, read_population
 from emb.evaluation.area_estimator import z_of
 from emb.evaluation.area_table import (
     CHECK,
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     log.info("%s: test split of %s: %d labelled pixels (%.1f ha)", args.run, ", ".join(regions),
              len(population.mapped), len(population.mapped) * population.pixel_ha)  # fmt: skip
-    design = Design(args.n, args.min_per_class, args.level, args.seed, args.draws)
+    design = CheckDesign(args.n, args.min_per_class, args.level, args.seed, args.draws)
     z = z_of(args.confidence)
     checks = check(population, cmap, design, z)
     where = f"test split of {' + '.join(regions)}"

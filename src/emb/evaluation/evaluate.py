@@ -61,7 +61,7 @@ from emb.metrics import (
     sum_over_ranks,
     update,
 )
-from emb.models.runtime import Runtime, claim_device
+from emb.models.runtime import CPU_HOST, Host, Runtime
 from emb.progress import Progress
 from emb.provenance import digest_file, provenance
 from emb.training.loss import HierarchyTargets
@@ -116,7 +116,7 @@ def confusion_matrices(
     same counts split by spatial block (:func:`emb.evaluation.bootstrap.tile_blocks`), for the
     block bootstrap. Eval batches come in the shards' file order, so the keys are known.
     """
-    run_on = run_on or run.runtime(torch.device("cpu"))
+    run_on = run_on or run.runtime(CPU_HOST)
     device = run_on.device
     dequantize = run.dequantize().to(device)
     targets_of = HierarchyTargets(cmap).to(device)
@@ -237,7 +237,7 @@ def evaluate(
     """
     cmap = load_class_map(classes)
     run = open_run(run_dir, cmap, classes, checkpoint_name)
-    run_on = run_on or run.runtime(torch.device("cpu"))
+    run_on = run_on or run.runtime(CPU_HOST)
     manifest_path = Path(run.cfg.data.manifest)
     manifest = read_manifest(manifest_path, splits=(split,))
     run.check_in_dim(int(manifest["in_dim"]), str(manifest_path))
@@ -282,12 +282,14 @@ def evaluate(
 
 
 def evaluate_ranks(
-    args: argparse.Namespace, rank: int, world: int, local_rank: int | None
+    args: argparse.Namespace, rank: int, world: int, host: Host
 ) -> tuple[dict, pd.DataFrame, dict[str, np.ndarray]]:
-    """:func:`evaluate` on this rank's device, in a process group when there are several."""
+    """:func:`evaluate` on this rank's device (its runtime, resolved once here), in a process
+    group when there are several."""
     cmap = load_class_map(args.classes)
     run = open_run(args.run_dir, cmap, args.classes, args.checkpoint)
-    run_on = run.runtime(claim_device(args.threads, local_rank))
+    run_on = run.runtime(host)
+    run_on.occupy(args.threads)
     if world > 1:
         backend = "nccl" if run_on.device.type == "cuda" else "gloo"
         timeout = timedelta(seconds=run.cfg.train.collective_timeout_s)
@@ -347,9 +349,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="confidence level of the intervals, in (0, 1)")  # fmt: skip
     args = parser.parse_args(argv)
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    local = int(os.environ["LOCAL_RANK"]) if "LOCAL_RANK" in os.environ else None
     try:
-        record, table, cms = evaluate_ranks(args, rank, world, local)
+        record, table, cms = evaluate_ranks(args, rank, world, Host.here(os.environ))
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -55,7 +55,7 @@ from emb.evaluation.region_maps import (
 )
 from emb.evaluation.runs import RunError, TrainedRun, open_run
 from emb.evaluation.windows import MapBlock, PredictSpec, blocks, map_blocks, model_downsampling
-from emb.models.runtime import Runtime, claim_device
+from emb.models.runtime import CPU_HOST, Host, Runtime
 from emb.progress import Progress
 from emb.provenance import digest_file, provenance
 
@@ -74,7 +74,7 @@ def predict_raster(
     mapped, which GDAL then copies into COGs (the COG driver only copies); the final files
     appear atomically, complete or not at all.
     """
-    run_on = run_on or run.runtime(torch.device("cpu"))
+    run_on = run_on or run.runtime(CPU_HOST)
     raster = Path(raster)
     if not raster.is_file():
         raise RunError(f"region raster {raster} not found")
@@ -271,13 +271,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    local = int(os.environ["LOCAL_RANK"]) if "LOCAL_RANK" in os.environ else None
     cmap = load_class_map(args.classes)
     run = open_run(args.run_dir, cmap, args.classes, args.checkpoint)
     spec = PredictSpec(args.tile or run.tile_size, args.overlap, args.block, args.batch_size)
     tile = {} if args.tile else {"tile": f"the run's training tile ({run.path})"}
     spec.check(model_downsampling(run.cfg.model.arch, len(run.cfg.model.widths)), tile)
-    run_on = run.runtime(claim_device(args.threads, local))
+    run_on = run.runtime(Host.here(os.environ))  # the process's one runtime
+    run_on.occupy(args.threads)
     if args.regions is None:
         files = MapFiles(args.out, args.png, args.qml or args.out.with_suffix(".qml"),
                          args.probabilities)  # fmt: skip

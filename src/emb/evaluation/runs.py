@@ -20,7 +20,7 @@ from torch import nn
 from emb.classes import ClassMap
 from emb.loading.dequantize import Dequantize
 from emb.models import build_model
-from emb.models.runtime import Runtime
+from emb.models.runtime import Host, Runtime
 from emb.provenance import UNKNOWN, digest_file, digest_stats
 from emb.training import checkpoint_file
 from emb.training.run_config import TrainConfig
@@ -76,10 +76,11 @@ class TrainedRun:
             )
         return self.trained_tile
 
-    def runtime(self, device: torch.device) -> Runtime:
-        """The run's precision and memory format on ``device``, resolved as training resolves
-        them (:mod:`emb.models.runtime`); evaluation and prediction do not compile."""
-        return Runtime.resolve(self.cfg.train, self.cfg.model.arch, device, training=False)
+    def runtime(self, host: Host) -> Runtime:
+        """The process's device, precision and memory format on ``host`` for this run,
+        resolved by the rules training follows (:mod:`emb.models.runtime`); evaluation and
+        prediction do not compile."""
+        return Runtime.resolve(self.cfg.train, self.cfg.model.arch, host, training=False)
 
     @property
     def stats_dir(self) -> Path | None:

@@ -18,7 +18,8 @@ from emb.rasters import AEF_NODATA
 
 
 class StatsError(ValueError):
-    """Channel statistics that cannot normalize inputs."""
+    """Channel statistics that cannot be computed from the shards (:mod:`emb.prep.channel_stats`)
+    or cannot normalize inputs (a pickled, non-finite or non-positive value)."""
 
 
 def load_channel_stat(path: Path, positive: bool = False) -> np.ndarray:

@@ -35,7 +35,7 @@ def conv_bn_relu(
     )
 
 
-class Stem(nn.Module):
+class ResidualStem(nn.Module):
     """(B, in_dim, H, W) -> (B, w0, H/4, W/4): 1x1 reduction, then two 3x3/2 convs.
 
     ResNet's 7x7/2 conv + max-pool would cost 128*64*49/4 = 100k MACs per input pixel on a
@@ -87,7 +87,7 @@ class ResNetEncoder(nn.Module):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.stem = Stem(cfg.in_dim, cfg.widths[0])
+        self.stem = ResidualStem(cfg.in_dim, cfg.widths[0])
         rates = drop_path_rates(cfg.depths, cfg.drop_path)
         stages, stride, dilation, c_in = [], 4, 1, cfg.widths[0]
         for i, (width, stage_rates) in enumerate(zip(cfg.widths, rates, strict=True)):
@@ -157,7 +157,7 @@ class DeepLabV3Plus(nn.Module):
         self._init_weights()
 
     @property
-    def stem(self) -> Stem:
+    def stem(self) -> ResidualStem:
         """The layers that touch the raw input (after the optional input norm)."""
         return self.encoder.stem
 

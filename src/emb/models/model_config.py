@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from emb.models.train_defaults import schema_defaults
+
 ARCHS = ("segformer", "deeplab")
 TUPLE_FIELDS = ("widths", "depths", "aspp_rates", "num_classes")
 OUTPUT_STRIDE = 16  # DeepLab's ASPP reads a (tile / 16)-px map
@@ -22,21 +24,23 @@ def aspp_rates_for(tile_size: int) -> tuple[int, ...]:
 
 
 @dataclass(frozen=True)
+@schema_defaults("model", tuples=TUPLE_FIELDS)
 class ModelConfig:
-    """Model hyper-parameters; ``ModelConfig(**yaml_dict)`` works (lists become tuples).
+    """Model hyper-parameters; ``ModelConfig(**yaml_dict)`` works (lists become tuples). Every
+    default is the training schema's ``model:`` one (:mod:`emb.models.train_defaults`).
 
     Values are checked by ``validate()`` (called by ``build_model``), not on construction.
     """
 
     arch: str  # "segformer" | "deeplab"
     in_dim: int  # 64 (AEF) or 128 (TESSERA)
-    widths: tuple[int, ...] = (64, 128, 256, 512)  # channels per encoder stage
-    depths: tuple[int, ...] = (2, 2, 6, 2)  # blocks per stage
-    decoder_dim: int = 256  # SegFormer MLP decoder / DeepLab ASPP + decoder width
-    aspp_rates: tuple[int, ...] | None = None  # DeepLab atrous rates; None: from the tile size
-    input_norm: bool = False  # learned LayerNorm over channels on the raw input
-    num_classes: tuple[int, int, int] = (2, 7, 61)  # L1, L2, L3
-    drop_path: float = 0.0  # max stochastic-depth rate (linear over blocks)
+    widths: tuple[int, ...]  # channels per encoder stage
+    depths: tuple[int, ...]  # blocks per stage
+    decoder_dim: int  # SegFormer MLP decoder / DeepLab ASPP + decoder width
+    aspp_rates: tuple[int, ...] | None  # DeepLab atrous rates; None: from the tile size
+    input_norm: bool  # learned LayerNorm over channels on the raw input
+    num_classes: tuple[int, int, int]  # L1, L2, L3
+    drop_path: float  # max stochastic-depth rate (linear over blocks)
 
     def __post_init__(self) -> None:
         for name in TUPLE_FIELDS:

@@ -1,22 +1,28 @@
 """Where and how a model runs: the device, its precision, memory format and compilation.
 
-A run's ``train:`` settings (``precision``, ``channels_last``, ``compile``) are resolved once
-per process, for the model's architecture and the device, into a frozen :class:`Runtime`;
-training (:func:`emb.training.loop.build_trainer`), evaluation and prediction all take that
-object, apply it to the model (:meth:`Runtime.prepare`) and to its inputs
-(:meth:`Runtime.inputs`), run forward passes under :meth:`Runtime.autocast`, and record it
-(:meth:`Runtime.record`) in ``train.json``'s and the checkpoint's provenance and in
-``metrics.json``. The measured rules:
+One :class:`Runtime` per process, resolved once (:meth:`Runtime.resolve`) from the run's
+``train:`` settings (``precision``, ``channels_last``, ``compile``, ``compile_memory_budget``),
+the model's architecture, what the process finds (:class:`Host`: torchrun's local rank, the
+visible GPUs, a ROCm build; read from the environment by the stage, :meth:`Host.here`) and
+whether it trains. Training (:mod:`emb.training.train`, the loop, the ``Trainer``,
+:func:`emb.training.distributed.wrap_model`), evaluation and prediction all take that object,
+apply it to the model (:meth:`Runtime.prepare`) and to its inputs (:meth:`Runtime.inputs`),
+run forward passes under :meth:`Runtime.autocast`, and record it (:meth:`Runtime.record`) in
+``train.json``'s and the checkpoint's provenance, in ``metrics.json`` and in the map tags. The
+measured rules:
 
+- device: a training rank takes the GPU of its local rank; an evaluation or prediction
+  process the GPU of its local rank under torchrun, else one it claims (an exclusive lock per
+  device, :func:`claim_gpu`), so processes sharing a node spread over every GPU; the CPU
+  without a GPU.
 - precision: as set on CUDA/ROCm; fp32 on a CPU (CPU autocast is slower than fp32).
 - channels_last ``auto``: DeepLab on CUDA only (:func:`resolve_channels_last`).
-- compile: as set, for training; evaluation and prediction run the model eagerly.
+- compile (and its memory budget): as set, for training; evaluation and prediction run the
+  model eagerly.
 
-For evaluation and prediction :func:`claim_device` picks the device: a torchrun rank takes the
-GPU of its local rank, a process started without torchrun claims one GPU of its own (an
-exclusive lock per device), so processes sharing a node spread over every GPU; on a CPU the
-process uses the threads its rule gave it. Pure but for that: nothing here reads the command
-line, and the environment only for ``SLURM_JOB_ID`` (the claim's lock-file name).
+Pure but for the claim and :meth:`Runtime.occupy`: nothing here reads the command line, and
+the environment only in :meth:`Host.here` and for ``SLURM_JOB_ID`` (the claim's lock-file
+name).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from __future__ import annotations
 import fcntl
 import os
 import tempfile
+from collections.abc import Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +53,7 @@ class RunSettings(Protocol):
     precision: str
     channels_last: bool | str
     compile: bool
+    compile_memory_budget: float | None
 
 
 def resolve_precision(setting: str, device_type: str) -> str:
@@ -73,6 +81,38 @@ def resolve_channels_last(
 
 
 @dataclass(frozen=True)
+class Host:
+    """What a process finds where it starts, as plain data: torchrun's ``LOCAL_RANK`` (None
+    without torchrun), the GPUs it sees and whether PyTorch is a ROCm build."""
+
+    gpus: int
+    local_rank: int | None = None
+    hip: bool = False
+
+    @classmethod
+    def here(cls, env: Mapping[str, str]) -> Host:
+        """This process's host; ``env`` is its environment (the stage passes ``os.environ``)."""
+        local = env.get("LOCAL_RANK")
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        return cls(gpus, int(local) if local is not None else None, bool(torch.version.hip))
+
+
+CPU_HOST = Host(gpus=0)  # a process that runs on the CPU whatever it finds (tests, notebooks)
+
+
+def pick_device(host: Host, training: bool) -> torch.device:
+    """The device of a process on ``host`` (see the module's rules): a training rank the GPU of
+    its local rank, an evaluation or prediction process that one under torchrun or else a GPU
+    it claims (the first when every one is held); the CPU without a GPU."""
+    if host.gpus == 0:
+        return torch.device("cpu")
+    index = host.local_rank
+    if index is None:
+        index = 0 if training else claim_gpu(host.gpus)
+    return torch.device("cuda", index if index is not None else 0)
+
+
+@dataclass(frozen=True)
 class Runtime:
     """A device and the resolved numerics a model runs with there (see the module's rules)."""
 
@@ -80,6 +120,7 @@ class Runtime:
     precision: str = "fp32"  # bf16 | fp16 | fp32, as resolved (a CPU: fp32)
     channels_last: bool = False
     compile: bool = False  # torch.compile inside DDP (training only)
+    compile_memory_budget: float | None = None  # activation memory budget of compiled graphs
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -92,19 +133,26 @@ class Runtime:
             )
 
     @classmethod
-    def resolve(
-        cls, settings: RunSettings, arch: str, device: torch.device, *, training: bool,
-        hip: bool | None = None,
-    ) -> Runtime:  # fmt: skip
-        """The run's ``settings`` for ``arch`` on ``device`` (``hip``: a ROCm build; None asks
-        this PyTorch); ``training`` False leaves compilation off."""
-        hip = bool(torch.version.hip) if hip is None else hip
+    def resolve(cls, settings: RunSettings, arch: str, host: Host, *, training: bool) -> Runtime:
+        """The run's ``settings`` for ``arch`` on ``host``'s device (:func:`pick_device`);
+        ``training`` False leaves compilation off."""
+        device = pick_device(host, training)
+        compiled = bool(settings.compile) and training
         return cls(
             device,
             resolve_precision(settings.precision, device.type),
-            resolve_channels_last(settings.channels_last, arch, device.type, hip),
-            bool(settings.compile) and training,
+            resolve_channels_last(settings.channels_last, arch, device.type, host.hip),
+            compiled,
+            settings.compile_memory_budget if compiled else None,
         )
+
+    def occupy(self, threads: int | None = None) -> None:
+        """Make this process use the device: the current CUDA device, or on a CPU ``threads``
+        threads (None: as PyTorch chose)."""
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        elif threads is not None:
+            torch.set_num_threads(max(1, threads))
 
     @property
     def memory_format(self) -> torch.memory_format:
@@ -162,16 +210,3 @@ def claim_gpu(count: int, lock_dir: Path | None = None, job: str | None = None) 
         _CLAIMS.append(fh)
         return index
     return None
-
-
-def claim_device(threads: int, local_rank: int | None = None) -> torch.device:
-    """The device an evaluation or prediction process uses: ``local_rank``'s GPU under
-    torchrun, else a GPU it claims (:func:`claim_gpu`; the first when every one is held), set
-    as the current device; without a GPU the CPU, on ``threads`` threads."""
-    if torch.cuda.is_available():
-        index = local_rank if local_rank is not None else claim_gpu(torch.cuda.device_count())
-        device = torch.device("cuda", index if index is not None else 0)
-        torch.cuda.set_device(device)
-        return device
-    torch.set_num_threads(max(1, threads))
-    return torch.device("cpu")

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from emb.models.model_config import ModelConfig
 
 
-class Stem(nn.Module):
+class PatchifyStem(nn.Module):
     """(B, in_dim, H, W) -> (B, w0, H/4, W/4): 1x1 reduction, then a 4x4/4 patchify + LayerNorm.
 
     Why this and not a 7x7 conv: the input is already a per-pixel embedding (64/128 learned
@@ -74,7 +74,7 @@ class ConvNeXtEncoder(nn.Module):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.stem = Stem(cfg.in_dim, cfg.widths[0])
+        self.stem = PatchifyStem(cfg.in_dim, cfg.widths[0])
         rates = drop_path_rates(cfg.depths, cfg.drop_path)
         self.downsamples = nn.ModuleList([nn.Identity()])
         for c_in, c_out in zip(cfg.widths[:-1], cfg.widths[1:], strict=True):
@@ -132,7 +132,7 @@ class SegFormer(nn.Module):
         self.apply(_init_weights)
 
     @property
-    def stem(self) -> Stem:
+    def stem(self) -> PatchifyStem:
         """The layers that touch the raw input (after the optional input norm)."""
         return self.encoder.stem
 

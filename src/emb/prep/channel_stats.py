@@ -25,6 +25,7 @@ from emb import cli
 from emb.config_schema import config_option
 from emb.io import atomic_path, write_json
 from emb.loading.batch_reader import BatchReader, check_tile_header, round_robin
+from emb.loading.dequantize import StatsError
 from emb.loading.shard_index import SampleAt, ShardError
 from emb.loading.shard_manifest import read_manifest
 from emb.loading.sidecar import index_shard
@@ -38,14 +39,10 @@ from emb.prep.moments import (
 from emb.progress import Progress
 from emb.threads import in_threads
 
-__all__ = ["ALL", "StatsError", "channel_stats", "tile_moments"]
+__all__ = ["ALL", "channel_stats", "tile_moments"]
 ALL = "all"  # n_tiles: every training tile
 MOMENTS_DTYPE = np.dtype("<f8")
 log = logging.getLogger(__name__)
-
-
-class StatsError(ValueError):
-    """Statistics that cannot be computed from the given shards."""
 
 
 class MissingMomentsWarning(UserWarning):

@@ -17,7 +17,7 @@ import numpy as np
 from emb import cli
 from emb.io import read_json, write_json
 from emb.loading.shard_manifest import ManifestError, check_validation_scored
-from emb.prep.tiles import SPLITS
+from emb.prep.spatial_split import SPLITS
 
 log = logging.getLogger(__name__)
 INDEX_KEYS = ("source", "region", "in_dim", "tile_size", "dtype", "dropped", "splits")

@@ -14,6 +14,7 @@ import argparse
 import logging
 import shutil
 import tempfile
+from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
@@ -22,6 +23,7 @@ from typing import TypeVar
 
 import numpy as np
 import rasterio
+from affine import Affine
 
 from emb import cli
 from emb.classes import IGNORE, N_L3
@@ -30,15 +32,8 @@ from emb.io import json_text, reading
 from emb.loading.buffer_pool import BufferPool
 from emb.prep.moments import moments_array, stores_moments, tile_moments
 from emb.prep.shard_writer import Payload, TarShard, encode_npy, publish_shards, write_shards
-from emb.prep.tiles import (
-    SPLITS,
-    SplitSpec,
-    Tile,
-    TileSpec,
-    TilingError,
-    label_coverage,
-    plan_tiles,
-)
+from emb.prep.spatial_split import SPLITS, SplitSpec, TilingError
+from emb.prep.tiles import Tile, TileSpec, label_coverage, plan_tiles
 from emb.progress import Progress
 from emb.rasters import BANDS, embedding_nodata, product_tags, shard_arrays
 from emb.threads import read_ahead
@@ -141,10 +136,53 @@ def build_region(
         max_samples = int(config_default("shards.max_samples"))
     if max_bytes is None:
         max_bytes = int(config_default("shards.max_bytes"))
+    labels, transform = read_labels(label_path)
+    tiles, dropped = planned_tiles(label_path, labels, transform, region, tile_spec, split_spec,
+                                   fixed_split)  # fmt: skip
+    index = region_index(source, region, tile_spec.size, split_spec.group or region, dropped,
+                         label_coverage(labels, tiles))  # fmt: skip
+    out_dir.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=out_dir))
+    progress = Progress(len(tiles), unit="tiles", what=f"{source}/{region} shards", logger=log)
+    try:
+        with rasterio.Env(GDAL_CACHEMAX=GDAL_CACHE_MB << 20), rasterio.open(emb_path) as emb:
+            check_band_count(emb, source, emb_path)
+            index["product_tags"] = product_tags(emb.tags())
+            for split in SPLITS:
+                chosen = [t for t in tiles if t.split == split]
+                samples = tile_samples(source, region, emb, labels, chosen)
+                with reading(emb_path), closing(samples):
+                    shards = write_shards(_counted(samples, progress),
+                                          str(staging / f"{split}-%04d.tar"), max_samples,
+                                          max_bytes)  # fmt: skip
+                index["splits"][split] = split_entry(region, labels, chosen, shards)
+        publish_shards(staging, out_dir, index, index_path)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    progress.done()
+    return index
+
+
+def read_labels(label_path: Path) -> tuple[np.ndarray, Affine]:
+    """The region's (H, W) uint8 labels and their transform, read whole (tiles plan on them)."""
     with rasterio.Env(GDAL_CACHEMAX=GDAL_CACHE_MB << 20), rasterio.open(label_path) as src:
         with reading(label_path):
             labels = src.read(1)
-        transform = src.transform
+        return labels, src.transform
+
+
+def planned_tiles(
+    label_path: Path,
+    labels: np.ndarray,
+    transform: Affine,
+    region: str,
+    tile_spec: TileSpec,
+    split_spec: SplitSpec,
+    fixed_split: str | None,
+) -> tuple[list[Tile], dict[str, Counter[str]]]:
+    """:func:`emb.prep.tiles.plan_tiles`, refused (naming ``label_path``) when it keeps no
+    tile: a region without tiles is a mistake in its tiling or its labels, never an empty
+    shard set."""
     try:
         tiles, dropped = plan_tiles(labels, transform, region, tile_spec, split_spec, fixed_split)
     except TilingError as err:
@@ -154,55 +192,56 @@ def build_region(
             f"{label_path}: no tile of {tile_spec.size} px has >= {tile_spec.min_valid:.0%} "
             f"labelled pixels (dropped: { ({k: dict(v) for k, v in dropped.items() if v}) })"
         )
-    index = {
+    return tiles, dropped
+
+
+def region_index(
+    source: str,
+    region: str,
+    tile_size: int,
+    split_group: str,
+    dropped: dict[str, Counter[str]],
+    coverage: dict[str, dict[str, float]],
+) -> dict:
+    """The region's index before its shards are written (their entries go under ``splits``):
+    what its tiles are, the tiles dropped per split and reason, the labels they cover."""
+    return {
         "source": source,
         "region": region,
         "in_dim": BANDS[source],
-        "tile_size": tile_spec.size,
+        "tile_size": tile_size,
         "dtype": "int8",
-        "split_group": split_spec.group or region,
+        "split_group": split_group,
         "dropped": {split: dict(reasons) for split, reasons in dropped.items()},
-        "label_coverage": label_coverage(labels, tiles),
+        "label_coverage": coverage,
         "splits": {},
     }
-    out_dir.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=out_dir))
-    progress = Progress(len(tiles), unit="tiles", what=f"{source}/{region} shards", logger=log)
-    try:
-        with rasterio.Env(GDAL_CACHEMAX=GDAL_CACHE_MB << 20), rasterio.open(emb_path) as emb:
-            if emb.count != BANDS[source]:
-                raise BandCountError(
-                    f"{emb_path}: expected {BANDS[source]} bands for {source}, found {emb.count}"
-                )
-            index["product_tags"] = product_tags(emb.tags())
-            for split in SPLITS:
-                chosen = [t for t in tiles if t.split == split]
-                hist = np.zeros(N_L3, np.int64)
-                for t in chosen:
-                    patch = tile_labels(labels, t)
-                    hist += np.bincount(patch[patch != IGNORE], minlength=N_L3)[:N_L3]
-                pattern = str(staging / f"{split}-%04d.tar")
-                with (
-                    reading(emb_path),
-                    closing(tile_samples(source, region, emb, labels, chosen)) as samples,
-                ):
-                    shards = write_shards(_counted(samples, progress), pattern, max_samples,
-                                          max_bytes)  # fmt: skip
-                n = sum(s["samples"] for s in shards)
-                index["splits"][split] = {
-                    "shards": shards,
-                    "samples": n,
-                    "labelled_pixels": int(hist.sum()),
-                    "class_hist": hist.tolist(),
-                    # sample key -> its split block (spatial-block bootstrap in evaluate)
-                    "blocks": {f"{region}_{t.row}_{t.col}": t.block for t in chosen},
-                    "bytes_per_sample": sum(s["bytes"] for s in shards) / n if n else 0,
-                }
-        publish_shards(staging, out_dir, index, index_path)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    progress.done()
-    return index
+
+
+def check_band_count(emb: rasterio.DatasetReader, source: str, emb_path: Path) -> None:
+    """Refuse an embedding raster with another band count than ``source`` has."""
+    if emb.count != BANDS[source]:
+        raise BandCountError(
+            f"{emb_path}: expected {BANDS[source]} bands for {source}, found {emb.count}"
+        )
+
+
+def split_entry(region: str, labels: np.ndarray, chosen: list[Tile], shards: list[dict]) -> dict:
+    """A split's entry in the region's index: its shards, samples, labelled pixels and class
+    histogram, and each sample's split block (evaluate's spatial-block bootstrap)."""
+    hist = np.zeros(N_L3, np.int64)
+    for t in chosen:
+        patch = tile_labels(labels, t)
+        hist += np.bincount(patch[patch != IGNORE], minlength=N_L3)[:N_L3]
+    n = sum(s["samples"] for s in shards)
+    return {
+        "shards": shards,
+        "samples": n,
+        "labelled_pixels": int(hist.sum()),
+        "class_hist": hist.tolist(),
+        "blocks": {f"{region}_{t.row}_{t.col}": t.block for t in chosen},
+        "bytes_per_sample": sum(s["bytes"] for s in shards) / n if n else 0,
+    }
 
 
 def _counted(samples: Iterator[T], progress: Progress) -> Iterator[T]:

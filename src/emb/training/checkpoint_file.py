@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from emb.io import atomic_path
+from emb.provenance import digest_file
 from emb.training.run_config import REFERENCE_BATCH
 
 CHECKSUM_SUFFIX = ".sha256"
@@ -100,14 +101,6 @@ def recorded_checksums(path: Path) -> list[str] | None:
     return found
 
 
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _write_checksums(path: Path, digests: list[str]) -> None:
     lines = "".join(f"{d}  {path.name}\n" for d in dict.fromkeys(digests))
     with atomic_path(checksum_path(path)) as tmp:
@@ -140,7 +133,7 @@ def verify(path: Path) -> None:
     expected = recorded_checksums(path)
     if expected is None:
         return  # written before checksums existed, or copied without its sidecar
-    found = file_sha256(path)
+    found = digest_file(path)
     if found not in expected:
         raise CheckpointError(
             f"{path}: sha256 {found} does not match the checksum recorded in "

@@ -11,6 +11,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from emb.models.runtime import Runtime
+
 
 def is_distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
@@ -60,23 +62,18 @@ def barrier() -> None:
         dist.barrier()
 
 
-def wrap_model(
-    model: nn.Module,
-    world: int,
-    device: torch.device,
-    *,
-    compile: bool = False,
-    compile_memory_budget: float | None = None,
-) -> nn.Module:
-    """torch.compile (inside DDP, never around it), then DDP; the model comes laid out for its
-    device (:meth:`emb.models.runtime.Runtime.prepare`)."""
-    if compile:
-        if compile_memory_budget is not None:
+def wrap_model(model: nn.Module, world: int, runtime: Runtime) -> nn.Module:
+    """torch.compile (inside DDP, never around it) as ``runtime`` says, with its activation
+    memory budget, then DDP; the model comes laid out for the device
+    (:meth:`emb.models.runtime.Runtime.prepare`)."""
+    if runtime.compile:
+        if runtime.compile_memory_budget is not None:
             import torch._functorch.config as functorch_config
 
-            functorch_config.activation_memory_budget = compile_memory_budget
+            functorch_config.activation_memory_budget = runtime.compile_memory_budget
         model = torch.compile(model)
     if world > 1:
+        device = runtime.device
         model = DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None
         )

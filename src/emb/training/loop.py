@@ -108,9 +108,15 @@ def parameter_digest(model: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
-def build_config(cfg: TrainConfig, tile_size: int | None, run_dir: Path) -> TrainConfig:
-    """``cfg`` with DeepLab's ``model.aspp_rates`` fixed for the tiles (derived when null,
-    refused when they would read only padding), so checkpoints record what was built."""
+def build_config(
+    cfg: TrainConfig, tile_size: int | None, run_dir: Path, runtime: Runtime
+) -> TrainConfig:
+    """``cfg`` as the run records it in its checkpoints: ``train.precision`` the runtime's
+    (a CPU run: fp32; copied from the runtime, not decided here), and DeepLab's
+    ``model.aspp_rates`` fixed for the tiles (derived when null, refused when they would read
+    only padding)."""
+    if runtime.precision != cfg.train.precision:
+        cfg = cfg.with_value("train", "precision", runtime.precision)
     if cfg.model.arch != "deeplab" or tile_size is None:
         return cfg
     try:
@@ -122,23 +128,15 @@ def build_config(cfg: TrainConfig, tile_size: int | None, run_dir: Path) -> Trai
     return cfg.with_value("model", "aspp_rates", list(model.aspp_rates))
 
 
-def runtime_of(cfg: TrainConfig, device: torch.device) -> Runtime:
-    """The run's precision, memory format and compilation on ``device``, resolved once."""
-    return Runtime.resolve(cfg.train, cfg.model.arch, device, training=True)
-
-
 def build_trainer(
     cfg: TrainConfig, plan: Plan, class_hist: list[int], world: int, runtime: Runtime
 ) -> tuple[Trainer, ModelEma | None]:
     """Model (prepared by ``runtime``, wrapped), EMA, optimizer, schedule, loss and input
     pipeline, on ``runtime``'s device."""
     torch.manual_seed(cfg.train.seed)
-    device, loop = runtime.device, cfg.train
+    device = runtime.device
     plain = runtime.prepare(build_model(cfg.model), training=True)
-    model = wrap_model(
-        plain, world, device, compile=runtime.compile,
-        compile_memory_budget=loop.compile_memory_budget,
-    )  # fmt: skip
+    model = wrap_model(plain, world, runtime)
     ema = ModelEma(plain, cfg.ema.decay, cfg.ema.warmup) if cfg.ema.enabled else None
     # fused where PyTorch has the kernel (CUDA, ROCm, CPU): one kernel for every parameter,
     # and it skips a non-finite step on the device (found_inf), so no step waits for the GPU
@@ -159,14 +157,9 @@ def build_trainer(
         Dequantize.from_stats(cfg.data.source, stats).to(device),
         opt,
         sched,
-        device,
-        precision=runtime.precision,
-        grad_scaler=loop.uses_grad_scaler,
-        grad_clip=loop.grad_clip,
-        ema=ema,
-        nonfinite_policy=loop.nonfinite_policy,
-        max_nonfinite_in_row=loop.max_nonfinite_in_row,
-        channels_last=runtime.channels_last,
+        runtime,
+        cfg.train,
+        ema,
     )
     return trainer, ema
 
@@ -177,10 +170,10 @@ def build_loop(
 ) -> Loop:  # fmt: skip
     """Everything the loop needs, checked, then started as :mod:`emb.training.run_start` decides
     (resumed, fresh or fine-tuned); files are written only after that. ``runtime`` is the
-    run's resolved device and numerics (:func:`runtime_of`)."""
+    process's resolved device and numerics (:meth:`Runtime.resolve`, in the stage)."""
     device = runtime.device
     manifest = read_checked_manifest(cfg)
-    cfg = build_config(cfg, manifest.get("tile_size"), run_dir)
+    cfg = build_config(cfg, manifest.get("tile_size"), run_dir, runtime)
     train, val = manifest["splits"]["train"], manifest["splits"]["val"]
     plan = build_plan(cfg, train, world)
     trainer, ema = build_trainer(cfg, plan, train["class_hist"], world, runtime)
@@ -314,11 +307,12 @@ def stop_now(loop: Loop) -> None:
 
 
 def run(
-    cfg: TrainConfig, run_dir: Path, rank: int, world: int, device: torch.device,
+    cfg: TrainConfig, run_dir: Path, rank: int, world: int, runtime: Runtime,
     stop: StopRequest | None = None,
 ) -> dict:  # fmt: skip
-    """Train ``cfg``; returns the summary written to ``train.json``. Raises :class:`Stopped`."""
-    loop = build_loop(cfg, run_dir, rank, world, runtime_of(cfg, device), stop or StopRequest())
+    """Train ``cfg`` with ``runtime``; returns the summary written to ``train.json``. Raises
+    :class:`Stopped`."""
+    loop = build_loop(cfg, run_dir, rank, world, runtime, stop or StopRequest())
     batches_per_epoch = fit(loop)
     loop.log.close()
     loop.keys.close()

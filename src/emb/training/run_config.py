@@ -1,9 +1,10 @@
 """A run's training configuration as frozen dataclasses, read from its resolved ``config.yaml``.
 
-The schema (``workflow/schemas/train.schema.yaml``) holds every default; the dataclasses repeat
-them only so that pure code and tests can build a config without the schema, and
-``tests/training/test_config_schema.py`` proves the two agree. They reject unknown keys a
-second time.
+The schema (``workflow/schemas/train.schema.yaml``) holds every default; the dataclasses state
+none and take the schema's (:func:`emb.models.train_defaults.schema_defaults`), so pure code
+and tests can build a config without the workflow and get what a run gets
+(``tests/training/test_defaults_once.py`` fails on a default stated a second time). They
+reject unknown keys a second time.
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from emb.io import read_yaml
 from emb.models import ModelConfig
+from emb.models.train_defaults import schema_defaults
 
 
 class ConfigError(ValueError):
@@ -50,75 +51,81 @@ def _build(cls: type, data: dict[str, Any], where: str):
 
 
 @dataclass(frozen=True)
+@schema_defaults("loss")
 class LossConfig:
     weights: dict[str, float]
-    label_smoothing: float = 0.05
-    class_weights: str = "none"  # none | inverse | sqrt_inverse
+    label_smoothing: float
+    class_weights: str  # none | inverse | sqrt_inverse
 
 
 @dataclass(frozen=True)
+@schema_defaults("optimizer", tuples=("betas",))
 class OptimizerConfig:
-    lr: float = 3e-4
-    weight_decay: float = 0.01
-    betas: tuple[float, float] = (0.9, 0.999)
+    lr: float
+    weight_decay: float
+    betas: tuple[float, float]
 
 
 @dataclass(frozen=True)
+@schema_defaults("schedule")
 class ScheduleConfig:
-    warmup_steps: int = 500
-    min_lr: float = 1e-6
-    cooldown_steps: int = 0
+    warmup_steps: int
+    min_lr: float
+    cooldown_steps: int
 
 
 @dataclass(frozen=True)
+@schema_defaults("ema")
 class EmaConfig:
-    enabled: bool = True
-    decay: float = 0.9999
-    warmup: bool = True  # decay min(decay, (1 + n) / (10 + n)) at update n; false: fixed decay
-    select_best_by: str = "ema"  # ema | raw
+    enabled: bool
+    decay: float
+    warmup: bool  # decay min(decay, (1 + n) / (10 + n)) at update n; false: fixed decay
+    select_best_by: str  # ema | raw
 
 
 @dataclass(frozen=True)
+@schema_defaults("logging")
 class LoggingConfig:
-    log_every: int = 50  # a brief line (epoch, step, loss, lr)
-    detail_every: int = 500  # a detailed line (heads, grad norm, samples/s, data wait, memory)
-    wandb: bool = False
-    wandb_mode: str = "offline"
-    wandb_project: str = "emb"
-    record_keys: bool = False  # keys/rank{r}.tsv: the sample keys of every micro-batch
+    log_every: int  # a brief line (epoch, step, loss, lr)
+    detail_every: int  # a detailed line (heads, grad norm, samples/s, data wait, memory)
+    wandb: bool
+    wandb_mode: str
+    wandb_project: str
+    record_keys: bool  # keys/rank{r}.tsv: the sample keys of every micro-batch
 
 
 @dataclass(frozen=True)
+@schema_defaults("train")
 class LoopConfig:
-    epochs: int = 100
-    max_updates: int | None = None
-    batch_size: int = 32
-    accumulation: int = 1
-    lr_scaling: str = "none"  # none | linear | sqrt
-    reference_batch: int | None = None  # None: the architecture's (REFERENCE_BATCH)
-    grad_clip: float = 1.0
-    precision: str = "bf16"  # bf16 | fp16 | fp32 (a CPU: fp32; emb.models.runtime)
-    grad_scaler: bool | None = None  # None: only with fp16
-    compile: bool = False
-    compile_memory_budget: float | None = None
-    channels_last: bool | str = "auto"  # auto | true | false (emb.models.runtime)
-    nonfinite_policy: str = "skip"  # skip | stop
-    max_nonfinite_in_row: int = 5
-    val_every_updates: int | None = None
-    val_bn_batch_stats: bool = True
-    val_min_batch: int = 2
-    patience: int = 15
-    save_every: int = 10
-    checkpoint_every_updates: int = 0
-    time_limit_s: float | None = None
-    stop_margin_s: float = 120.0
-    collective_timeout_s: float = 900.0  # a rank that waits longer on the others fails
-    seed: int = 0
-    num_workers: int = 4
-    shuffle_buffer: int = 256
-    restart: bool = True
-    resume_from: str = "last"  # last | best | epoch_N | a checkpoint path
-    init_from: str | None = None
+    epochs: int
+    max_updates: int | None
+    batch_size: int
+    accumulation: int
+    lr_scaling: str  # none | linear | sqrt
+    reference_batch: int | None  # None: the architecture's (REFERENCE_BATCH)
+    grad_clip: float
+    precision: str  # bf16 | fp16 | fp32 (a CPU: fp32; emb.models.runtime)
+    grad_scaler: bool | None  # None: only with fp16
+    compile: bool
+    compile_memory_budget: float | None
+    channels_last: bool | str  # auto | true | false (emb.models.runtime)
+    nonfinite_policy: str  # skip | stop
+    max_nonfinite_in_row: int
+    val_every_updates: int | None
+    val_bn_batch_stats: bool
+    val_min_batch: int
+    patience: int
+    save_every: int
+    checkpoint_every_updates: int
+    time_limit_s: float | None
+    stop_margin_s: float
+    collective_timeout_s: float  # a rank that waits longer on the others fails
+    seed: int
+    num_workers: int
+    shuffle_buffer: int
+    restart: bool
+    resume_from: str  # last | best | epoch_N | a checkpoint path
+    init_from: str | None
 
     def __post_init__(self) -> None:
         check_grad_scaler(self.precision, self.grad_scaler)
@@ -140,18 +147,20 @@ class LoopConfig:
                 "(start over); expected resume_from: last with restart: false"
             )
 
-    @property
-    def uses_grad_scaler(self) -> bool:
-        return self.precision == "fp16" if self.grad_scaler is None else self.grad_scaler
+    def grad_scaler_with(self, precision: str) -> bool:
+        """Whether a GradScaler runs at the resolved ``precision`` (the runtime's: a CPU runs
+        fp32): as set, or with fp16 only when unset."""
+        return precision == "fp16" if self.grad_scaler is None else self.grad_scaler
 
 
 @dataclass(frozen=True)
+@schema_defaults("data")
 class DataConfig:
     source: str
-    manifest: str = ""  # set by the workflow's train_config rule
-    stats_dir: str | None = None
-    normalize: bool = False
-    classes: str = "config/classes.csv"
+    manifest: str  # set by the workflow's train_config rule
+    stats_dir: str | None
+    normalize: bool
+    classes: str
 
 
 @dataclass(frozen=True)
@@ -201,13 +210,7 @@ SECTIONS: dict[str, type] = {
 
 def load(path: Path) -> TrainConfig:
     """A resolved config file as dataclasses (``.resolved`` keeps the plain dict)."""
-    try:
-        data = yaml.safe_load(Path(path).read_text())
-    except yaml.YAMLError as err:  # a tab in the indentation, an unclosed quote, ...
-        mark = getattr(err, "problem_mark", None)
-        line = f" line {mark.line + 1}, column {mark.column + 1}:" if mark else ""
-        problem = getattr(err, "problem", None) or err
-        raise ConfigError(f"{path}:{line} not valid YAML ({problem})") from err
+    data = read_yaml(path, ConfigError)
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of config sections")
     return TrainConfig.from_dict(data, str(path))

@@ -25,12 +25,11 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-import torch
 import torch.distributed as dist
 
 from emb import cli
 from emb.io import is_disk_full, write_json
-from emb.models.runtime import resolve_precision
+from emb.models.runtime import Host, Runtime
 from emb.training.loop import Stopped, read_checked_manifest, run
 from emb.training.run_config import ConfigError, TrainConfig, load
 from emb.training.run_start import SUMMARY_COPY
@@ -60,26 +59,22 @@ def job_deadline(cfg: TrainConfig, env: dict[str, str], started: float) -> float
 
 
 def train(config: Path, env: dict[str, str], started: float, stop: StopRequest) -> None:
-    """Set up the process group and device, then train; raises on every failure."""
+    """Resolve the process's runtime, set up the process group, then train; raises on every
+    failure."""
     rank, world = int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1))
-    local = int(env.get("LOCAL_RANK", 0))
-    device = torch.device(f"cuda:{local}" if torch.cuda.is_available() else "cpu")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
     cfg = load(config)
+    runtime = Runtime.resolve(cfg.train, cfg.model.arch, Host.here(env), training=True)
+    runtime.occupy()
     # before the process group and before anything is set aside: a validation split that no
     # rank can score is refused now, not found after training (a run that never validated)
     read_checked_manifest(cfg, world)
     if world > 1:
         dist.init_process_group(
-            "nccl" if device.type == "cuda" else "gloo",
+            "nccl" if runtime.device.type == "cuda" else "gloo",
             timeout=timedelta(seconds=cfg.train.collective_timeout_s),
         )
-    precision = resolve_precision(cfg.train.precision, device.type)  # the runtime's rule
-    if precision != cfg.train.precision:
-        cfg = cfg.with_value("train", "precision", precision)
     stop.deadline, stop.margin_s = job_deadline(cfg, env, started), cfg.train.stop_margin_s
-    summary = run(cfg, config.parent, rank, world, device, stop)
+    summary = run(cfg, config.parent, rank, world, runtime, stop)
     if rank == 0:
         write_summary(config.parent, summary)
 

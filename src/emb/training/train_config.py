@@ -6,7 +6,7 @@ Resolution order: ``config/train/defaults.yaml`` <- ``config/train/{run}.yaml`` 
 config, so required keys are not asked of it), so an error names the file and the key; the
 merged dict is then validated by Snakemake's own validator (defaults filled) and read into
 :class:`~emb.training.run_config.TrainConfig` for cross-key rules. The workflow runs this for
-every run before any job starts (:mod:`emb.workflow.runs`).
+every run before any job starts (:mod:`emb.workflow.run_configs`).
 """
 
 from __future__ import annotations
@@ -19,24 +19,10 @@ from pathlib import Path
 import yaml
 
 from emb import cli
-from emb.io import atomic_path
+from emb.io import atomic_path, read_yaml
 from emb.training.run_config import ConfigError, TrainConfig
 
 log = logging.getLogger(__name__)
-
-
-def read_yaml(path: Path) -> object:
-    """A config file's YAML, refused naming the file, line and column when it does not parse
-    (a tab in the indentation, an unclosed bracket, a file that is not text)."""
-    try:
-        return yaml.safe_load(Path(path).read_text())
-    except UnicodeDecodeError as err:
-        raise ConfigError(f"{path}: not a UTF-8 text file ({err})") from err
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" line {mark.line + 1} column {mark.column + 1}" if mark else ""
-        problem = getattr(err, "problem", None) or str(err)
-        raise ConfigError(f"{path}:{where}: not valid YAML: {problem}") from err
 
 
 def deep_merge(base: dict, update: dict) -> dict:
@@ -106,7 +92,7 @@ def resolve(files: list[Path], overrides: list[str], schema: Path) -> dict:
     per_file = _without_required(rules)
     config: dict = {}
     for path in files:
-        loaded = read_yaml(path) or {}
+        loaded = read_yaml(path, ConfigError) or {}
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: expected a mapping at the top level")
         if problem := schema_error(loaded, per_file):

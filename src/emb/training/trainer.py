@@ -26,7 +26,7 @@ from emb.training.distributed import all_ranks_finite, average_buffers
 from emb.training.ema import ModelEma
 from emb.training.loss import LEVELS, HierarchyTargets, MultiHeadLoss
 from emb.training.nonfinite import NonfiniteCounts, NonfiniteGuard, TrainingDiverged
-from emb.training.run_config import check_grad_scaler
+from emb.training.run_config import LoopConfig
 from emb.training.validation_pass import check_finite_buffers, validation_pass
 
 __all__ = ["StepResult", "Trainer", "TrainingDiverged", "check_finite_buffers"]
@@ -66,10 +66,11 @@ class Trainer:
     """A model's optimization state: steps, skips, EMA, and the validation pass.
 
     ``step`` counts optimizer steps taken, skipped ones included (a skipped step changes
-    nothing but is a step of the schedule, as with PyTorch's GradScaler). ``device``,
-    ``precision`` and ``channels_last`` are the run's resolved values
-    (:meth:`emb.models.runtime.Runtime.resolve`, once per run, in the loop), never ``auto``:
-    the model was put in that format by :meth:`~emb.models.runtime.Runtime.prepare`.
+    nothing but is a step of the schedule, as with PyTorch's GradScaler). ``runtime`` is the
+    process's resolved device and numerics (:meth:`emb.models.runtime.Runtime.resolve`, once
+    per process, in the stage): the model was put in its memory format by
+    :meth:`~emb.models.runtime.Runtime.prepare`. ``settings`` are the run's ``train:`` values
+    (clip, GradScaler, non-finite policy); the Trainer has no defaults of its own.
     """
 
     def __init__(
@@ -80,25 +81,20 @@ class Trainer:
         dequantize: Dequantize,
         optimizer: torch.optim.Optimizer,
         scheduler: torch.optim.lr_scheduler.LRScheduler,
-        device: torch.device,
-        *,
-        precision: str,
-        grad_scaler: bool = False,
-        grad_clip: float = 1.0,
-        ema: ModelEma | None = None,
-        nonfinite_policy: str = "skip",
-        max_nonfinite_in_row: int = 5,
-        channels_last: bool = False,
+        runtime: Runtime,
+        settings: LoopConfig,
+        ema: ModelEma | None,
     ) -> None:
-        check_grad_scaler(precision, grad_scaler)
-        # the run's resolved numerics (emb.models.runtime: resolved once, by the loop)
-        self.runtime = Runtime(device, precision, channels_last)
+        self.runtime, self.device = runtime, runtime.device
         self.model, self.loss_fn, self.targets = model, loss_fn, targets
         self.dequantize = dequantize
-        self.optimizer, self.scheduler, self.device = optimizer, scheduler, device
-        self.precision, self.grad_clip, self.ema = precision, grad_clip, ema
-        self.scaler = torch.amp.GradScaler(device.type) if grad_scaler else None
-        self.guard = NonfiniteGuard(device, nonfinite_policy, max_nonfinite_in_row)
+        self.optimizer, self.scheduler = optimizer, scheduler
+        self.grad_clip, self.ema = settings.grad_clip, ema
+        grad_scaler = settings.grad_scaler_with(runtime.precision)
+        self.scaler = torch.amp.GradScaler(self.device.type) if grad_scaler else None
+        self.guard = NonfiniteGuard(
+            self.device, settings.nonfinite_policy, settings.max_nonfinite_in_row
+        )
         self.counts = NonfiniteCounts(0, 0, 0, float("nan"))  # as of the last read
         # BatchNorm statistics, put back on a skip: one flat tensor per dtype where the model's
         # buffers live in one (emb.models.flat_tensors), else each buffer
@@ -107,6 +103,10 @@ class Trainer:
         self.saved_buffers = [b.detach().clone() for b in self.buffers]
         self.step = 0  # optimizer steps taken (skipped ones too)
         self.legacy_schedule = False
+
+    @property
+    def precision(self) -> str:
+        return self.runtime.precision
 
     def check_nonfinite(self) -> NonfiniteCounts:
         """Read the skip counts (waits for the device); raises :class:`TrainingDiverged`

@@ -12,7 +12,9 @@ systems are slower than this machine's disk) plus ``START_MIN``, at least ``FLOO
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 MARGIN = 1.5  # over the measured peak: other GDAL builds and file systems, allocator slack
 FLOOR_MB = 500  # the least a stage asks for: Python with numpy, rasterio and GDAL loaded
@@ -85,3 +87,64 @@ def launched_mem_mb(
         mib += BLOCK_BYTES_PER_PIXEL * block**2 / 2**20 + min(raster, GDAL_DEFAULT_CACHE_MIB)
     mb = max(FLOOR_MB, MARGIN * mib * 1.048576) * max(1, processes)
     return int(math.ceil(mb / 100) * 100) * 2 ** (max(1, attempt) - 1)
+
+
+# The rules' resource functions. Snakemake calls them once for every job of the DAG (4,000 for
+# 1,000 regions x 2 sources), so each one is a lookup in ``pixels``, computed once while the
+# workflow parses (RegionTable.raster_pixels: (source, region) -> pixels of its raster).
+RegionPixels = Mapping[tuple[str, str], int]
+
+
+def region_mem_mb(stage: str, pixels: RegionPixels) -> Callable[[Any, int], int]:
+    """``mem_mb`` of a per-(source, region) rule: from its raster's size, doubled per retry."""
+
+    def region_mem_mb(wildcards: Any, attempt: int) -> int:
+        size = pixels.get((wildcards.source, wildcards.region), 0)
+        return mem_mb(stage, size, wildcards.source, attempt)
+
+    return region_mem_mb
+
+
+def region_runtime(stage: str, pixels: RegionPixels) -> Callable[[Any], int]:
+    """``runtime`` (minutes) of a per-(source, region) rule: from its raster's size."""
+
+    def region_runtime(wildcards: Any) -> int:
+        return runtime(stage, pixels.get((wildcards.source, wildcards.region), 0), wildcards.source)
+
+    return region_runtime
+
+
+def source_mem_mb(stage: str) -> Callable[[Any, int], int]:
+    """``mem_mb`` of a per-source rule (its peak does not grow with the rasters)."""
+
+    def source_mem_mb(wildcards: Any, attempt: int) -> int:
+        return mem_mb(stage, 0, wildcards.source, attempt)
+
+    return source_mem_mb
+
+
+def run_mem_mb(
+    stage: str,
+    processes: object,
+    run_sources: Mapping[str, str],
+    regions_of: Callable[[str], Iterable[str]],
+    pixels: RegionPixels,
+    block: int = 0,
+) -> Callable[[Any, int], int]:
+    """``mem_mb`` of ``evaluate`` or ``predict`` (one job per run): :func:`launched_mem_mb` for
+    the profile's ``processes`` per node (tasks_per_node; 1 where it states none), the largest
+    raster of the regions the run's source reads (``regions_of``: source -> regions) and
+    predict's ``block``, doubled per retry."""
+    per_node = processes if isinstance(processes, int) and processes else 1
+    largest = {
+        source: max((pixels.get((source, r), 0) for r in regions_of(source)), default=0)
+        for source in set(run_sources.values())
+    }
+
+    def run_mem_mb(wildcards: Any, attempt: int) -> int:
+        source = run_sources[wildcards.run]
+        return launched_mem_mb(
+            stage, per_node, attempt, block=block, pixels=largest[source], source=source
+        )
+
+    return run_mem_mb

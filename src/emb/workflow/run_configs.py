@@ -18,10 +18,11 @@ from emb.evaluation.windows import (
     check_window_side,
     model_downsampling,
 )
+from emb.prep.data_settings import tiling_in_force
 from emb.training.run_config import ConfigError, TrainConfig
 from emb.training.schedule import lr_warnings
 from emb.training.train_config import resolve
-from emb.workflow.regions import RegionTable, check_tilings, data_settings, setting_key
+from emb.workflow.region_table import RegionTable, check_tilings
 
 DEFAULTS = "config/train/defaults.yaml"
 
@@ -148,10 +149,9 @@ def check_windows(
 ) -> None:
     """Every run's tiles and predict's windows (:func:`check_run_windows`), each run with its
     source's tile size as its shards jobs get it (the demo overlay's for demo data), and the
-    tiling of each source trained on (:func:`emb.workflow.regions.check_tilings`)."""
+    tiling of each source trained on (:func:`emb.workflow.region_table.check_tilings`)."""
     check_tilings(config, table, run_sources.values())
     for run, source in run_sources.items():
-        demo = table.is_demo_data(source)
-        tile = int(data_settings(config, "tiles", demo)["size"])
-        key = setting_key(config, "tiles", "size", demo)
+        tiling = tiling_in_force(config, table.is_demo_data(source))
+        tile, key = int(tiling.tiles["size"]), tiling.keys["tiles.size"]
         check_run_windows(run, run_configs[run], tile, key, config["predict"])

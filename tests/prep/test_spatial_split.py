@@ -1,12 +1,39 @@
-"""A ``splits.block_m`` larger than the regions is refused while the workflow is parsed, naming
-block_m and each region's size: a block goes whole to one split, so fewer blocks than splits
-leave a split without tiles (found before only at the manifest, after every shard was built)."""
+"""The spatial split: each block's split is fixed by its key, seed and the fractions (the same
+blocks go to the same splits in every build), and a ``splits.block_m`` larger than the regions
+is refused while the workflow is parsed, naming block_m and each region's size: a block goes
+whole to one split, so fewer blocks than splits leave a split without tiles (found before only
+at the manifest, after every shard was built)."""
 
 from __future__ import annotations
 
 import pytest
 
-from emb.prep.tiles import BlockGround, SplitBlocksError, check_blocks_hold_splits
+from emb.prep.spatial_split import (
+    BlockGround,
+    SplitBlocksError,
+    SplitSpec,
+    assign_blocks,
+    blocks_in,
+    check_blocks_hold_splits,
+)
+
+DRAWN = [  # (key, seed, the 5 x 3 blocks of 640 m from the north row: train . val v test t)
+    ("demo_b", 0, ["...t.", "v...t", "...v."]),
+    ("demo_b", 1, [".....", ".vtt.", "....v"]),
+    ("field_2024", 0, ["..t.v", "v.t..", "....."]),
+]
+
+
+@pytest.mark.parametrize(("key", "seed", "rows"), DRAWN)
+def test_each_block_goes_to_the_split_it_always_went_to(key: str, seed: int, rows: list) -> None:
+    """Pinned draws: a change to the draw, the order or the cut would move blocks between
+    splits (and tiles of existing shards with them), which a rebuild must never do. The
+    fractions hold exactly: 15 blocks at 0.7/0.15/0.15 are 11/2/2."""
+    drawn = assign_blocks(key, blocks_in((0.0, 0.0, 3200.0, 1920.0), 640.0),
+                          SplitSpec(640.0, seed=seed))  # fmt: skip
+    initial = {"train": ".", "val": "v", "test": "t"}
+    found = ["".join(initial[drawn[(bx, by)]] for bx in range(5)) for by in (2, 1, 0)]
+    assert found == rows
 
 
 def ground(region: str, x0: float, y0: float, km: float = 2.0, **kw) -> BlockGround:

@@ -17,23 +17,19 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from emb.prep.demo_region import DEMO_REGIONS, EMB_RES
-from emb.prep.regions import check_predict_only as check_predict_only  # for the rules
-from emb.prep.regions import check_regions as check_regions  # for the rules
-from emb.prep.regions import is_predict_only
-from emb.prep.regions import read_regions as read_regions  # for the rules
-from emb.prep.tessera_npy import find_triple
-from emb.prep.tiles import (
-    BlockGround,
-    TilingError,
-    check_block_above_pixel,
-    check_blocks_hold_splits,
-    check_stride,
+from emb.prep.data_settings import (
+    data_settings as data_settings,  # the rules import emb.workflow only
 )
+from emb.prep.data_settings import tiling_in_force
+from emb.prep.demo_region import DEMO_REGIONS, EMB_RES
+from emb.prep.regions import is_predict_only
+from emb.prep.regions import read_regions as read_regions  # the rules import emb.workflow only
+from emb.prep.spatial_split import BlockGround, check_block_above_pixel, check_blocks_hold_splits
+from emb.prep.tessera_npy import find_triple
 from emb.rasters import SOURCES
 
 if TYPE_CHECKING:
-    from emb.prep.regions import RegionChecks
+    from emb.workflow.region_checks import RegionChecks
 
 CONVERTED_TESSERA = "results/converted/tessera/{region}.tif"  # rule tessera_npy's output
 DEMO_NAMES = [region.name for region in DEMO_REGIONS]
@@ -54,37 +50,12 @@ def one_of(names: Iterable[object]) -> str:
     return "|".join(re.escape(str(name)) for name in names)
 
 
-def data_settings(config: Mapping, section: str, demo: bool) -> dict:
-    """``config[section]`` (tiles, splits, shards) for a source's regions: the schema's values
-    for your own data, with the demo's small ones (``demo: overlay:``) over them for demo data
-    only (``demo``: :meth:`RegionTable.is_demo_data` of the source)."""
-    overlay = config["demo"]["overlay"].get(section, {}) if demo else {}
-    settings = {**config[section], **overlay}
-    if section == "tiles" and settings.get("stride") is None:  # null: the tile size, no gaps
-        settings["stride"] = settings["size"]
-    return settings
-
-
-def setting_key(config: Mapping, section: str, key: str, demo: bool) -> str:
-    """The config key a source's data setting comes from (``demo.overlay.tiles.size`` where the
-    demo's overlay gives it, else ``tiles.size``): what a refusal names."""
-    overlay = config["demo"]["overlay"].get(section, {}) if demo else {}
-    return f"demo.overlay.{section}.{key}" if key in overlay else f"{section}.{key}"
-
-
 def check_tilings(config: Mapping, table: RegionTable, sources: Iterable[str]) -> None:
     """The tiling of each of ``sources`` (those the runs train on) as its shards jobs will get
     it, refused while the workflow is parsed when its stride leaves gaps between tiles
-    (:func:`emb.prep.tiles.check_stride`), naming the keys it came from."""
+    (:meth:`emb.prep.data_settings.Tiling.tile_spec`), naming the keys it came from."""
     for source in sorted(set(sources)):
-        demo = table.is_demo_data(source)
-        tiles = data_settings(config, "tiles", demo)
-        keys = (setting_key(config, "tiles", "size", demo),
-                setting_key(config, "tiles", "stride", demo))  # fmt: skip
-        try:
-            check_stride(int(tiles["size"]), int(tiles["stride"]), keys)
-        except TilingError as err:
-            raise TilingError(f"config {err}") from None
+        tiling_in_force(config, table.is_demo_data(source)).tile_spec()
 
 
 def split_group(checks: RegionChecks, source: str, region: str) -> dict[str, str]:
@@ -107,13 +78,13 @@ def check_split_blocks(
 ) -> None:
     """``splits.block_m`` against the extents of the regions of each of ``sources`` (those the
     runs train on), while the workflow is parsed
-    (:func:`emb.prep.tiles.check_blocks_hold_splits`). A source with a raster not made
+    (:func:`emb.prep.spatial_split.check_blocks_hold_splits`). A source with a raster not made
     yet (the demo's) is left to its jobs: its extent is unknown here."""
     for source in sorted(set(sources)):
         regions = table.training_regions(source)
         demo = table.is_demo_data(source)
-        block_m = float(data_settings(config, "splits", demo)["block_m"])
-        key = setting_key(config, "splits", "block_m", demo)
+        tiling = tiling_in_force(config, demo)
+        block_m, key = float(tiling.splits["block_m"]), tiling.keys["splits.block_m"]
         prints = {f.key: f for f in checks.footprints.get(source, [])}
         if demo:  # the demo's rasters, not made yet: their pixel size alone is known
             check_block_above_pixel(source, block_m, EMB_RES, str(file), key)
@@ -158,9 +129,15 @@ class RegionTable:
     _training: dict[str, list[str]] = field(init=False, repr=False)
     _mapped: dict[str, list[str]] = field(init=False, repr=False)
     _demo: dict[str, bool] = field(init=False, repr=False)
+    _cells: dict[str, dict[str, str]] = field(init=False, repr=False)  # column -> region -> cell
 
     def __post_init__(self) -> None:
         frame = self.frame
+        # input functions ask for cells thousands of times: a dict, not the frame's lookup
+        self._cells = {
+            str(column): dict(zip(frame.index, map(str, frame[column]), strict=True))
+            for column in frame.columns
+        }
         splits = frame["split"] if "split" in frame else pd.Series("", frame.index)
         predict_only = splits.map(is_predict_only)
         generated = set(self.generated)
@@ -200,13 +177,21 @@ class RegionTable:
     def split(self, region: str) -> str:
         """The region's split cell ('' when the table has none or the region is not in it:
         auto; ``is_predict_only`` of it says whether the region is only mapped)."""
-        if "split" not in self.frame or region not in self.frame.index:
-            return ""
-        return str(self.frame.at[region, "split"])
+        return self._cells.get("split", {}).get(region, "")
 
     def cell(self, region: str, column: str) -> str:
-        """A cell as the table gives it ('' when empty)."""
-        return str(self.frame.at[region, column]) if column in self.frame else ""
+        """A cell as the table gives it ('' when empty or the table has no such column)."""
+        return self._cells[column][region] if column in self._cells else ""
+
+    def raster_pixels(self, pixels: Mapping[str, int]) -> dict[tuple[str, str], int]:
+        """Pixels of each (source, region)'s raster (``pixels``: raster -> pixel count, as the
+        regions check read them; a raster not made yet counts as 0): what the resource
+        functions of the per-region rules look up, once per job."""
+        return {
+            (source, region): pixels.get(self.cell(region, source), 0)
+            for source in SOURCES
+            for region in self.regions
+        }
 
     def job_raster(self, region: str, source: str) -> str:
         """The raster the jobs read for a region's ``source`` cell: the cell's own file, or

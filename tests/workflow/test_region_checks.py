@@ -1,0 +1,74 @@
+"""The regions check reads rows ahead in threads (emb.workflow.region_checks): the error it
+raises is still the first of the table, row by row and column by column, and the labels check
+reads the CDL once for both sources and still checks both."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import rasterio
+from rasterio.transform import from_origin
+
+from emb.prep.regions import RegionsError, read_regions
+from emb.workflow.region_checks import READERS, check_regions
+
+HEADER = "region\tyear\taef\ttessera\tcdl\tsplit"
+KINDS = (("aef", 64, "int8"), ("tessera", 128, "float32"), ("cdl", 1, "uint8"))
+
+
+def raster(path: Path, count: int, dtype: str, x: float) -> str:
+    transform = from_origin(x, 4000000, 10, 10)
+    with rasterio.open(path, "w", driver="GTiff", width=4, height=4, crs="EPSG:32615",
+                       count=count, dtype=dtype, transform=transform) as dst:  # fmt: skip
+        dst.write(np.ones((count, 4, 4), dtype))
+    return str(path)
+
+
+def table_of(root: Path, rows: int, tessera_elsewhere: int = 0, aef_missing: int = 0) -> Path:
+    """``rows`` regions of tiny rasters, each on its own grid; row ``tessera_elsewhere`` (1-based)
+    has its TESSERA raster far from its CDL, row ``aef_missing`` an AEF path with no file."""
+    lines = [HEADER]
+    for row in range(1, rows + 1):
+        x = 500000 + row * 100
+        cells = {}
+        for kind, count, dtype in KINDS:
+            at = x + 50000 if kind == "tessera" and row == tessera_elsewhere else x
+            cells[kind] = raster(root / f"r{row}_{kind}.tif", count, dtype, at)
+        if row == aef_missing:
+            cells["aef"] = str(root / f"r{row}_missing.tif")
+        lines.append(
+            "\t".join([f"r{row}", "2024", cells["aef"], cells["tessera"], cells["cdl"], ""])
+        )
+    path = root / "regions.tsv"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_every_row_read_ahead_gives_its_sizes(tmp_path: Path) -> None:
+    path = table_of(tmp_path, 3 * READERS)
+    checks = check_regions(read_regions(path), path)
+    assert len(checks.pixels) == 3 * 3 * READERS and set(checks.pixels.values()) == {16}
+
+
+def test_the_labels_under_the_second_source_are_checked_through_the_shared_cdl(
+    tmp_path: Path,
+) -> None:
+    path = table_of(tmp_path, 2, tessera_elsewhere=2)
+    with pytest.raises(RegionsError, match=r"row 2 \(region 'r2'\), column 'cdl': .*r2_cdl\.tif "
+                       r"does not overlap the embedding raster .*r2_tessera\.tif"):  # fmt: skip
+        check_regions(read_regions(path), path)
+
+
+def test_the_first_mistake_of_the_table_is_named_though_a_later_row_is_read_first(
+    tmp_path: Path,
+) -> None:
+    """Row 3's labels fail in a reader thread, row 7's missing file too; row 3 is named, as a
+    check reading one row after another would name it."""
+    path = table_of(tmp_path, 2 * READERS + 2, tessera_elsewhere=3, aef_missing=7)
+    with pytest.raises(RegionsError, match=r"row 3 \(region 'r3'\), column 'cdl'"):
+        check_regions(read_regions(path), path)
+    path = table_of(tmp_path, 2 * READERS + 2, tessera_elsewhere=7, aef_missing=3)
+    with pytest.raises(RegionsError, match=r"row 3 \(region 'r3'\), column 'aef': file not found"):
+        check_regions(read_regions(path), path)
