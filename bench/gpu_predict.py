@@ -4,7 +4,7 @@ the map job against its parts, side by side.
 The job maps one synthetic AEF region (S x S px, 64 bands int8) with a run that part (b)
 trained (its best.pt, config and data), through ``python -m emb.cluster.launch
 --nproc-per-node 1 ... -- emb.evaluation.predict --regions TABLE``, with the options of
-``config/config.yaml``'s ``predict:`` and the rule's threads. Two figures:
+the workflow's ``predict:`` settings and the rule's threads. Two figures:
 
 - ``job_mpx_s``: the region's megapixels over the whole job's wall time (process start,
   imports, CUDA set-up, model load, the map, its COG, legend and quicklook, publishing);
@@ -63,9 +63,19 @@ def write_aef_raster(path: Path, size: int) -> Path:
     return path
 
 
+def predict_settings() -> dict:
+    """``predict:`` as the workflow gets it: ``config/config.yaml`` with the config schema's
+    defaults filled in (Snakemake's validation, common.smk)."""
+    from snakemake.utils import validate
+
+    config = yaml.safe_load((REPO / "config/config.yaml").read_text())
+    validate(config, str(REPO / "workflow/schemas/config.schema.yaml"))
+    return config["predict"]
+
+
 def predict_options() -> list[str]:
-    """``config/config.yaml``'s ``predict:`` as the workflow passes it (common.smk)."""
-    cfg = yaml.safe_load((REPO / "config/config.yaml").read_text())["predict"]
+    """``predict:`` as the workflow passes it to the stage (common.smk)."""
+    cfg = predict_settings()
     options = [f"--overlap={cfg['overlap']}", f"--block={cfg['block']}",
                f"--batch-size={cfg['batch_size']}"]  # fmt: skip
     return options + ([f"--tile={cfg['tile']}"] if cfg.get("tile") else [])
@@ -257,7 +267,7 @@ def in_process_parts(run_dir: Path, raster: Path, work: Path, cpu: bool, threads
     """The map job against its parts in this process, on the bench's device, with the run's
     checkpoint, resolved runtime (precision, memory format), tile size and ``config.yaml``'s
     predict options."""
-    cfg = yaml.safe_load((REPO / "config/config.yaml").read_text())["predict"]
+    cfg = predict_settings()
     run = open_run(
         run_dir, load_class_map(REPO / "config/classes.csv"), REPO / "config/classes.csv"
     )

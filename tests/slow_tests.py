@@ -130,7 +130,7 @@ SLOW_FILES: dict[str, str | dict[str, str]] = {
     "tests/prep/test_bad_moments.py": {
         "test_n_tiles_takes_all_or_a_positive_number": "channel_stats runs (~7 s)",
     },
-    "tests/test_cli.py": {
+    "tests/test_stage_runner.py": {
         "test_train_on_a_config_that_is_not_a_mapping_is_exit_2_naming_it":
             "the train CLI in a subprocess (~7 s)",
     },

@@ -30,7 +30,7 @@ from conftest import REPO
 from test_plan import ground_points, values_at
 
 import emb.areas.fetch
-from emb import cli
+from emb import stage_runner
 from emb.areas import AreasError
 from emb.areas.fetch import FetchError, fetch
 
@@ -199,7 +199,9 @@ def test_a_missing_object_and_a_dropped_connection_are_named(served, tmp_path: P
     finally:
         RangeHandler.truncate = set()
     assert name in str(err.value) and "a rerun resumes" in str(err.value)
-    assert cli.exit_code(err.value) == cli.EXIT_INPUT  # one line, not a bug's traceback
+    assert (
+        stage_runner.exit_code(err.value) == stage_runner.EXIT_INPUT
+    )  # one line, not a bug's traceback
     assert not tile(tmp_path / "aef", NEEDED[1]).exists()  # never a partial file in its place
     assert not (tmp_path / "f.tsv").exists()
 

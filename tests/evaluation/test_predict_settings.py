@@ -13,7 +13,7 @@ import torch
 from conftest import CLASSES_CSV, TINY, TinyDemo
 from tiny_runs import resolved_config, write_run
 
-from emb import cli
+from emb import stage_runner
 from emb.config_schema import config_default
 from emb.evaluation.evaluate import main as evaluate_main
 from emb.evaluation.predict import main as predict_main
@@ -43,7 +43,7 @@ def refused(argv: list[str], capsys: pytest.CaptureFixture) -> str:
     """The stage's one ERROR line for ``argv``; its exit code must be 2 (bad input)."""
     with pytest.raises(SystemExit) as exc:
         predict_main(argv)
-    assert exc.value.code == cli.EXIT_INPUT, exc.value
+    assert exc.value.code == stage_runner.EXIT_INPUT, exc.value
     lines = [line for line in capsys.readouterr().err.splitlines() if " ERROR " in line]
     assert len(lines) == 1 and "Traceback" not in lines[0], lines
     return lines[0]
@@ -142,5 +142,5 @@ def test_evaluate_by_hand_says_what_is_wrong_with_the_checkpoint_without_threads
                        "--out-dir", str(tmp_path / "eval"), "--checkpoint", "best.pt"])  # fmt: skip
     err = capsys.readouterr().err
     assert "usage:" not in err and "required" not in err, err
-    assert exc.value.code == cli.EXIT_INPUT
+    assert exc.value.code == stage_runner.EXIT_INPUT
     assert f"run 'other' has no checkpoint {run_dir / 'best.pt'}" in str(exc.value)

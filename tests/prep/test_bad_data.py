@@ -206,7 +206,7 @@ def test_empty_split_stops_the_manifest_with_a_clear_message(tiny_demo, tmp_path
         text=True,
         env=venv_env(),
     )
-    assert result.returncode == 2, result.stderr[-2000:]  # bad input (emb.cli)
+    assert result.returncode == 2, result.stderr[-2000:]  # bad input (emb.stage_runner)
     assert "split 'test' of aef has no tiles" in result.stderr
     assert not (tmp_path / "m.json").exists()
 
@@ -231,7 +231,7 @@ def test_stats_with_zero_training_tiles_keep_the_old_stats(tmp_path: Path) -> No
         text=True,
         env=venv_env(),
     )
-    assert result.returncode == 2, result.stderr[-2000:]  # bad input (emb.cli)
+    assert result.returncode == 2, result.stderr[-2000:]  # bad input (emb.stage_runner)
     assert "manifest.json" in result.stderr and "no training tiles" in result.stderr
     assert (out / "stats.json").read_text() == '{"old": true}'
     assert not (out / "channel_mean.npy").exists()
@@ -254,7 +254,7 @@ def test_stats_on_a_corrupt_shard_name_it_and_keep_the_old_stats(
          "--out-dir", str(out)],
         capture_output=True, text=True, env=venv_env(),
     )  # fmt: skip
-    assert result.returncode == 2, result.stderr[-2000:]  # bad input (emb.cli)
+    assert result.returncode == 2, result.stderr[-2000:]  # bad input (emb.stage_runner)
     assert f"{Path(shards[0]).name}: truncated shard" in result.stderr
     assert "Traceback" not in result.stderr
     assert (out / "stats.json").read_text() == '{"old": true}'

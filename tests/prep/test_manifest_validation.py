@@ -14,7 +14,7 @@ import pytest
 import yaml
 from conftest import REPO, TINY, TinyDemo, venv_env
 
-from emb import cli
+from emb import stage_runner
 from emb.loading.shard_manifest import ValidationTooSmall, check_validation_scored
 from emb.prep.manifest import main as manifest_main
 from emb.prep.shards import build_region
@@ -50,7 +50,7 @@ def test_a_val_split_no_rank_can_score_is_refused_naming_the_run(
             f"{biggest + 1}"]  # fmt: skip
     with pytest.raises(SystemExit) as exc:
         manifest_main(argv)
-    assert exc.value.code == cli.EXIT_INPUT
+    assert exc.value.code == stage_runner.EXIT_INPUT
     err = capsys.readouterr().err
     errors = [s for s in err.splitlines() if " ERROR " in s]
     assert len(errors) == 1, err

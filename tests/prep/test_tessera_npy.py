@@ -10,7 +10,6 @@ import pytest
 import rasterio
 from affine import Affine
 
-from emb.cli import EXIT_INPUT, EXIT_NO_INPUT, StageExit
 from emb.prep.tessera_npy import (
     TesseraNpyError,
     check_triple,
@@ -19,6 +18,7 @@ from emb.prep.tessera_npy import (
     main,
 )
 from emb.rasters import nodata_mask
+from emb.stage_runner import EXIT_INPUT, EXIT_NO_INPUT, StageExit
 
 H, W, D = 40, 48, 128
 GRID = "grid_0.15_52.05"

@@ -158,8 +158,8 @@ def workflow_config(env: Env, **changes) -> Callable[[], None]:
     for dotted, value in changes.items():
         node = data
         *parents, leaf = dotted.split("__")
-        for part in parents:
-            node = node[part]
+        for part in parents:  # a section config.yaml leaves to the schema: made here
+            node = node.setdefault(part, {})
         node[leaf] = value
 
     def action() -> None:

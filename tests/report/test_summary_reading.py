@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from emb import cli
+from emb import stage_runner
 from emb.io import read_json
 from emb.loading.shard_manifest import read_manifest
 from emb.prep.manifest import read_index
@@ -34,7 +34,7 @@ def summary_refusal(tmp_path: Path, metrics: Path, capsys: pytest.CaptureFixture
     out = tmp_path / "summary.csv"
     with pytest.raises(SystemExit) as exc:
         summary_main(["--runs", "r", "--metrics", str(metrics), "--out", str(out)])
-    assert exc.value.code == cli.EXIT_INPUT, exc.value
+    assert exc.value.code == stage_runner.EXIT_INPUT, exc.value
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if " ERROR " in line]
     assert len(lines) == 1 and "Traceback" not in err, err
@@ -89,10 +89,12 @@ def test_every_reader_of_embs_json_names_a_file_cut_short(
     path.write_bytes(path.read_bytes()[:size])
     with pytest.raises(ValueError) as err:
         read(path)
-    assert cli.exit_code(err.value) == cli.EXIT_INPUT  # a known error: one line, exit 2
-    text = cli.message(err.value)
+    assert (
+        stage_runner.exit_code(err.value) == stage_runner.EXIT_INPUT
+    )  # a known error: one line, exit 2
+    text = stage_runner.message(err.value)
     assert text.startswith(f"{path}: not a {what} (") and f"; {size} bytes: cut short" in text
     path.write_bytes(b"\xff\xfe{}")  # not even text
     with pytest.raises(ValueError, match=r"byte 0 is not UTF-8") as err:
         read(path)
-    assert cli.exit_code(err.value) == cli.EXIT_INPUT
+    assert stage_runner.exit_code(err.value) == stage_runner.EXIT_INPUT

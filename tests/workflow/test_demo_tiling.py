@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import yaml
 from conftest import REPO
+from snakemake.utils import validate
 
 from emb.evaluation.bootstrap import BootstrapSettings
 from emb.prep.demo_region import DEMO_REGIONS, EMB_RES
@@ -13,6 +14,7 @@ from emb.prep.spatial_split import SplitSpec, assign_blocks, blocks_in
 
 def test_the_demo_split_draws_at_least_the_interval_floor_of_test_blocks_per_run() -> None:
     config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    validate(config, str(REPO / "workflow/schemas/config.schema.yaml"))  # the defaults filled
     block_m = config["demo"]["overlay"]["splits"]["block_m"]
     side = config["demo"]["size"] * EMB_RES
     test_blocks = 0  # a run trains on every demo region of its source

@@ -15,6 +15,7 @@ import yaml
 from affine import Affine
 from conftest import CLASSES_CSV, REPO, venv_env
 from rasterio.crs import CRS
+from snakemake.utils import validate
 
 from emb.evaluation.windows import PredictSettingsError
 from emb.prep.demo_region import DEMO_REGIONS, write_region
@@ -30,6 +31,7 @@ from emb.workflow.region_table import RegionTable, check_split_blocks, demo_rast
 from emb.workflow.run_configs import check_windows
 
 SCHEMA_CONFIG = yaml.safe_load((REPO / "config/config.yaml").read_text())
+validate(SCHEMA_CONFIG, str(REPO / "workflow/schemas/config.schema.yaml"))  # the defaults filled
 SEGFORMER = {"model": {"arch": "segformer", "widths": [16, 32, 64, 128]}}
 DEEPLAB = {"model": {"arch": "deeplab", "widths": [16, 32, 64, 128]}}
 

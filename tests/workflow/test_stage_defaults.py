@@ -60,7 +60,7 @@ def stage_modules() -> list[str]:
         f"emb.{package}.{path.stem}"
         for package in STAGE_PACKAGES
         for path in (SRC / package).glob("*.py")
-        if "@cli.stage" in path.read_text()
+        if "@stage_runner.stage" in path.read_text()
     )
 
 

@@ -12,7 +12,7 @@ import json
 import logging
 from pathlib import Path
 
-from emb import cli
+from emb import stage_runner
 from emb.areas.plan import plan_areas
 from emb.areas.vrt import write_mosaic
 from emb.io import atomic_path
@@ -45,7 +45,7 @@ def build(areas: Path, collections: dict, table: Path) -> list[Path]:
     return written
 
 
-@cli.stage
+@stage_runner.stage
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--areas", type=Path, required=True, help="areas file")

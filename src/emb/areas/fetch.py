@@ -35,7 +35,7 @@ import rasterio
 from rasterio.errors import RasterioError
 from rasterio.windows import Window
 
-from emb import cli
+from emb import stage_runner
 from emb.areas import AreasError
 from emb.areas.checks import check_tile
 from emb.areas.index import CollectionTile, check_in_folder
@@ -390,7 +390,7 @@ def fetch(
     return records
 
 
-@cli.stage
+@stage_runner.stage
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--areas", type=Path, required=True)

@@ -53,12 +53,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from emb.cli import ERROR_FILE_ENV
 from emb.cluster.gpu_check import too_many_processes
 from emb.cluster.retries import earlier_failure, errors_file, record_failure
 from emb.cluster.slurm import SlurmError, first_node, job_end_time, node_address
 from emb.cluster.supervise import EX_TEMPFAIL, LaunchError, resumable_exit, supervise
 from emb.cluster.torchrun_output import TorchrunOutput
+from emb.stage_runner import ERROR_FILE_ENV
 
 RENDEZVOUS = ("auto", "standalone", "c10d")
 LAUNCH_ID_ENV = "EMB_LAUNCH_ID"  # unique per launch: a retry's ranks never meet an earlier one's

@@ -54,7 +54,7 @@ def record_failure(record: Path, attempt: int, code: int) -> None:
 
 
 def errors_file(record: Path) -> Path:
-    """Where the command's ERROR lines are copied (``EMB_ERROR_FILE``, emb.cli)."""
+    """Where the command's ERROR lines are copied (``EMB_ERROR_FILE``, emb.stage_runner)."""
     return record.with_name(record.name + ".errors")
 
 

@@ -18,7 +18,7 @@ import argparse
 import logging
 from pathlib import Path
 
-from emb import cli
+from emb import stage_runner
 from emb.classes import ClassMap, load_class_map
 from emb.config_schema import config_option
 from emb.evaluation.area_check import CheckDesign, check, read_population
@@ -117,7 +117,7 @@ def sample_rows(args: argparse.Namespace, cmap: ClassMap, z: float) -> list[dict
     return rows
 
 
-@cli.stage
+@stage_runner.stage
 def main(argv: list[str] | None = None) -> None:
     args = main_args(argv)
     cmap = load_class_map(args.classes)

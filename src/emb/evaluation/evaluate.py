@@ -36,7 +36,7 @@ import pandas as pd
 import torch
 import torch.distributed as dist
 
-from emb import cli, plots
+from emb import plots, stage_runner
 from emb.classes import ClassMap, load_class_map
 from emb.config_schema import config_option
 from emb.evaluation.block_scores import (
@@ -329,7 +329,7 @@ def confidence_level(text: str) -> float:
     return value
 
 
-@cli.stage
+@stage_runner.stage
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run-dir", type=Path, required=True, help="results/runs/{run}")

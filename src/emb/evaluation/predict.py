@@ -30,9 +30,8 @@ import numpy as np
 import rasterio
 import torch
 
-from emb import cli
+from emb import stage_runner
 from emb.classes import ClassMap, load_class_map
-from emb.cli import Interrupted
 from emb.cluster.launch import LAUNCH_ID_ENV
 from emb.colours import cdl_palette, l3_colours
 from emb.config_schema import config_option
@@ -58,6 +57,7 @@ from emb.evaluation.windows import MapBlock, PredictSpec, blocks, map_blocks, mo
 from emb.models.runtime import CPU_HOST, Host, Runtime
 from emb.progress import Progress
 from emb.provenance import digest_file, provenance
+from emb.stage_runner import Interrupted
 
 log = logging.getLogger(__name__)
 
@@ -267,7 +267,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-@cli.stage
+@stage_runner.stage
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))

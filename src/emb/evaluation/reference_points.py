@@ -16,7 +16,7 @@ import argparse
 import logging
 from pathlib import Path
 
-from emb import cli
+from emb import stage_runner
 from emb.classes import load_class_map
 from emb.config_schema import config_option
 from emb.evaluation.sample_design import draw_points, write_design
@@ -51,7 +51,7 @@ def check_design_options(p: argparse.ArgumentParser, args: argparse.Namespace) -
         p.error(f"--seed: expected an integer >= 0, found {args.seed}")
 
 
-@cli.stage
+@stage_runner.stage
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument(

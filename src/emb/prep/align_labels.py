@@ -20,7 +20,7 @@ from rasterio.enums import Resampling
 from rasterio.warp import reproject, transform_bounds
 from rasterio.windows import Window
 
-from emb import cli
+from emb import stage_runner
 from emb.classes import IGNORE, ClassMap, load_class_map
 from emb.io import atomic_path, reading, write_json
 from emb.progress import Progress
@@ -139,7 +139,7 @@ def align_labels(
     return {"counts": dict(counts), "unmapped_codes": {str(k): v for k, v in sorted(codes.items())}}
 
 
-@cli.stage
+@stage_runner.stage
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--emb", type=Path, required=True, help="embedding raster")

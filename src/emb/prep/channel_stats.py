@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from emb import cli
+from emb import stage_runner
 from emb.config_schema import config_option
 from emb.io import atomic_path, write_json
 from emb.loading.batch_reader import BatchReader, check_tile_header, round_robin
@@ -251,7 +251,7 @@ def n_tiles_arg(text: str) -> int | str:
     return int(text)
 
 
-@cli.stage
+@stage_runner.stage
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--manifest", type=Path, required=True)

@@ -23,7 +23,7 @@ from rasterio.crs import CRS
 from rasterio.warp import transform as warp_transform
 from rasterio.warp import transform_bounds
 
-from emb import cli
+from emb import stage_runner
 from emb.classes import load_class_map
 from emb.config_schema import config_option
 from emb.rasters import AEF_NODATA, BANDS, dequantize_tessera, quantize_aef, quantize_tessera
@@ -215,7 +215,7 @@ def write_region(
     return paths
 
 
-@cli.stage
+@stage_runner.stage
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--region", required=True, choices=[r.name for r in DEMO_REGIONS])

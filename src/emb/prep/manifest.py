@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from emb import cli
+from emb import stage_runner
 from emb.io import read_json, write_json
 from emb.loading.shard_manifest import ManifestError, check_validation_scored
 from emb.prep.spatial_split import SPLITS
@@ -111,7 +111,7 @@ def validation_option(text: str) -> tuple[str, int, int]:
         ) from None
 
 
-@cli.stage
+@stage_runner.stage
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("indexes", type=Path, nargs="+", help="region index JSON files")

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from emb import cli
+from emb import stage_runner
 from emb.io import write_json
 from emb.loading.sidecar import Member, npy_member, sidecar_path, write_sidecar
 
@@ -148,7 +148,7 @@ def publish_shards(staging: Path, out_dir: Path, index: dict, index_path: Path |
             moves.append((staged, shard["path"]))
     if index_path is not None:
         write_json(staging / "index.json", index)
-    with cli.signals_deferred():
+    with stage_runner.signals_deferred():
         for staged, final in moves:
             # The tar first: a crash in between leaves the old sidecar (or none) beside the
             # new tar, which the loader refuses (size) or scans; never a sidecar without its tar.

@@ -25,7 +25,7 @@ import numpy as np
 import rasterio
 from affine import Affine
 
-from emb import cli
+from emb import stage_runner
 from emb.classes import IGNORE, N_L3
 from emb.config_schema import config_default, config_option
 from emb.io import json_text, reading
@@ -261,7 +261,7 @@ def _extent(text: str) -> tuple[float, float, float, float] | None:
     return (x0, y0, x1, y1)
 
 
-@cli.stage
+@stage_runner.stage
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--source", required=True, choices=sorted(BANDS))

@@ -32,7 +32,7 @@ from rasterio.crs import CRS
 from rasterio.errors import RasterioIOError
 from rasterio.windows import Window
 
-from emb import cli
+from emb import stage_runner
 from emb.io import atomic_path, reading
 from emb.progress import Progress
 from emb.rasters import BANDS
@@ -277,7 +277,7 @@ def convert(triple: TesseraTriple, out_tif: Path | str, block: int = BLOCK) -> d
     return dict(counts)
 
 
-@cli.stage
+@stage_runner.stage
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--npy", type=Path, required=True, help="geotessera embedding .npy")

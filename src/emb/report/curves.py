@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from emb import cli, plots
+from emb import plots, stage_runner
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ def read_history(path: Path, run: str) -> pd.DataFrame:
     return history
 
 
-@cli.stage
+@stage_runner.stage
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from emb import cli, plots
+from emb import plots, stage_runner
 from emb.classes import load_class_map
 from emb.io import atomic_path
 from emb.loading.shard_manifest import read_manifest
@@ -81,7 +81,7 @@ def class_table(manifest: dict, l3_names: tuple[str, ...]) -> pd.DataFrame:
     return table.sort_values(list(manifest["splits"])[0], ascending=False)
 
 
-@cli.stage
+@stage_runner.stage
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--manifest", type=Path, required=True)

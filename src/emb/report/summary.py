@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from emb import cli, plots
+from emb import plots, stage_runner
 from emb.evaluation.bootstrap import (
     DIGITS,
     FEW_BLOCKS_WHY,
@@ -321,7 +321,7 @@ def summarize(
     return pd.DataFrame(rows)
 
 
-@cli.stage
+@stage_runner.stage
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", nargs="+", required=True)

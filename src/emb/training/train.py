@@ -8,7 +8,7 @@ WORLD_SIZE), the job's deadline (``SLURM_JOB_END_TIME``, which the launcher sets
 outside. The declared output ``train.json`` is written last, and only beside ``best.pt``; a
 validation split no rank can score is refused before anything starts.
 
-Exit codes (:mod:`emb.cli`): 0 done; 2 bad input or config; 3 diverged; 66 an input
+Exit codes (:mod:`emb.stage_runner`): 0 done; 2 bad input or config; 3 diverged; 66 an input
 missing; 73 an output not writable; 74 disk full (the previous checkpoint
 is intact); 75 stopped early with a checkpoint (signal or deadline): running the job again
 resumes. Collectives time out after ``train.collective_timeout_s``, so a lost rank fails the
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from emb import cli
+from emb import stage_runner
 from emb.io import is_disk_full, write_json
 from emb.models.runtime import Host, Runtime
 from emb.training.loop import Stopped, read_checked_manifest, run
@@ -96,7 +96,7 @@ def write_summary(run_dir: Path, summary: dict) -> None:
     write_json(run_dir / "train.json", summary)
 
 
-@cli.stage
+@stage_runner.stage
 def main(argv: list[str] | None = None) -> None:
     started = time.time()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> None:
         code = EXIT_CONFIG
     except OSError as err:
         if not is_disk_full(err):
-            raise  # emb.cli: a missing input 66, a read-only output 73, else a traceback
+            raise  # emb.stage_runner: a missing input 66, a read-only output 73, else a traceback
         log.error(
             "disk full: cannot write %s (%s); the previous checkpoint is intact: free space "
             "and run the job again to resume", err.filename, err.strerror,

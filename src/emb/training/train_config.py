@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from emb import cli
+from emb import stage_runner
 from emb.io import atomic_path, read_yaml
 from emb.training.run_config import ConfigError, TrainConfig
 
@@ -108,7 +108,7 @@ def resolve(files: list[Path], overrides: list[str], schema: Path) -> dict:
     return config
 
 
-@cli.stage
+@stage_runner.stage
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Resolve a run's training configuration.")
     parser.add_argument("files", type=Path, nargs="+", help="YAML files, later ones win")

@@ -29,7 +29,7 @@ from rasterio.io import DatasetReader
 from rasterio.warp import transform_bounds
 from rasterio.windows import Window, from_bounds
 
-from emb import cli
+from emb import stage_runner
 from emb.prep import tessera_npy
 from emb.prep.footprints import (
     Footprint,
@@ -343,7 +343,7 @@ def _open_tessera_npy(file: str, where: str) -> Raster:
         triple = tessera_npy.find_triple(file)
         facts = tessera_npy.check_triple(triple)
     except (tessera_npy.TesseraNpyError, OSError) as err:
-        raise RegionsError(f"{where}: {cli.message(err)}") from None
+        raise RegionsError(f"{where}: {stage_runner.message(err)}") from None
     raster = Raster(file, facts.crs, facts.bounds, facts.transform, (facts.height, facts.width),
                     triple.tags)  # fmt: skip
     _check_grid(raster, where)

@@ -3,7 +3,7 @@ and an exit code per kind (docs/design.md, "Exit codes").
 
 A stage adopts it with one decorator::
 
-    @cli.stage
+    @stage_runner.stage
     def main(argv: list[str] | None = None) -> None:
         args = parser.parse_args(argv)
         log.info("...")  # log = logging.getLogger(__name__)
