@@ -221,7 +221,7 @@ def loader_ratios(work: Path, repeats: int, batch: int = 8) -> dict:
     first: dict[str, float] = {}
 
     def load(workers: int, dequant: bool = False) -> None:
-        spec = LoaderSpec("aef", 64, batch, num_workers=workers, shuffle_buffer=64)
+        spec = LoaderSpec("aef", 64, batch, num_workers=workers, shuffle_buffer=64, seed=0)
         start = time.perf_counter()
         for i, b in enumerate(train_batches(shards, samples, spec, 0, 1, epoch=0)):
             if i == 0:

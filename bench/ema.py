@@ -87,7 +87,7 @@ def main() -> None:
         flatten_(flat, "buffers")
         fns, counts = {}, {}
         for label, model in (("flat", flat), ("each", each)):
-            fns[label], _ = bookkeeping(model, ModelEma(model, 0.9999), device)
+            fns[label], _ = bookkeeping(model, ModelEma(model, 0.9999, warmup=True), device)
             counts[label] = ops(fns[label])
         seconds = timed(fns, device, args.blocks, args.reps)
         tensors = len(list(each.parameters())) + len(list(each.buffers()))

@@ -45,7 +45,7 @@ from emb.evaluation.map_files import map_profile, tmp_sibling, to_cog
 from emb.evaluation.predict import predict_raster
 from emb.evaluation.runs import TrainedRun, open_run
 from emb.evaluation.windows import BlockReader, PredictSpec, blocks, owned_origins
-from emb.models.runtime import Runtime
+from emb.models.runtime import CPU_HOST, Host, Runtime
 
 START, END = "regions to map", "published"  # the predict stage's own log lines
 
@@ -271,10 +271,11 @@ def in_process_parts(run_dir: Path, raster: Path, work: Path, cpu: bool, threads
     run = open_run(
         run_dir, load_class_map(REPO / "config/classes.csv"), REPO / "config/classes.csv"
     )
-    device = torch.device("cpu" if cpu else "cuda")
     if cpu:
         torch.set_num_threads(threads)
-    on = run.runtime(device)
+    # the bench's one device: the CPU, or the first GPU as a job's only rank would take it
+    on = run.runtime(CPU_HOST if cpu else Host.here({"LOCAL_RANK": "0"}))
+    device = on.device
     tile = cfg.get("tile") or run.tile_size
     spec = PredictSpec(tile, cfg["overlap"], cfg["block"], cfg["batch_size"])
     with rasterio.open(raster) as src:

@@ -116,7 +116,7 @@ def trainer_step(
     sched = warmup_cosine(opt, 500, 10_000, 1e-4, 1e-6, 0)
     trainer = Trainer(
         model, MultiHeadLoss(WEIGHTS, 0.05).to(device), targets, prepare, opt, sched, runtime,
-        LoopConfig(precision=precision), ModelEma(plain, 0.9999),
+        LoopConfig(precision=precision), ModelEma(plain, 0.9999, warmup=True),
     )  # fmt: skip
     used[f"trainer {'cl' if channels_last else 'eager'}{' compiled' if compile else ''}"] = (
         trainer.model, trainer.loss_fn, trainer.targets, trainer.dequantize, trainer.ema.module,

@@ -96,7 +96,7 @@ def child_rank(manifest_path: str, rank: str) -> dict:
 
     start = time.perf_counter()
     train = read_manifest(Path(manifest_path))["splits"]["train"]
-    spec = LoaderSpec("tessera", DIM, batch_size=8, num_workers=2, shuffle_buffer=256)
+    spec = LoaderSpec("tessera", DIM, batch_size=8, num_workers=2, shuffle_buffer=256, seed=0)
     batches = train_batches(train["shards"], train["samples"], spec, int(rank), 2, 0,
                             shard_samples=shard_sample_counts(train))  # fmt: skip
     batch = next(batches)

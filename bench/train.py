@@ -61,13 +61,17 @@ def compact_batch(n: int, tile: int) -> dict[str, torch.Tensor]:
 
 def optimizer_and_schedule(model: nn.Module):
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.01, fused=True)
-    return opt, warmup_cosine(opt, 10, 10_000, 3e-4, 1e-6)
+    return opt, warmup_cosine(opt, 10, 10_000, 3e-4, 1e-6, 0)
 
 
 def bare_step(model: nn.Module, batch: dict, cmap: ClassMap) -> Step:
     """nanoGPT-style: the fewest lines that do the same work."""
     opt, sched = optimizer_and_schedule(model)
-    loss_fn, targets_of, prepare = MultiHeadLoss(WEIGHTS), HierarchyTargets(cmap), Dequantize("aef")
+    loss_fn, targets_of, prepare = (
+        MultiHeadLoss(WEIGHTS, 0.05),
+        HierarchyTargets(cmap),
+        Dequantize("aef"),
+    )
     model.train()
 
     def step() -> None:
@@ -85,9 +89,9 @@ def bare_step(model: nn.Module, batch: dict, cmap: ClassMap) -> Step:
 def trainer_step(model: nn.Module, batch: dict, cmap: ClassMap, ema: bool) -> Step:
     opt, sched = optimizer_and_schedule(model)
     trainer = Trainer(
-        model, MultiHeadLoss(WEIGHTS), HierarchyTargets(cmap), Dequantize("aef"), opt, sched,
+        model, MultiHeadLoss(WEIGHTS, 0.05), HierarchyTargets(cmap), Dequantize("aef"), opt, sched,
         Runtime(torch.device("cpu")), LoopConfig(precision="fp32"),
-        ModelEma(model, 0.999) if ema else None,
+        ModelEma(model, 0.999, warmup=True) if ema else None,
     )  # fmt: skip
 
     def step() -> None:
@@ -98,7 +102,7 @@ def trainer_step(model: nn.Module, batch: dict, cmap: ClassMap, ema: bool) -> St
 
 def ema_update_times(model: nn.Module, repeats: int = 200) -> dict[str, float]:
     """Best seconds of the fused EMA update and of the per-tensor loop it replaced."""
-    fused, looped = ModelEma(model, 0.999), ModelEma(model, 0.999)
+    fused, looped = ModelEma(model, 0.999, True), ModelEma(model, 0.999, True)
 
     @torch.no_grad()
     def loop() -> None:

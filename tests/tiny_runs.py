@@ -64,7 +64,7 @@ def fit(config: dict, steps: int, seed: int = 0) -> list[dict[str, torch.Tensor]
     targets = HierarchyTargets(load_class_map(data.classes))
     manifest = json.loads(Path(data.manifest).read_text())
     train = manifest["splits"]["train"]
-    spec = LoaderSpec(data.source, cfg.model.in_dim, 8, seed=seed)
+    spec = LoaderSpec(data.source, cfg.model.in_dim, 8, 0, cfg.train.shuffle_buffer, seed)
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     snapshots = []
     step, epoch = 0, 0

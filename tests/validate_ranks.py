@@ -45,7 +45,9 @@ def main(ckpt: Path, out: Path, as_trained: bool = False) -> None:
         cfg.train, None,
     )  # fmt: skip
     val = json.loads(Path(cfg.data.manifest).read_text())["splits"]["val"]
-    spec = LoaderSpec(cfg.data.source, cfg.model.in_dim, cfg.train.batch_size if as_trained else 3)
+    batch = cfg.train.batch_size if as_trained else 3
+    spec = LoaderSpec(cfg.data.source, cfg.model.in_dim, batch, 0, cfg.train.shuffle_buffer,
+                      cfg.train.seed)  # fmt: skip
     batches = eval_batches(val["shards"], spec, rank, world, shard_sample_counts(val))
     if as_trained:
         loop = cfg.train

@@ -37,12 +37,15 @@ def test_validating_the_test_split_gives_the_figures_of_metrics_json(
     first = next(iter(models.values()))
     optimizer = torch.optim.SGD(first.parameters(), lr=0.0)
     trainer = Trainer(
-        first, MultiHeadLoss({"l1": 1.0, "l2": 1.0, "l3": 1.0}), HierarchyTargets(cmap),
+        first, MultiHeadLoss({"l1": 1.0, "l2": 1.0, "l3": 1.0}, run.cfg.loss.label_smoothing),
+        HierarchyTargets(cmap),
         run.dequantize(), optimizer, torch.optim.lr_scheduler.ConstantLR(optimizer, 1.0),
         Runtime(torch.device("cpu")), run.cfg.train, None,
     )  # fmt: skip
     test = read_manifest(Path(run.cfg.data.manifest), splits=("test",))["splits"]["test"]
-    spec = LoaderSpec(run.cfg.data.source, run.cfg.model.in_dim, 4)
+    train = run.cfg.train
+    spec = LoaderSpec(run.cfg.data.source, run.cfg.model.in_dim, 4, 0, train.shuffle_buffer,
+                      train.seed)  # fmt: skip
     batches = eval_batches(test["shards"], spec, 0, 1, shard_sample_counts(test))
 
     validated = trainer.validate(batches, models)

@@ -8,7 +8,7 @@ from conftest import TinyDemo
 from emb.loading.batches import LoaderSpec, eval_batches, train_batches
 from emb.loading.dequantize import Dequantize
 
-SPEC = LoaderSpec("tessera", 128, batch_size=4, shuffle_buffer=8, seed=1)
+SPEC = LoaderSpec("tessera", 128, batch_size=4, num_workers=0, shuffle_buffer=8, seed=1)
 
 
 def train_part(tiny_demo: TinyDemo) -> dict:

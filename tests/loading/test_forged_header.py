@@ -38,7 +38,7 @@ def test_channel_stats_refuses_a_forged_tile_header_before_allocating(shard: str
 
 
 def test_loader_refuses_a_forged_tile_header_before_allocating(shard: str) -> None:
-    spec = LoaderSpec("aef", 64, batch_size=1, tile_size=TILE)
+    spec = LoaderSpec("aef", 64, 1, 0, shuffle_buffer=0, seed=0, tile_size=TILE)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", MissingSidecarWarning)
         with pytest.raises(LoaderError) as err:

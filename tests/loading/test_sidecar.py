@@ -162,7 +162,11 @@ def test_a_sidecar_that_disagrees_with_its_tar_is_refused_naming_both(
     assert counts[copies[0]] == TINY["max_samples"] == 6
     spoil(copies[0])
     with pytest.raises(LoaderError, match=message):
-        list(eval_batches(copies, LoaderSpec("aef", 64, 4), shard_samples=counts))
+        list(
+            eval_batches(
+                copies, LoaderSpec("aef", 64, 4, 0, shuffle_buffer=0, seed=0), shard_samples=counts
+            )
+        )
 
 
 def test_a_rebuild_publishes_every_sidecar_with_its_tar_and_drops_stale_ones(tiny_demo, tmp_path):

@@ -40,7 +40,7 @@ def drain(batches) -> int:
 
 
 def spec(source: str = "aef", in_dim: int = 64) -> LoaderSpec:
-    return LoaderSpec(source, in_dim, batch_size=4, shuffle_buffer=8)
+    return LoaderSpec(source, in_dim, batch_size=4, num_workers=0, shuffle_buffer=8, seed=0)
 
 
 def test_shard_truncated_inside_a_member_names_the_shard(tiny_demo: TinyDemo, tmp_path) -> None:

@@ -59,6 +59,20 @@ def test_a_stride_past_the_tile_is_refused_naming_the_keys_it_came_from() -> Non
         tiling_in_force(config_with({"size": 64, "stride": 96}), demo=False).tile_spec()
 
 
+def test_a_stride_below_one_pixel_is_refused_not_divided_by() -> None:
+    """A shards stage run by hand with --stride 0 (the schema's minimum is 1 for the workflow)."""
+    with pytest.raises(TilingError, match=r"^tiles.stride 0: expected at least 1 pixel"):
+        TileSpec(64, 0)
+
+
+def test_a_changed_split_field_is_checked_as_changed_not_as_the_config_gave_it() -> None:
+    """The areas' yield check draws every block into train: fractions the config gives for
+    its own split (all zero, which the schema allows) do not stop it."""
+    config = config_with(splits={"fractions": [0, 0, 0]})
+    spec = tiling_in_force(config).split_spec(fractions={"train": 1.0})
+    assert spec.fractions == {"train": 1.0}
+
+
 def test_the_split_blocks_are_the_configs_the_overlays_over_them_for_demo_data() -> None:
     splits = {"block_m": 2560, "fractions": [0.6, 0.2, 0.2], "seed": 7, "buffer_m": 20}
     config = config_with(splits=splits)

@@ -173,7 +173,11 @@ def workflow_config(env: Env, **changes) -> Callable[[], None]:
 def loader(env: Env, shard: Path, in_dim: int = 64, samples: int | None = None):
     counts = {str(shard): samples} if samples is not None else None
     return lambda: list(
-        eval_batches([str(shard)], LoaderSpec("aef", in_dim, 4), shard_samples=counts)
+        eval_batches(
+            [str(shard)],
+            LoaderSpec("aef", in_dim, 4, 0, shuffle_buffer=0, seed=0),
+            shard_samples=counts,
+        )
     )
 
 

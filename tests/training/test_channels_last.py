@@ -44,7 +44,7 @@ def tiny_trainer(model: torch.nn.Module, class_map: ClassMap, runtime: Runtime) 
     return Trainer(
         model, MultiHeadLoss({"l1": 0.1, "l2": 0.3, "l3": 1.0}, 0.0),
         HierarchyTargets(class_map), Dequantize("aef"), opt,
-        warmup_cosine(opt, 1, 10, 1e-3, 1e-5), runtime, LoopConfig(), None,
+        warmup_cosine(opt, 1, 10, 1e-3, 1e-5, 0), runtime, LoopConfig(), None,
     )  # fmt: skip
 
 

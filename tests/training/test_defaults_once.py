@@ -4,14 +4,18 @@ what differs from it, and config/config.yaml restates none of the config schema'
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import inspect
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import yaml
 from conftest import REPO
 
+from emb.config_schema import config_default
+from emb.evaluation.windows import PredictSpec
 from emb.models import ModelConfig
 from emb.models.train_defaults import schema_defaults, section_defaults
 from emb.training.run_config import SECTIONS
@@ -94,3 +98,94 @@ def test_config_yaml_restates_no_default_of_the_schema() -> None:
     stated = leaves(config)
     again = sorted(k for k, v in stated.items() if v == schema_default(CONFIG_SCHEMA, k))
     assert again == [], f"{path}: the schema's defaults stated a second time: {again}"
+
+
+# Parameters that take a train schema setting under another name.
+RENAMED = {
+    "policy": ["train.nonfinite_policy"],
+    "max_in_row": ["train.max_nonfinite_in_row"],
+    "every_updates": ["train.val_every_updates", "train.checkpoint_every_updates"],
+    "save_every_epochs": ["train.save_every"],
+    "bn_batch_stats": ["train.val_bn_batch_stats"],
+    "min_batch": ["train.val_min_batch"],
+}
+# (module, name): a literal default equal to a setting's by coincidence of name and value,
+# not standing in for the setting; each with why.
+NOT_SETTINGS = {
+    ("emb/evaluation/bootstrap.py", "seed"): "the bootstrap's own seed, not train.seed",
+    ("emb/models/deeplab.py", "drop_path"): "a block's own rate (from drop_path_rates), not "
+    "model.drop_path, the rate of the deepest block, which the model's builder passes on",
+    ("emb/models/segformer.py", "drop_path"): "a block's own rate, as in deeplab.py",
+    ("emb/models/runtime.py", "compile"): "a plain CPU runtime's defaults (fp32, no "
+    "channels_last, no compile: evaluate's and predict's); training resolves train.compile",
+}
+
+
+def train_settings() -> dict[str, list[tuple[str, Any]]]:
+    """{parameter name: [(schema key, default)]}: every setting with a default other than
+    null (an optional parameter's None means "not given", not a stated value)."""
+    out: dict[str, list[tuple[str, Any]]] = {}
+    for section, node in TRAIN_SCHEMA["properties"].items():
+        for key, prop in node.get("properties", {}).items():
+            if prop.get("default") is not None:
+                out.setdefault(key, []).append((f"{section}.{key}", prop["default"]))
+    for name, keys in RENAMED.items():
+        out.setdefault(name, []).extend((k, schema_default(TRAIN_SCHEMA, k)) for k in keys)
+    return out
+
+
+def literal_defaults(tree: ast.AST) -> Iterator[tuple[str, ast.expr]]:
+    """(name, default) of every function's parameter and every class's annotated field."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+            args = node.args
+            positional = args.posonlyargs + args.args
+            yield from zip(
+                [a.arg for a in positional[len(positional) - len(args.defaults) :]],
+                args.defaults,
+                strict=True,
+            )
+            given = zip(args.kwonlyargs, args.kw_defaults, strict=True)
+            yield from ((a.arg, d) for a, d in given if d is not None)
+        elif isinstance(node, ast.ClassDef):
+            for item in node.body:
+                field = isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)
+                if field and item.value is not None:
+                    yield item.target.id, item.value
+
+
+def same(value: Any, default: Any) -> bool:
+    """Equal as settings (True is not 1, a tuple states a list)."""
+    return isinstance(value, bool) == isinstance(default, bool) and plain(value) == default
+
+
+def test_no_component_restates_a_training_default() -> None:
+    """A loss, EMA, guard, schedule or loader taking a setting must be given it (training/loop
+    passes the config's): a literal default equal to the schema's is a second copy a tune of
+    the schema would miss, as label_smoothing=0.05 and shuffle_buffer=256 were (issue 52)."""
+    settings, src = train_settings(), REPO / "src"
+    found = []
+    for path in sorted((src / "emb").rglob("*.py")):
+        module = path.relative_to(src).as_posix()
+        for name, node in literal_defaults(ast.parse(path.read_text(), str(path))):
+            if name not in settings or (module, name) in NOT_SETTINGS:
+                continue
+            try:
+                value = ast.literal_eval(node)
+            except (ValueError, TypeError):
+                continue  # computed (e.g. a default_factory reading the schema)
+            found += [f"src/{module}:{node.lineno}: {name}={value!r} restates {key}'s default"
+                      for key, default in settings[name] if same(value, default)]  # fmt: skip
+    assert found == [], "\n".join(found)
+
+
+def test_predict_spec_takes_the_config_schemas_defaults() -> None:
+    """PredictSpec states no default of its own: each is config predict.<field>'s, read when
+    a spec is made."""
+    given = {f.name: f for f in dataclasses.fields(PredictSpec)}
+    for name in ("overlap", "block", "batch_size"):
+        assert given[name].default is dataclasses.MISSING, f"PredictSpec.{name}: a literal default"
+    assert dataclasses.asdict(PredictSpec(64)) == {
+        "tile": 64,
+        **{k: config_default(f"predict.{k}") for k in ("overlap", "block", "batch_size")},
+    }

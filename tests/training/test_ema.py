@@ -49,7 +49,7 @@ def assert_bitwise_equal(a: nn.Module, b: nn.Module) -> None:
 def test_fused_update_equals_the_per_tensor_loop_bit_for_bit(decay: float) -> None:
     torch.manual_seed(0)
     model = build_model(TINY_DEEPLAB)
-    ema = ModelEma(model, decay)
+    ema = ModelEma(model, decay, warmup=True)
     reference = copy.deepcopy(ema.module)
     assert any(b.dtype == torch.int64 for b in reference.buffers())  # num_batches_tracked
     for step in range(6):
@@ -64,7 +64,7 @@ def test_fused_update_equals_the_per_tensor_loop_bit_for_bit(decay: float) -> No
 
 def test_update_refuses_a_model_with_other_tensors() -> None:
     torch.manual_seed(0)
-    ema = ModelEma(build_model(TINY_DEEPLAB), 0.9)
+    ema = ModelEma(build_model(TINY_DEEPLAB), 0.9, warmup=True)
     with pytest.raises(ValueError, match="shorter|longer"):
         ema.update(nn.Linear(2, 2))
 
@@ -112,7 +112,7 @@ def test_flat_ema_equals_the_per_tensor_ema_over_100_steps(device: str) -> None:
     twin = build_model(TINY_DEEPLAB).to(device)
     model = copy.deepcopy(twin)
     assert flatten_(model, "parameters") and flatten_(model, "buffers")
-    ema, reference = ModelEma(model, 0.99), ModelEma(twin, 0.99)
+    ema, reference = ModelEma(model, 0.99, True), ModelEma(twin, 0.99, True)
     assert ema._params.pairs is not None and reference._params.pairs is None
     for step in range(100):
         train_a_little(model, step)
@@ -143,7 +143,7 @@ def test_flat_ema_update_runs_the_same_ops_whatever_the_tensor_count() -> None:
         model = build_model(cfg)
         twin = copy.deepcopy(model)
         assert flatten_(model, "parameters") and flatten_(model, "buffers")
-        ema, reference = ModelEma(model, 0.99), ModelEma(twin, 0.99)
+        ema, reference = ModelEma(model, 0.99, True), ModelEma(twin, 0.99, True)
         tensors = len(list(model.parameters())) + len(list(model.buffers()))
         flat = aten_ops(lambda: ema.update(model, torch.tensor(True)))  # noqa: B023
         per_tensor = aten_ops(lambda: reference.update(twin, torch.tensor(True)))  # noqa: B023

@@ -30,6 +30,6 @@ def test_loss_of_a_batch_without_labels_is_zero_not_nan() -> None:
         for k, n in (("l1", 2), ("l2", 7), ("l3", 61))
     }
     targets = {k: torch.full((1, 4, 4), 255) for k in logits}
-    total, _ = MultiHeadLoss({"l1": 0.1, "l2": 0.3, "l3": 1.0})(logits, targets)
+    total, _ = MultiHeadLoss({"l1": 0.1, "l2": 0.3, "l3": 1.0}, 0.05)(logits, targets)
     total.backward()
     assert total.item() == 0.0 and torch.isfinite(logits["l3"].grad).all()

@@ -91,7 +91,7 @@ def test_the_workflow_warns_before_any_job(tmp_path: Path) -> None:
 
 def test_ema_decay_warms_up_by_default_and_is_fixed_without_warmup() -> None:
     model = torch.nn.Linear(2, 2)
-    warm, fixed = ModelEma(model, 0.9999), ModelEma(model, 0.9999, warmup=False)
+    warm, fixed = ModelEma(model, 0.9999, warmup=True), ModelEma(model, 0.9999, warmup=False)
     assert warm.current_decay() == pytest.approx(0.1) and fixed.current_decay() == 0.9999
     warm.updates = 80_000
     assert warm.current_decay() < 0.9999  # what the README states: reached after ~90k updates

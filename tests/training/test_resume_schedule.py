@@ -24,7 +24,7 @@ BASE, FLOOR, WARMUP = 1e-3, 1e-5, 2
 
 def scheduler(total: int) -> torch.optim.lr_scheduler.LambdaLR:
     opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))], lr=BASE)
-    return warmup_cosine(opt, WARMUP, total, BASE, FLOOR)
+    return warmup_cosine(opt, WARMUP, total, BASE, FLOOR, 0)
 
 
 def stepped(total: int, steps: int) -> torch.optim.lr_scheduler.LambdaLR:
@@ -57,7 +57,7 @@ def test_a_longer_or_shorter_run_continues_from_the_current_lr(new_total: int) -
     assert lrs[-1] == pytest.approx(FLOOR)  # the re-planned cosine ends at min_lr
     if new_total == 20:
         assert moved is None  # same length: nothing re-planned, bit for bit the old schedule
-        assert lrs == [BASE * lr_factor(s, WARMUP, 20, FLOOR / BASE) for s in range(10, 21)]
+        assert lrs == [BASE * lr_factor(s, WARMUP, 20, FLOOR / BASE, 0) for s in range(10, 21)]
     else:
         kept, jump = moved
         assert kept == pytest.approx(before) and not math.isclose(jump, before)

@@ -1,5 +1,5 @@
 """The seeds' recipe, pinned: a default that moves away from it must do so on purpose (with
-its reason in config/train/defaults.yaml and the README), and DeepLab's atrous rates fit the
+its reason in the train schema's description and the README), and DeepLab's atrous rates fit the
 tiles it is trained on (the ASPP input is tile/16 px)."""
 
 from __future__ import annotations
@@ -71,3 +71,19 @@ def test_a_deeplab_run_records_the_rates_of_its_tiles(tiny_demo: TinyDemo, tmp_p
     with pytest.raises(ConfigError, match=r"bad/config.yaml: model.aspp_rates: expected rates of"
                        r" at most 1 on 32-px tiles"):  # fmt: skip
         train_here(bad)
+
+
+def test_a_resolved_config_lists_its_keys_in_the_schemas_order_whichever_file_set_them(
+    tmp_path: Path,
+) -> None:
+    """The run's config.yaml reads the same way for every run: sections and keys in the
+    schema's order, not in the order the merged files happened to give them."""
+    late = tmp_path / "late.yaml"
+    late.write_text("train: {shuffle_buffer: 64, patience: 3, epochs: 2}\n")
+    files = [REPO / "config/train/defaults.yaml", REPO / "config/train/aef_deeplab.yaml", late]
+    config = resolve(files, [], SCHEMA)
+    schema = yaml.safe_load(SCHEMA.read_text())["properties"]
+    assert list(config) == [k for k in schema if k in config]
+    for section in ("train", "data", "model"):
+        order = list(schema[section]["properties"])
+        assert list(config[section]) == [k for k in order if k in config[section]], section

@@ -132,13 +132,13 @@ def test_cooldown_falls_linearly_to_min_lr_from_the_cosine() -> None:
     assert f[12] == pytest.approx(0.01)
     steps = [f[i] - f[i + 1] for i in range(8, 12)]
     assert steps == pytest.approx([steps[0]] * 4)  # linear
-    assert f[:8] == [lr_factor(s, 2, 12, 0.01) for s in range(8)]  # cosine before
+    assert f[:8] == [lr_factor(s, 2, 12, 0.01, 0) for s in range(8)]  # cosine before
 
 
 def test_ema_buffers_equal_model_buffers_and_parameters_lag(class_map) -> None:
     torch.manual_seed(0)
     model = build_model(TINY_DEEPLAB)
-    trainer = make_trainer(model, class_map, ema=ModelEma(model, decay=0.9))
+    trainer = make_trainer(model, class_map, ema=ModelEma(model, decay=0.9, warmup=True))
     for i in range(4):
         trainer.train_step([compact_batch(4, seed=i, size=16)])
     buffers = dict(model.named_buffers())
@@ -185,8 +185,8 @@ def test_an_fp16_config_on_a_cpu_runs_fp32_without_a_grad_scaler(class_map) -> N
     model = GroupNormNet()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     trainer = Trainer(
-        model, MultiHeadLoss(WEIGHTS), HierarchyTargets(class_map), Dequantize("aef"), opt,
-        warmup_cosine(opt, 1, 10, 0.1, 0.01), Runtime(torch.device("cpu"), "fp32"),
+        model, MultiHeadLoss(WEIGHTS, 0.05), HierarchyTargets(class_map), Dequantize("aef"), opt,
+        warmup_cosine(opt, 1, 10, 0.1, 0.01, 0), Runtime(torch.device("cpu"), "fp32"),
         LoopConfig(precision="fp16"), None,
     )  # fmt: skip
     assert trainer.scaler is None and trainer.precision == "fp32"
@@ -238,7 +238,7 @@ class PoisonOnce(nn.Module):
 def test_nonfinite_step_leaves_weights_bn_buffers_and_ema_untouched(class_map) -> None:
     torch.manual_seed(0)
     model = PoisonOnce(build_model(TINY_DEEPLAB))
-    trainer = make_trainer(model, class_map, ema=ModelEma(model, decay=0.9))
+    trainer = make_trainer(model, class_map, ema=ModelEma(model, decay=0.9, warmup=True))
     trainer.train_step([compact_batch(4, seed=0, size=16)])
     before, opt_before = state_of(trainer), copy.deepcopy(trainer.optimizer.state_dict())
     model.armed = True

@@ -122,7 +122,9 @@ def confusion_matrices(
     targets_of = HierarchyTargets(cmap).to(device)
     models = {name: run_on.prepare(run.model(name)) for name in run.weights}
     cms = {name: empty_confusions(device) for name in models}
-    spec = LoaderSpec(run.cfg.data.source, run.cfg.model.in_dim, batch_size, tile_size=tile_size)
+    loader = run.cfg.train  # the order's keys: unused, evaluation reads in the shards' order
+    spec = LoaderSpec(run.cfg.data.source, run.cfg.model.in_dim, batch_size, 0,
+                      loader.shuffle_buffer, loader.seed, tile_size=tile_size)  # fmt: skip
     mine = shards_for_rank(shards, rank, world)
     progress = Progress(sum(shard_samples[s] for s in mine), "tiles", f"{run.name} test", log)
     block_of = tile_blocks(mine) if blocks is not None else {}

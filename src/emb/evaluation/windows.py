@@ -34,7 +34,7 @@ import logging
 import math
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import rasterio
@@ -57,12 +57,13 @@ STRIP_BYTES = 64 << 20  # a float raster's block is read and quantized in strips
 
 @dataclass(frozen=True)
 class PredictSpec:
-    """Window size, overlap (fraction of the window), block side and batch, in pixels."""
+    """Window size, overlap (fraction of the window), block side and batch, in pixels; the
+    defaults are the config schema's ``predict.*`` (stated there once)."""
 
     tile: int
-    overlap: float = 0.5
-    block: int = 1024
-    batch_size: int = 16
+    overlap: float = field(default_factory=lambda: float(config_default("predict.overlap")))
+    block: int = field(default_factory=lambda: int(config_default("predict.block")))
+    batch_size: int = field(default_factory=lambda: int(config_default("predict.batch_size")))
 
     @property
     def stride(self) -> int:

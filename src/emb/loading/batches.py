@@ -46,9 +46,11 @@ class LoaderSpec:
     source: str
     in_dim: int
     batch_size: int
-    num_workers: int = 0
-    shuffle_buffer: int = 256
-    seed: int = 0
+    # the loader order's settings, required: their defaults are the training schema's
+    # (train.num_workers, train.shuffle_buffer, train.seed); evaluation reads in file order
+    num_workers: int
+    shuffle_buffer: int
+    seed: int
     tile_size: int | None = None  # the manifest's: bounds what shard headers may claim
     pin_memory: bool = False  # read into page-locked buffers (a CUDA/ROCm run's batches)
 

@@ -18,6 +18,8 @@ from typing import Any, TypeVar
 
 import yaml
 
+from emb.config_schema import SchemaError
+
 TRAIN_SCHEMA = Path(__file__).resolve().parents[3] / "workflow" / "schemas" / "train.schema.yaml"
 
 C = TypeVar("C", bound=type)
@@ -25,7 +27,12 @@ C = TypeVar("C", bound=type)
 
 @cache
 def _sections(path: Path) -> dict[str, Any]:
-    return yaml.safe_load(path.read_text(encoding="utf-8"))["properties"]
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))["properties"]
+    except (OSError, yaml.YAMLError, KeyError, TypeError) as err:
+        raise SchemaError(
+            f"{path}: the train schema (every training default) cannot be read: {err!r}"
+        ) from None
 
 
 def section_defaults(section: str, schema: Path = TRAIN_SCHEMA) -> dict[str, Any]:

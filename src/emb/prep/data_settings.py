@@ -12,7 +12,7 @@ overlay's for demo data) wherever it is read (:func:`emb.prep.tiles.stride_or_si
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from emb.config_schema import config_default
@@ -70,13 +70,13 @@ class Tiling:
     def split_spec(self, **changes: Any) -> SplitSpec:
         """The split blocks as :mod:`emb.prep.spatial_split` draws them (``changes``: fields
         replaced, e.g. a region's group key)."""
-        spec = SplitSpec(
-            float(self.setting("splits.block_m")),
-            dict(zip(SPLITS, self.setting("splits.fractions"), strict=True)),
-            int(self.setting("splits.seed")),
-            float(self.setting("splits.buffer_m")),
-        )
-        return replace(spec, **changes)
+        fields = {
+            "block_m": float(self.setting("splits.block_m")),
+            "fractions": dict(zip(SPLITS, self.setting("splits.fractions"), strict=True)),
+            "seed": int(self.setting("splits.seed")),
+            "buffer_m": float(self.setting("splits.buffer_m")),
+        }
+        return SplitSpec(**{**fields, **changes})  # checked once, as changed
 
 
 def tiling_in_force(config: Mapping, demo: bool = False) -> Tiling:

@@ -71,7 +71,13 @@ def check_stride(
 ) -> None:
     """Refuse a stride larger than the tile (:class:`TilingError`, naming ``keys``: the size's
     and the stride's settings): the gaps between tiles would hold pixels of no tile, neither
-    trained nor scored on, and :func:`tile_windows` promises every pixel a window."""
+    trained nor scored on, and :func:`tile_windows` promises every pixel a window. A stride
+    below one pixel (a stage run by hand: the schema's minimum is 1) is refused too."""
+    if stride is not None and stride < 1:
+        raise TilingError(
+            f"{keys[1]} {stride}: expected at least 1 pixel between tile origins (null: the "
+            "tile size)"
+        )
     if stride is None or stride <= size:
         return
     gaps = 1 - (size / stride) ** 2

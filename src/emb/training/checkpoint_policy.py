@@ -41,8 +41,8 @@ class Checkpointer:
         position: Stateful,
         identity: dict[str, Any],
         *,
-        save_every_epochs: int = 0,
-        every_updates: int = 0,
+        save_every_epochs: int,
+        every_updates: int,
         finished: Callable[[], bool] = lambda: False,
     ) -> None:
         self.run_dir, self.rank = run_dir, rank

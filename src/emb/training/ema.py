@@ -2,7 +2,7 @@
 
 Copying buffers matters: an EMA that averaged parameters but kept its initial BatchNorm
 running statistics validated as a broken model in the seeds' runs. With ``warmup`` (the
-default) the decay at update n is ``min(decay, (1 + n) / (10 + n))`` so short runs are not
+schema's default) the decay at update n is ``min(decay, (1 + n) / (10 + n))`` so short runs are not
 dominated by the initial weights: 0.99 after ~890 updates, 0.999 after ~9k, and 0.9999 only
 after ~90k. The seeds' own EMA uses the fixed decay from the first update (``warmup=False``).
 Where the model's parameters and buffers live in flat tensors (:mod:`emb.models.flat_tensors`,
@@ -28,7 +28,7 @@ from emb.training.checkpoint_file import unwrap
 class ModelEma:
     """A frozen copy of a model that follows it by ``shadow = d * shadow + (1 - d) * model``."""
 
-    def __init__(self, model: nn.Module, decay: float, warmup: bool = True) -> None:
+    def __init__(self, model: nn.Module, decay: float, warmup: bool) -> None:
         source = unwrap(model)
         self.module = copy.deepcopy(source).eval()
         self.module.requires_grad_(False)

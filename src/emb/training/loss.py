@@ -61,7 +61,7 @@ class MultiHeadLoss(nn.Module):
     def __init__(
         self,
         weights: dict[str, float],
-        label_smoothing: float = 0.05,
+        label_smoothing: float,
         l3_class_weights: torch.Tensor | None = None,
     ) -> None:
         super().__init__()

@@ -39,7 +39,7 @@ class NonfiniteGuard:
     ``policy`` "stop" allows no non-finite step, "skip" allows ``max_in_row - 1`` in a row.
     """
 
-    def __init__(self, device: torch.device, policy: str = "skip", max_in_row: int = 5) -> None:
+    def __init__(self, device: torch.device, policy: str, max_in_row: int) -> None:
         self.policy, self.max_in_row = policy, max_in_row
         self.limit = 1 if policy == "stop" else max_in_row
         self.state = self._initial(device, 0, 0)

@@ -35,7 +35,7 @@ def lr_factor(
     warmup_steps: int,
     total_steps: int,
     min_ratio: float,
-    cooldown_steps: int = 0,
+    cooldown_steps: int,
     anchor: tuple[int, float] | None = None,
 ) -> float:
     """Multiplier of the base LR for the optimizer step that follows ``step`` completed steps.
@@ -66,7 +66,7 @@ class Schedule:
     in the scheduler's state dict and restores them on load, anchor and length included."""
 
     def __init__(
-        self, warmup_steps: int, total_steps: int, min_ratio: float, cooldown_steps: int = 0
+        self, warmup_steps: int, total_steps: int, min_ratio: float, cooldown_steps: int
     ) -> None:
         self.warmup_steps, self.total_steps = warmup_steps, total_steps
         self.min_ratio, self.cooldown_steps = min_ratio, cooldown_steps
@@ -99,7 +99,7 @@ def warmup_cosine(
     total_steps: int,
     base_lr: float,
     min_lr: float,
-    cooldown_steps: int = 0,
+    cooldown_steps: int,
 ) -> LambdaLR:
     """A scheduler to be stepped once per optimizer step; its state dict is plain data."""
     ratio = min(1.0, min_lr / base_lr)

@@ -84,6 +84,19 @@ def schema_error(config: dict, schema: dict) -> str | None:
     return f"{where or 'top level'}: {error.message}"  # e.g. -4 is less than the minimum of 1
 
 
+def in_schema_order(config: dict, schema: dict) -> dict:
+    """``config`` with its keys in the schema's order at every level (keys the schema does not
+    list after them, as given): a resolved config reads the same whichever file set a key."""
+    known = schema.get("properties", {})
+    ordered = [k for k in known if k in config] + [k for k in config if k not in known]
+    return {
+        k: in_schema_order(config[k], known[k])
+        if isinstance(config[k], dict) and k in known
+        else config[k]
+        for k in ordered
+    }
+
+
 def resolve(files: list[Path], overrides: list[str], schema: Path) -> dict:
     """Merge the YAML ``files`` in order, apply ``overrides``, validate and fill defaults."""
     from snakemake.utils import validate  # the workflow's validator, defaults included
@@ -105,7 +118,7 @@ def resolve(files: list[Path], overrides: list[str], schema: Path) -> dict:
         raise ConfigError(f"{where}: {problem} (schema {schema})")
     validate(config, str(schema), set_default=True)
     TrainConfig.from_dict(config, " <- ".join(str(f) for f in files))  # cross-key rules
-    return config
+    return in_schema_order(config, rules)
 
 
 @stage_runner.stage
