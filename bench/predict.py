@@ -57,6 +57,7 @@ from emb.evaluation.runs import TrainedRun  # noqa: E402
 from emb.evaluation.windows import PredictSpec  # noqa: E402
 from emb.models import build_model  # noqa: E402
 from emb.models.runtime import Runtime  # noqa: E402
+from emb.models.train_defaults import TRAIN_SCHEMA  # noqa: E402
 from emb.training import checkpoint_file  # noqa: E402
 from emb.training.run_config import TrainConfig  # noqa: E402
 
@@ -86,9 +87,12 @@ def bench_run(tmp: Path, model: str) -> TrainedRun:
     cost), its manifest a stub naming the tile."""
     files = {"tiny": ("defaults", "aef_segformer", "demo"), "demo": ("defaults", "aef_segformer",
              "demo"), "full": ("defaults", "aef_segformer")}[model]  # fmt: skip
-    config: dict = {}
+    # every section of the train schema; keys no file sets take the schema's defaults
+    config: dict = {
+        section: {} for section in yaml.safe_load(TRAIN_SCHEMA.read_text())["properties"]
+    }
     for name in files:
-        data = yaml.safe_load((REPO / f"config/train/{name}.yaml").read_text())
+        data = yaml.safe_load((REPO / f"config/train/{name}.yaml").read_text()) or {}
         for key, value in data.items():
             config[key] = {**config.get(key, {}), **value}
     if model == "tiny":

@@ -20,7 +20,9 @@ def workdir_with(tmp_path: Path, rows: list[str]) -> Path:
     """A working directory whose regions.tsv holds ``rows`` (tab-separated, no header)."""
     shutil.copytree(REPO / "config", tmp_path / "config")
     cfg = tmp_path / "config" / "config.yaml"  # blocks small enough for the rows' 1.28 km
-    cfg.write_text(cfg.read_text().replace("block_m: 5120", "block_m: 320"))
+    config = yaml.safe_load(cfg.read_text())
+    config["splits"] = {**config.get("splits", {}), "block_m": 320}
+    cfg.write_text(yaml.safe_dump(config))
     (tmp_path / "config" / "regions.tsv").write_text(HEADER + "".join(r + "\n" for r in rows))
     return tmp_path
 
@@ -104,7 +106,7 @@ def test_unknown_key_in_config_yaml_is_rejected(tmp_path: Path, section, key) ->
     shutil.copy(REPO / "config" / "regions.tsv", workdir / "config" / "regions.tsv")
     path = workdir / "config" / "config.yaml"
     config = yaml.safe_load(path.read_text())
-    (config if section is None else config[section])[key] = 1
+    (config if section is None else config.setdefault(section, {}))[key] = 1
     path.write_text(yaml.safe_dump(config))
     result = run_snakemake(workdir)
     assert_stopped_before_any_job(result, workdir, key)
