@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,6 +51,19 @@ def corrupt_copy(src: Path, dst: Path) -> Path:
         fh.seek(offset)
         fh.write(b"\xff" * size)
     return dst
+
+
+def wait_for(predicate, timeout: float, proc: subprocess.Popen | None = None, what: str = ""):
+    """Poll ``predicate`` every 5 ms until it returns something truthy."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = predicate()
+        if found:
+            return found
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"process ended (code {proc.returncode}) before {what}")
+        time.sleep(0.005)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def venv_env() -> dict[str, str]:

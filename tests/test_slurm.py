@@ -15,20 +15,17 @@ import re
 import shutil
 import subprocess
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
 
 import pytest
 import yaml
-from conftest import REPO, corrupt_copy, venv_env
+from conftest import REPO, corrupt_copy, venv_env, wait_for
 
 from emb.workflow.profile import local_node
 
 pytestmark = pytest.mark.slurm
 
 PROFILE = REPO / "profiles" / "slurm-localhost"
-T = TypeVar("T")
 RUN_LIMIT_S = 1200  # one Snakemake run on the local SLURM, ended by `timeout -k 30`
 # Tiny-demo epochs take 0.1 s each on a quiet 2-core machine (2026-11-25), up to 0.6 s under
 # load: 120 outlast the ~1 s between the first job's second epoch and its signal.
@@ -74,14 +71,6 @@ def snakemake(
     (workdir / f"snakemake-{int(started)}.log").write_text(result.stdout + result.stderr)
     print(f"snakemake {' '.join(args)}: {time.time() - started:.0f} s")
     return result
-
-
-def wait_for(found: Callable[[], T | None], running: subprocess.Popen, what: str) -> T:
-    """``found()``'s first true answer, polled while ``running`` runs: an event, not a time."""
-    while not (answer := found()):
-        assert running.poll() is None, f"Snakemake ended before {what}"
-        time.sleep(0.2)
-    return answer
 
 
 def profile_with(tmp: Path, name: str, train: dict) -> Path:
@@ -236,10 +225,10 @@ def test_a_training_signalled_as_at_its_time_limit_checkpoints_is_retried_and_re
     history = run_dir / "history.csv"
     with subprocess.Popen(cmd, cwd=workdir, env=venv_env(), stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True) as running:  # fmt: skip
-        first_job = wait_for(lambda: slurm_job_logs(workdir, "train", "aef_limit"), running,
-                             "the first training job started")[0].stem  # fmt: skip
+        first_job = wait_for(lambda: slurm_job_logs(workdir, "train", "aef_limit"), RUN_LIMIT_S,
+                             running, "the first training job started")[0].stem  # fmt: skip
         wait_for(lambda: history.exists() and len(history.read_text().splitlines()) > 2,
-                 running, "two epochs were trained")  # fmt: skip
+                 RUN_LIMIT_S, running, "two epochs were trained")  # fmt: skip
         subprocess.run(["scancel", "--signal=USR1", first_job], check=True)
         out, _ = running.communicate(timeout=RUN_LIMIT_S + 60)
     (workdir / "snakemake-limit.log").write_text(out)

@@ -20,23 +20,25 @@ SCHEMA = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "config.
 
 
 class SchemaError(LookupError):
-    """The config schema is missing, or has no default for a key the code asks for."""
+    """A schema is missing, or has no default for a key the code asks for."""
 
 
 @cache
-def _schema(path: Path) -> dict:
+def read_schema(path: Path) -> dict:
+    """A schema of workflow/schemas/ (config or train), read once; :class:`SchemaError` naming
+    the file when it cannot be read."""
     try:
         return yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as err:
+    except (OSError, yaml.YAMLError) as err:
         raise SchemaError(
-            f"{path}: the config schema (every setting's default) cannot be read: {err}"
+            f"{path}: the schema (every setting's default) cannot be read: {err}"
         ) from None
 
 
 def config_default(key: str, schema: Path = SCHEMA) -> Any:
     """The schema's default of ``key``, dotted as in config.yaml (``tiles.size``,
     ``collections.workers``); a copy, so a caller may change it."""
-    node: Any = _schema(schema)
+    node: Any = read_schema(schema)
     for part in key.split("."):
         properties = node.get("properties", {}) if isinstance(node, dict) else {}
         if part not in properties:

@@ -7,7 +7,6 @@ import hashlib
 import re
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -69,19 +68,6 @@ def sha256(path: Path) -> str:
 def tree_hashes(root: Path) -> dict[str, str]:
     """{relative path: sha256} of every file under ``root``."""
     return {str(p.relative_to(root)): sha256(p) for p in sorted(root.rglob("*")) if p.is_file()}
-
-
-def wait_for(predicate, timeout: float, proc: subprocess.Popen | None = None, what: str = ""):
-    """Poll ``predicate`` every 5 ms until it returns something truthy."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = predicate()
-        if found:
-            return found
-        if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"process ended (code {proc.returncode}) before {what}")
-        time.sleep(0.005)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def mount_tmpfs(path: Path, size: str) -> str | None:

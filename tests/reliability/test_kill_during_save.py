@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TinyDemo
-from fault_runs import launch, run, wait_for
+from conftest import TinyDemo, wait_for
+from fault_runs import launch, run
 from training_runs import resolve_config
 from trials import pytest_generate_tests, trials  # noqa: F401 - parametrizes `trial`
 

@@ -12,33 +12,20 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from functools import cache
 from pathlib import Path
 from typing import Any, TypeVar
 
-import yaml
-
-from emb.config_schema import SchemaError
+from emb.config_schema import read_schema
 
 TRAIN_SCHEMA = Path(__file__).resolve().parents[3] / "workflow" / "schemas" / "train.schema.yaml"
 
 C = TypeVar("C", bound=type)
 
 
-@cache
-def _sections(path: Path) -> dict[str, Any]:
-    try:
-        return yaml.safe_load(path.read_text(encoding="utf-8"))["properties"]
-    except (OSError, yaml.YAMLError, KeyError, TypeError) as err:
-        raise SchemaError(
-            f"{path}: the train schema (every training default) cannot be read: {err!r}"
-        ) from None
-
-
 def section_defaults(section: str, schema: Path = TRAIN_SCHEMA) -> dict[str, Any]:
     """``{key: default}`` of the schema's ``section`` (``train``, ``model``, ...), for the keys
     that have one; a copy, so a caller may change it."""
-    keys = _sections(schema)[section]["properties"]
+    keys = read_schema(schema)["properties"][section]["properties"]
     return {k: copy.deepcopy(v["default"]) for k, v in keys.items() if "default" in v}
 
 
