@@ -1,4 +1,4 @@
-"""Counting a class map's pixels per class by streaming (``emb.evaluation.map_classes``)
+"""Counting a class map's pixels per class by streaming (``emb.estimation.population``)
 against reading the whole array and bincounting it: seconds, and peak memory at two sizes.
 
 Writes SxS maps as predict writes them (COG, 512 px tiles, DEFLATE; fields of 32 px in 40
@@ -39,7 +39,7 @@ import json, os, sys, time, tracemalloc
 os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # one core
 import numpy as np, rasterio
 from emb.classes import load_class_map
-from emb.evaluation.map_classes import count_classes
+from emb.estimation.population import count_classes
 path, method, repeats, warm = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[5]
 cmap = load_class_map(sys.argv[4])
 def whole(path):

@@ -400,11 +400,11 @@ def html_sections(title: str, sections: list[tuple[str, str]]) -> str:
     )
 
 
-def area_figure(panels: list[tuple[str, pd.DataFrame]], title: str) -> Figure:
-    """Each class's area as the map counts it and as estimated, with the estimate's interval
-    (and the CDL's area where the rows hold it, ``cdl_ha``): one panel per (title, rows), the
-    rows one class each (``class``, ``mapped_ha``, ``estimated_ha``, ``lo_ha``, ``hi_ha``),
-    the largest on top. A class without an interval is a hollow point."""
+def area_figure(panels: list[tuple[str, pd.DataFrame]], title: str, level: str) -> Figure:
+    """Each class's area as the map counts it and as estimated, with the estimate's interval at
+    ``level`` (a label, e.g. ``95%``; and the CDL's area where the rows hold it, ``cdl_ha``): one
+    panel per (title, rows), the rows one class each (``class``, ``mapped_ha``, ``estimated_ha``,
+    ``lo_ha``, ``hi_ha``), the largest on top. A class without an interval is a hollow point."""
     fig, axes = plt.subplots(1, max(len(panels), 1), squeeze=False,
                              figsize=(6.5 * max(len(panels), 1), 1.4 + 0.32 * max(
                                  [len(rows) for _, rows in panels] + [1])))  # fmt: skip
@@ -416,7 +416,7 @@ def area_figure(panels: list[tuple[str, pd.DataFrame]], title: str) -> Figure:
         has = np.isfinite(lo) & np.isfinite(hi)
         ax.errorbar(est[has], y[has], xerr=np.clip([est[has] - lo[has], hi[has] - est[has]], 0,
                     None), fmt="o", color="tab:blue", capsize=3, markersize=4,
-                    label="estimated, 95% interval")  # fmt: skip
+                    label=f"estimated, {level} interval")  # fmt: skip
         ax.plot(est[~has], y[~has], "o", mfc="white", mec="tab:blue", linestyle="",
                 label="estimated, no standard error")  # fmt: skip
         ax.plot(rows["mapped_ha"].to_numpy(float), y, "s", color="tab:orange", markersize=4,

@@ -4,7 +4,9 @@ from emb.workflow import samples
 
 # A user's sample: drawn by `snakemake results/samples/{run}/sample.csv` (not in `all`), and
 # once labelled (area_estimates.labelled) estimated for every run.
-with as_workflow_error((samples.SampleSettingsError,)):
+with as_workflow_error((samples.SampleSettingsError, samples.AreaSettingsError)):
+    # the stages' settings, checked once here and passed whole (JSON) to both rules and summary
+    AREA_SETTINGS = samples.area_settings(config["area_estimates"])
     LABELLED = samples.labelled_inputs(config["area_estimates"]["labelled"])
     SAMPLE_REGIONS = samples.regions_per_run(
         config["area_estimates"]["design_regions"],
@@ -48,12 +50,7 @@ rule area_estimates:
         mem_mb=4000,
         runtime=30,
     params:
-        confidence=config["area_estimates"]["confidence"],
-        n=config["area_estimates"]["sample"]["n"],
-        min_per_class=config["area_estimates"]["sample"]["min_per_class"],
-        level=config["area_estimates"]["sample"]["level"],
-        seed=config["area_estimates"]["sample"]["seed"],
-        draws=config["area_estimates"]["draws"],
+        settings=AREA_SETTINGS,
         # ["--labelled", csv, "--record", json] or none; each word quoted by :q
         labelled=lambda wildcards, input: (
             ["--labelled", input.labelled[0], "--record", input.labelled[1]]
@@ -61,11 +58,9 @@ rule area_estimates:
             else []
         ),
     shell:
-        "python -m emb.evaluation.area_estimates --run={wildcards.run:q} --maps={input.maps:q}"
+        "python -m emb.estimation.area_estimates --run={wildcards.run:q} --maps={input.maps:q}"
         " --indexes {input.indexes:q} --labels {input.labels:q} --classes={input.classes:q}"
-        " --confidence={params.confidence:q} --n={params.n:q}"
-        " --min-per-class={params.min_per_class:q} --level={params.level:q}"
-        " --seed={params.seed:q} --draws={params.draws:q} {params.labelled:q}"
+        " --settings={params.settings:q} {params.labelled:q}"
         " --csv={output.csv:q} --png={output.png:q} > {log:q} 2>&1"
 
 
@@ -92,12 +87,8 @@ rule sample_design:
             SAMPLE_REGIONS[wildcards.run], input.maps, wildcards.run
         ),
         out_dir=lambda wildcards, output: Path(output.csv).parent,
-        n=config["area_estimates"]["sample"]["n"],
-        min_per_class=config["area_estimates"]["sample"]["min_per_class"],
-        level=config["area_estimates"]["sample"]["level"],
-        seed=config["area_estimates"]["sample"]["seed"],
+        settings=AREA_SETTINGS,
     shell:
-        "python -m emb.evaluation.reference_points --maps {params.maps:q}"
-        " --classes={input.classes:q} --n={params.n:q} --min-per-class={params.min_per_class:q}"
-        " --level={params.level:q} --seed={params.seed:q} --out-dir={params.out_dir:q}"
-        " > {log:q} 2>&1"
+        "python -m emb.estimation.sample_design --maps {params.maps:q}"
+        " --classes={input.classes:q} --settings={params.settings:q}"
+        " --out-dir={params.out_dir:q} > {log:q} 2>&1"

@@ -37,11 +37,13 @@ rule summary:
     params:
         runs=RUNS,
         histories=expand("results/runs/{run}/history.csv", run=RUNS),  # beside train.json
+        area_settings=AREA_SETTINGS,  # the areas' interval level, for their labels
     shell:
         "python -m emb.report.summary --runs {params.runs:q} --metrics {input.metrics:q}"
         " --out={output.csv:q} --html={output.html:q} --png={output.png:q}"
         " --provenance={output.provenance:q} --pairs={output.pairs:q} --pairs-png={output.pairs_png:q}"
-        " --histories {params.histories:q} --areas {input.areas:q} > {log:q} 2>&1"
+        " --histories {params.histories:q} --areas {input.areas:q}"
+        " --area-settings={params.area_settings:q} > {log:q} 2>&1"
 
 
 rule curves:

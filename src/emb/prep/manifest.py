@@ -15,24 +15,12 @@ from pathlib import Path
 import numpy as np
 
 from emb import stage_runner
-from emb.io import read_json, write_json
+from emb.io import write_json
 from emb.loading.shard_manifest import ManifestError, check_validation_scored
+from emb.prep.region_index import read_index
 from emb.prep.spatial_split import SPLITS
 
 log = logging.getLogger(__name__)
-INDEX_KEYS = ("source", "region", "in_dim", "tile_size", "dtype", "dropped", "splits")
-
-
-def read_index(path: Path) -> dict:
-    """A region index written by the shard stage, refused naming the file when it is not one."""
-    fix = "rebuild it (snakemake --forcerun shards)"
-    index = read_json(path, "JSON region index", fix)
-    missing = [k for k in INDEX_KEYS if not isinstance(index, dict) or k not in index]
-    if missing:
-        raise ManifestError(
-            f"{path}: expected a region index with keys {list(INDEX_KEYS)}, missing {missing}"
-        )
-    return index
 
 
 def merge_indexes(indexes: list[dict], paths: list[Path]) -> dict:

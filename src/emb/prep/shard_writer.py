@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from emb import stage_runner
-from emb.io import write_json
 from emb.loading.sidecar import Member, npy_member, sidecar_path, write_sidecar
+from emb.prep.region_index import write_index
 
 Payload = tuple[bytes | memoryview, ...]  # a tar member's bytes, as buffers written in turn
 NPY_HEAD = 4096  # bytes of a payload that hold its .npy header (as scan_shard reads them)
@@ -147,7 +147,7 @@ def publish_shards(staging: Path, out_dir: Path, index: dict, index_path: Path |
             shard["path"] = str(out_dir / Path(staged).name)
             moves.append((staged, shard["path"]))
     if index_path is not None:
-        write_json(staging / "index.json", index)
+        write_index(staging / "index.json", index)
     with stage_runner.signals_deferred():
         for staged, final in moves:
             # The tar first: a crash in between leaves the old sidecar (or none) beside the

@@ -31,6 +31,7 @@ from emb.config_schema import config_default, config_option
 from emb.io import json_text, reading
 from emb.loading.buffer_pool import BufferPool
 from emb.prep.moments import moments_array, stores_moments, tile_moments
+from emb.prep.region_index import new_index, tile_key
 from emb.prep.shard_writer import Payload, TarShard, encode_npy, publish_shards, write_shards
 from emb.prep.spatial_split import SPLITS, SplitSpec, TilingError
 from emb.prep.tiles import Tile, TileSpec, label_coverage, plan_tiles
@@ -95,7 +96,7 @@ def tile_samples(
                 "crs": crs,
                 "transform": list(emb.window_transform(win))[:6],
             }
-            sample: dict[str, str | Payload] = {"__key__": f"{region}_{tile.row}_{tile.col}"}
+            sample: dict[str, str | Payload] = {"__key__": tile_key(region, tile.row, tile.col)}
             sample.update({f"{name}.npy": encode_npy(a) for name, a in arrays.items()})
             sample["meta.json"] = (json_text(meta).encode(),)
             yield sample
@@ -139,8 +140,9 @@ def build_region(
     labels, transform = read_labels(label_path)
     tiles, dropped = planned_tiles(label_path, labels, transform, region, tile_spec, split_spec,
                                    fixed_split)  # fmt: skip
-    index = region_index(source, region, tile_spec.size, split_spec.group or region, dropped,
-                         label_coverage(labels, tiles))  # fmt: skip
+    group = split_spec.group or region
+    index = new_index(source, region, BANDS[source], tile_spec.size, group, dropped,
+                      label_coverage(labels, tiles))  # fmt: skip
     out_dir.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=out_dir))
     progress = Progress(len(tiles), unit="tiles", what=f"{source}/{region} shards", logger=log)
@@ -195,29 +197,6 @@ def planned_tiles(
     return tiles, dropped
 
 
-def region_index(
-    source: str,
-    region: str,
-    tile_size: int,
-    split_group: str,
-    dropped: dict[str, Counter[str]],
-    coverage: dict[str, dict[str, float]],
-) -> dict:
-    """The region's index before its shards are written (their entries go under ``splits``):
-    what its tiles are, the tiles dropped per split and reason, the labels they cover."""
-    return {
-        "source": source,
-        "region": region,
-        "in_dim": BANDS[source],
-        "tile_size": tile_size,
-        "dtype": "int8",
-        "split_group": split_group,
-        "dropped": {split: dict(reasons) for split, reasons in dropped.items()},
-        "label_coverage": coverage,
-        "splits": {},
-    }
-
-
 def check_band_count(emb: rasterio.DatasetReader, source: str, emb_path: Path) -> None:
     """Refuse an embedding raster with another band count than ``source`` has."""
     if emb.count != BANDS[source]:
@@ -239,7 +218,7 @@ def split_entry(region: str, labels: np.ndarray, chosen: list[Tile], shards: lis
         "samples": n,
         "labelled_pixels": int(hist.sum()),
         "class_hist": hist.tolist(),
-        "blocks": {f"{region}_{t.row}_{t.col}": t.block for t in chosen},
+        "blocks": {tile_key(region, t.row, t.col): t.block for t in chosen},
         "bytes_per_sample": sum(s["bytes"] for s in shards) / n if n else 0,
     }
 

@@ -4,7 +4,6 @@ figure and as HTML tables for the report."""
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 from pathlib import Path
 
@@ -14,6 +13,7 @@ from emb import plots, stage_runner
 from emb.classes import load_class_map
 from emb.io import atomic_path
 from emb.loading.shard_manifest import read_manifest
+from emb.prep.region_index import label_coverage
 
 log = logging.getLogger(__name__)
 
@@ -46,11 +46,9 @@ def region_coverage(manifest: dict) -> dict[str, dict]:
     folders = dict.fromkeys(Path(p).parent for part in manifest["splits"].values()
                             for p in part["shards"])  # fmt: skip
     for folder in folders:
-        index_path = folder / "index.json"
-        if index_path.is_file():
-            index = json.loads(index_path.read_text())
-            if "label_coverage" in index:
-                found[index["region"]] = index["label_coverage"]
+        coverage = label_coverage(folder / "index.json")
+        if coverage is not None:
+            found[coverage[0]] = coverage[1]
     return found
 
 

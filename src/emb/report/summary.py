@@ -33,6 +33,8 @@ from pathlib import Path
 import pandas as pd
 
 from emb import plots, stage_runner
+from emb.estimation.sample_design import SETTINGS_HELP
+from emb.estimation.settings import AreaSettings, AreaSettingsError, from_json
 from emb.evaluation.bootstrap import (
     DIGITS,
     FEW_BLOCKS_WHY,
@@ -44,7 +46,7 @@ from emb.evaluation.bootstrap import (
     verdict_of,
 )
 from emb.io import atomic_path, read_json
-from emb.report.area_summary import AREAS_TITLE, area_section
+from emb.report.estimates_section import area_section
 
 log = logging.getLogger(__name__)
 LEVELS = ("l1", "l2", "l3")
@@ -286,11 +288,12 @@ def caveats(table: pd.DataFrame, metas: dict[str, dict], pairs: pd.DataFrame) ->
 
 def summary_page(
     table: pd.DataFrame, metas: dict[str, dict], pairs: pd.DataFrame, forest_png: bytes | None,
-    areas: dict[str, Path] | None = None,
+    areas: dict[str, Path] | None = None, area_settings: AreaSettings | None = None,
 ) -> str:  # fmt: skip
     """summary.html: caveats once, the runs table, each run's crop areas (``areas``: run ->
-    its area table), the forest plot and the compact pair table, validation against test;
-    self-contained (the plots inline), readable at 1400 px."""
+    its area table, at ``area_settings``' level: the schema's when None), the forest plot and
+    the compact pair table, validation against test; self-contained (the plots inline),
+    readable at 1400 px."""
     notes = "".join(f"<li>{html.escape(line)}</li>" for line in caveats(table, metas, pairs))
     forest = ""
     if forest_png is not None:
@@ -300,7 +303,7 @@ def summary_page(
     sections = [
         (CAVEATS_TITLE, f"<ul class='caveats'>{notes}</ul>"),
         (RUNS_TITLE, plots.html_table(runs_cells(table), "runs", grouped=True)),
-        *([(AREAS_TITLE, area_section(areas))] if areas else []),
+        *([area_section(areas, area_settings or from_json("{}"))] if areas else []),
         (PAIRS_TITLE, forest + plots.html_table(pair_cells(pairs), "pairs")
          + "<p>OA and macro-F1 differences: <code>pairs.csv</code>; every column of every run: "
          "<code>summary.csv</code>.</p>"),
@@ -335,9 +338,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--pairs-png", type=Path, help="pairs.png (the forest plot)")
     parser.add_argument("--areas", type=Path, nargs="+",
                         help="each run's area table, in --runs' order")  # fmt: skip
+    parser.add_argument("--area-settings", default="{}", help=SETTINGS_HELP)
     args = parser.parse_args(argv)
     if args.areas and len(args.areas) != len(args.runs):
         parser.error(f"--areas: expected one per run ({len(args.runs)}), found {len(args.areas)}")
+    try:
+        area_settings = from_json(args.area_settings, "--area-settings")
+    except AreaSettingsError as err:
+        parser.error(str(err))
     table = summarize(args.runs, args.metrics, args.histories)
     with atomic_path(args.out) as tmp:
         table.to_csv(tmp, index=False)
@@ -362,7 +370,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.html:
         with atomic_path(args.html) as tmp:
             areas = dict(zip(args.runs, args.areas, strict=True)) if args.areas else None
-            tmp.write_text(summary_page(table, metas, pairs, forest_png, areas))
+            tmp.write_text(summary_page(table, metas, pairs, forest_png, areas, area_settings))
     if args.provenance:
         page = plots.html_page("emb provenance", [(PROVENANCE_TITLE, provenance_table(table))])
         with atomic_path(args.provenance) as tmp:

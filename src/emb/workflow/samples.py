@@ -3,14 +3,24 @@ parse time (config ``area_estimates``)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
+
+from emb.estimation.settings import AreaSettingsError as AreaSettingsError  # the rules catch it
+from emb.estimation.settings import from_config
 
 KEY = "area_estimates.design_regions"
 
 
 class SampleSettingsError(ValueError):
     """``area_estimates`` names a region, area or file that is not there."""
+
+
+def area_settings(section: Mapping[str, Any]) -> str:
+    """The stages' settings of config ``area_estimates`` as the JSON the rules pass whole
+    (:mod:`emb.estimation.settings`: checked there, once)."""
+    return from_config(section, "config").to_json()
 
 
 def design_regions(wanted: Sequence[str], mapped: Sequence[str], run: str) -> list[str]:

@@ -1,5 +1,5 @@
-"""The test split's area check (emb.evaluation.area_check) and the stage around it
-(emb.evaluation.area_estimates): which pixels it samples, how often its intervals cover the
+"""The test split's area check (emb.estimation.holdout_check) and the stage around it
+(emb.estimation.area_estimates): which pixels it samples, how often its intervals cover the
 CDL's area on clustered errors, and the table and figure it writes."""
 
 from __future__ import annotations
@@ -16,22 +16,35 @@ from rasterio.transform import from_origin
 from rasterio.windows import Window
 
 from emb.classes import IGNORE, load_class_map
-from emb.evaluation import area_estimates
-from emb.evaluation.area_check import (
+from emb.estimation import area_estimates
+from emb.estimation.estimates_table import COLUMNS
+from emb.estimation.holdout_check import (
     AreaCheckError,
-    CheckDesign,
-    Population,
+    TestSplitPixels,
     check,
     read_population,
-    windows_of_test_tiles,
 )
-from emb.evaluation.area_estimator import z_of
-from emb.evaluation.area_table import COLUMNS
+from emb.estimation.settings import AreaSettings, from_json
+from emb.io import JSONFileError
+from emb.prep.region_index import RegionIndexError, windows_of_test_tiles
 
 CLASSES = REPO / "config" / "classes.csv"
 CMAP = load_class_map(CLASSES)
 SIZE = 96
 TRANSFORM = from_origin(500_000, 4_000_000, 10, 10)
+
+
+def settings(confidence: float = 0.95, **sample_and_draws: int) -> AreaSettings:
+    """Area settings as the stages get them: the schema's defaults, these keys changed."""
+    draws = sample_and_draws.pop("draws", None)
+    section = {"confidence": confidence, "sample": sample_and_draws}
+    return from_json(json.dumps({**section, **({"draws": draws} if draws else {})}))
+
+
+def settings_arg(**keys: float) -> str:
+    """A stage's --settings with these keys (n, min_per_class, level, seed in ``sample``)."""
+    sample = {k: keys.pop(k) for k in ("n", "min_per_class", "level", "seed") if k in keys}
+    return "--settings=" + json.dumps({**keys, **({"sample": sample} if sample else {})})
 
 
 def write_raster(path: Path, data: np.ndarray, crs: str = "EPSG:32614") -> Path:
@@ -59,9 +72,9 @@ def test_the_windows_come_from_the_test_tiles_keys(tmp_path: Path) -> None:
                        .read_text())  # fmt: skip
     assert windows_of_test_tiles(index, "x") == [Window(32, 0, 32, 32), Window(80, -16, 32, 32)]
     index["splits"]["test"]["blocks"] = {"demo_a_zz": "b"}
-    with pytest.raises(AreaCheckError, match=r"x: splits.test.blocks: .* found 'demo_a_zz'"):
+    with pytest.raises(RegionIndexError, match=r"x: splits.test.blocks: .* found 'demo_a_zz'"):
         windows_of_test_tiles(index, "x")
-    with pytest.raises(AreaCheckError, match=r"y: expected a shard index with tile_size"):
+    with pytest.raises(RegionIndexError, match=r"y: expected a shard index with tile_size"):
         windows_of_test_tiles({"splits": {}}, "y")
 
 
@@ -111,11 +124,11 @@ def test_a_map_off_its_labels_grid_or_in_degrees_is_refused_naming_the_file(
     cut = tmp_path / "cut" / "index.json"
     cut.parent.mkdir()
     cut.write_text(paths["index"].read_text()[:40])
-    with pytest.raises(AreaCheckError, match=r"cut/index.json: not valid JSON"):
+    with pytest.raises(JSONFileError, match=r"cut/index.json: not a JSON region index"):
         read_population({"r1": paths["map"]}, {"r1": paths["labels"]}, {"r1": cut})
 
 
-def clustered_population(seed: int = 0) -> Population:
+def clustered_population(seed: int = 0) -> TestSplitPixels:
     """A 400 x 400 scene of L3 classes in fields, mapped with whole fields wrong (errors
     clustered in space, as real maps err): the truth of every class is known."""
     rng = np.random.default_rng(seed)
@@ -125,14 +138,13 @@ def clustered_population(seed: int = 0) -> Population:
     wrong = np.kron(rng.random((20, 20)) < 0.2, np.ones((20, 20), bool))  # 20% of fields
     mapped = np.where(wrong, classes[np.kron(rng.integers(0, 5, (20, 20)), np.ones((20, 20), int))],
                       reference)  # fmt: skip
-    return Population(mapped.ravel().astype(np.uint8), reference.ravel().astype(np.uint8), 0.01,
-                      ("synthetic",))  # fmt: skip
+    return TestSplitPixels(mapped.ravel().astype(np.uint8), reference.ravel().astype(np.uint8),
+                           0.01, ("synthetic",))  # fmt: skip
 
 
 def test_the_intervals_cover_the_cdl_area_about_95_percent_of_the_draws() -> None:
     pop = clustered_population()
-    checks = check(pop, CMAP, CheckDesign(n=400, min_per_class=20, level=3, seed=0, draws=200),
-                   z_of(0.95))  # fmt: skip
+    checks = check(pop, CMAP, settings(n=400, min_per_class=20, level=3, seed=0, draws=200))
     by_level = {c.level: c for c in checks}
     assert sorted(by_level) == [1, 2, 3]
     l3 = by_level[3]
@@ -149,7 +161,7 @@ def test_the_intervals_cover_the_cdl_area_about_95_percent_of_the_draws() -> Non
 
 
 def test_a_draw_samples_each_stratum_as_allocated_without_replacement() -> None:
-    from emb.evaluation.area_check import StratifiedSampler
+    from emb.estimation.holdout_check import StratifiedSampler
 
     strata = np.repeat(np.arange(4), [500, 300, 30, 3])
     sampler = StratifiedSampler(strata, 61, 100, 10)
@@ -170,7 +182,7 @@ def test_the_stage_writes_every_level_beside_the_cdl_and_the_map(tmp_path: Path)
     csv.parent.mkdir()
     area_estimates.main(["--run", "run", "--maps", str(maps), "--indexes", str(paths["index"]),
                          "--labels", str(paths["labels"]), "--classes", str(CLASSES),
-                         "--n", "200", "--min-per-class", "5", "--draws", "20",
+                         settings_arg(n=200, min_per_class=5, draws=20),
                          "--csv", str(csv), "--png", str(png)])  # fmt: skip
     frame = pd.read_csv(csv)
     assert list(frame.columns) == COLUMNS
@@ -200,7 +212,7 @@ def test_the_stage_refuses_bad_input_in_one_line_and_writes_nothing(
     with pytest.raises(SystemExit) as exit_:
         area_estimates.main(["--run", "run", "--maps", str(tmp_path), "--indexes",
                              str(paths["index"]), "--labels", str(paths["labels"]),
-                             "--classes", str(CLASSES), "--min-per-class", "1",
+                             "--classes", str(CLASSES), settings_arg(min_per_class=1),
                              "--csv", str(csv), "--png", str(tmp_path / "run.png")])  # fmt: skip
     assert exit_.value.code == 2
-    assert "--min-per-class: expected >= 2" in capsys.readouterr().err
+    assert "area_estimates.sample.min_per_class: 1 is less than" in capsys.readouterr().err

@@ -1,5 +1,5 @@
-"""A class map read as strata: pixels per class at a level, counted by streaming the map in
-strips, and the area of one pixel.
+"""The population a class map defines: pixels per class at a level (the strata), counted by
+streaming the map in strips, the area of one pixel, and the map's classes at given points.
 
 A map is what predict writes (``results/maps/{run}/{region}.tif``): one uint8 band of L3 ids
 (0..60), 255 = nodata, in a projected CRS. Counting reads full-width strips of whole block rows
@@ -12,12 +12,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import rasterio
+from pyproj import CRS
 from rasterio.windows import Window
 
+from emb import geo
 from emb.classes import IGNORE, N_L3, ClassMap
 from emb.io import reading
 
@@ -33,6 +36,28 @@ class MapCrsError(ValueError):
 
 class MapFileError(ValueError):
     """A file that is not a class map as predict writes it, or holds values no class has."""
+
+
+class PointError(ValueError):
+    """A sample point that no map of its region holds (outside it, on nodata, no map)."""
+
+
+@dataclass(frozen=True)
+class Points:
+    """Where sample units lie, (m,) arrays: ``ids`` int64; ``region`` str (a map file's stem);
+    ``x``, ``y`` float64 pixel centres in that map's CRS; ``crs`` str (``EPSG:n`` or WKT)."""
+
+    ids: np.ndarray
+    region: np.ndarray
+    x: np.ndarray
+    y: np.ndarray
+    crs: np.ndarray
+
+
+def crs_text(crs: rasterio.crs.CRS) -> str:
+    """``EPSG:n`` when the CRS has an EPSG code, else its WKT."""
+    epsg = crs.to_epsg()
+    return f"EPSG:{epsg}" if epsg else crs.to_wkt()
 
 
 def level_table(level: int, cmap: ClassMap) -> np.ndarray:
@@ -195,4 +220,55 @@ def values_at(src: rasterio.DatasetReader, rows: np.ndarray, cols: np.ndarray) -
         win = Window(col0, row0, min(block_w, src.width - col0), min(block_h, src.height - row0))
         block = src.read(1, window=win)
         out[group] = block[rows[group] - row0, cols[group] - col0]
+    return out
+
+
+def map_classes_at(
+    points: Points, maps: dict[str, Path], level: int, cmap: ClassMap, no_data: int | None = None
+) -> np.ndarray:
+    """(m,) int64 the class at ``level`` of each point on ``maps`` (region -> map file; e.g.
+    another run's maps of the same regions), points moved into a map's CRS where it differs.
+    A point outside its map or on its nodata is refused naming the point's id and the map, or
+    given the class ``no_data`` when one is (another source's map may lack data where the
+    design's had it); a region without a map is refused."""
+    table = level_table(level, cmap)
+    out = np.empty(len(points.ids), np.int64)
+    region = np.asarray(points.region, dtype=object)
+    for name in dict.fromkeys(region.tolist()):
+        picked = np.flatnonzero(region == name)
+        if name not in maps:
+            raise PointError(
+                f"no map of region {name!r} (point id {points.ids[picked[0]]}); maps given for "
+                f"{sorted(maps)}"
+            )
+        path = Path(maps[name])
+        with reading(path), rasterio.open(path) as src:
+            check_map(src, path)
+            x, y = points.x[picked], points.y[picked]
+            map_crs = crs_text(src.crs)
+            for text in dict.fromkeys(np.asarray(points.crs, dtype=object)[picked].tolist()):
+                if text != map_crs:
+                    same = np.asarray(points.crs, dtype=object)[picked] == text
+                    move = geo.transformer(
+                        CRS.from_user_input(text), CRS.from_wkt(src.crs.to_wkt())
+                    )
+                    x, y = x.copy(), y.copy()
+                    x[same], y[same] = move.transform(x[same], y[same])
+            rows, cols, inside = pixels_of(src, x, y)
+            if no_data is not None:
+                found = np.full(len(picked), IGNORE, np.uint8)
+                found[inside] = table[values_at(src, rows[inside], cols[inside])]
+                out[picked] = np.where(found == IGNORE, no_data, found)
+                continue
+            if not inside.all():
+                i = picked[np.flatnonzero(~inside)[0]]
+                raise PointError(
+                    f"{path}: point id {points.ids[i]} ({points.x[i]}, {points.y[i]}) lies "
+                    f"outside the map"
+                )
+            found = table[values_at(src, rows, cols)]
+        if (found == IGNORE).any():
+            i = picked[np.flatnonzero(found == IGNORE)[0]]
+            raise PointError(f"{path}: point id {points.ids[i]} lies on nodata")
+        out[picked] = found
     return out

@@ -20,21 +20,17 @@ from rasterio.transform import from_origin
 from rasterio.windows import Window
 
 from emb.classes import ClassMap
-from emb.evaluation import map_classes, sample_design
-from emb.evaluation.map_classes import (
+from emb.estimation import design as design_module
+from emb.estimation import population
+from emb.estimation.design import Design, SampleDesignError, allocate, draw_points
+from emb.estimation.population import (
     MapCrsError,
     MapFileError,
     count_classes,
     pixel_hectares,
 )
-from emb.evaluation.sample_design import (
-    CSV_COLUMNS,
-    DesignPaths,
-    SampleDesignError,
-    allocate,
-    draw_points,
-    write_design,
-)
+from emb.estimation.sample_files import SamplePaths, write_sample
+from emb.estimation.sample_record import COLUMNS
 from emb.provenance import digest_file
 
 NODATA = 255
@@ -77,9 +73,9 @@ def random_map(shape: tuple[int, int], seed: int, nodata_share: float = 0.25) ->
 def thin_strips(monkeypatch: pytest.MonkeyPatch) -> None:
     """Strips of 50 rows (thinner than a 64 px block row) and bincounts of 1,000 pixels, so a
     small map is streamed in many strips and chunks, as a large one is."""
-    monkeypatch.setattr(map_classes, "STRIP_BYTES", 50 * 200)
-    monkeypatch.setattr(map_classes, "CHUNK", 1_000)
-    monkeypatch.setattr(sample_design, "CHUNK", 1_000)
+    monkeypatch.setattr(population, "STRIP_BYTES", 50 * 200)
+    monkeypatch.setattr(population, "CHUNK", 1_000)
+    monkeypatch.setattr(design_module, "CHUNK", 1_000)
 
 
 # --- counting -------------------------------------------------------------------------------
@@ -98,8 +94,8 @@ def test_counts_by_strips_equal_a_whole_array_bincount(
     row) or 128 (two block rows), bincount chunks of 1,000 pixels."""
     ids = random_map((300, 200), seed=1)
     path = write_map(tmp_path / "r.tif", ids)
-    monkeypatch.setattr(map_classes, "STRIP_BYTES", strip_rows * 200)
-    monkeypatch.setattr(map_classes, "CHUNK", 1_000)
+    monkeypatch.setattr(population, "STRIP_BYTES", strip_rows * 200)
+    monkeypatch.setattr(population, "CHUNK", 1_000)
     table = {1: class_map.l3_to_l1, 2: class_map.l3_to_l2, 3: np.arange(256)}[level]
     n_classes = {1: 2, 2: 7, 3: 61}[level]
     valid = ids[ids != NODATA]
@@ -212,7 +208,7 @@ def two_maps(folder: Path) -> list[Path]:
     return [a, b]
 
 
-def points_of(design: sample_design.Design) -> list[tuple]:
+def points_of(design: Design) -> list[tuple]:
     p = design.points
     return list(zip(p.region.tolist(), p.x.tolist(), p.y.tolist(), strict=True))
 
@@ -233,8 +229,8 @@ def test_the_points_do_not_depend_on_the_strips(
     """The scan order is each map's row-major order, whatever strips and chunks read it."""
     maps = two_maps(tmp_path)
     whole = draw_points(maps, 3, class_map, n=80, min_per_class=1, seed=3)
-    monkeypatch.setattr(map_classes, "STRIP_BYTES", 50 * 200)
-    monkeypatch.setattr(sample_design, "CHUNK", 777)
+    monkeypatch.setattr(population, "STRIP_BYTES", 50 * 200)
+    monkeypatch.setattr(design_module, "CHUNK", 777)
     assert points_of(draw_points(maps, 3, class_map, n=80, min_per_class=1, seed=3)) == (
         points_of(whole)
     )
@@ -253,7 +249,7 @@ def test_points_lie_in_their_stratum_never_on_nodata(
     assert (values != NODATA).all()
     assert class_map.l3_to_l2[values].tolist() == design.map_class.tolist()
     per_stratum = np.bincount(design.map_class, minlength=7)
-    assert per_stratum.tolist() == design.allocation.tolist()
+    assert per_stratum.tolist() == design.record.allocation.tolist()
     assert len(set(points_of(design))) == 100  # without replacement
 
 
@@ -302,7 +298,7 @@ def test_several_maps_in_several_crss(tmp_path: Path, class_map: ClassMap) -> No
         assert ((p.x[mine] > left) & (p.x[mine] < right)).all()
         assert ((p.y[mine] > bottom) & (p.y[mine] < top)).all()
         assert ((design.lon[mine] > zone_west - 3) & (design.lon[mine] < zone_west + 9)).all()
-    assert design.strata_px.sum() == sum(m.pixels for m in design.maps)
+    assert design.record.strata_px.sum() == sum(m.pixels for m in design.record.maps)
 
 
 def test_maps_of_unequal_pixel_sizes_are_refused(tmp_path: Path, class_map: ClassMap) -> None:
@@ -328,10 +324,10 @@ def test_csv_geopackage_and_record_are_written_and_readable(
 ) -> None:
     maps = two_maps(tmp_path)
     design = draw_points(maps, 2, class_map, n=30, min_per_class=2, seed=9)
-    paths = write_design(design, tmp_path / "design")
+    paths = write_sample(design, tmp_path / "design")
     with open(paths.csv, newline="") as fh:
         rows = list(csv.DictReader(fh))
-    assert tuple(rows[0]) == CSV_COLUMNS
+    assert tuple(rows[0]) == COLUMNS
     assert [int(r["id"]) for r in rows] == design.points.ids.tolist()
     assert [float(r["x"]) for r in rows] == design.points.x.tolist()
     assert [r["map_name"] for r in rows] == [class_map.l2_names[k] for k in design.map_class]
@@ -341,17 +337,19 @@ def test_csv_geopackage_and_record_are_written_and_readable(
     assert info["features"] == 30 and info["geometry_type"] == "Point"
     assert info["crs"] == "EPSG:4326"
     meta, _, geometry, fields = pyogrio.raw.read(paths.gpkg, layer="sample")
-    assert list(meta["fields"]) == list(CSV_COLUMNS)
+    assert list(meta["fields"]) == list(COLUMNS)
     xy = shapely.get_coordinates(shapely.from_wkb(geometry))
     assert np.allclose(xy[:, 0], design.lon) and np.allclose(xy[:, 1], design.lat)
     assert fields[list(meta["fields"]).index("map_class")].tolist() == design.map_class.tolist()
 
     record = json.loads(paths.record.read_text())
     assert [m["sha256"] for m in record["maps"]] == [digest_file(m) for m in maps]
-    assert [s["pixels"] for s in record["strata"]] == design.strata_px.tolist()
-    assert [s["allocated"] for s in record["strata"]] == design.allocation.tolist()
+    assert [s["pixels"] for s in record["strata"]] == design.record.strata_px.tolist()
+    assert [s["allocated"] for s in record["strata"]] == design.record.allocation.tolist()
     assert (record["level"], record["seed"], record["n"], record["min_per_class"]) == (2, 9, 30, 2)
-    assert record["pixel_ha"] == 0.01 and record["total_pixels"] == int(design.strata_px.sum())
+    assert record["pixel_ha"] == 0.01 and record["total_pixels"] == int(
+        design.record.strata_px.sum()
+    )
     assert record["class_names"] == list(class_map.l2_names)
 
 
@@ -362,11 +360,11 @@ def test_a_failed_write_leaves_none_of_the_three_files(tmp_path: Path, class_map
     (tmp_path / "out").mkdir()
     blocker = tmp_path / "blocker"
     blocker.write_text("a file, not a folder")
-    paths = DesignPaths(tmp_path / "out" / "s.csv", tmp_path / "out" / "s.gpkg",
+    paths = SamplePaths(tmp_path / "out" / "s.csv", tmp_path / "out" / "s.gpkg",
                         blocker / "s.json")  # fmt: skip
     paths.csv.write_text("an earlier design's\n")
     with pytest.raises(OSError):
-        write_design(design, paths)
+        write_sample(design, paths)
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["s.csv"]
     assert paths.csv.read_text() == "an earlier design's\n"
 
@@ -377,9 +375,9 @@ def test_a_failed_rename_takes_back_the_files_renamed_before_it(
     """A folder where the CSV should go: the record and the GeoPackage, renamed into place
     before the CSV's rename fails, are removed again."""
     design = draw_points(two_maps(tmp_path), 1, class_map, n=10, min_per_class=1, seed=0)
-    paths = DesignPaths.in_folder(tmp_path / "out")
+    paths = SamplePaths.in_folder(tmp_path / "out")
     paths.csv.mkdir(parents=True)
     with pytest.raises(OSError):
-        write_design(design, paths)
+        write_sample(design, paths)
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["sample.csv"]
     assert paths.csv.is_dir()

@@ -16,13 +16,16 @@ from pyproj import Transformer
 from rasterio.transform import from_origin
 
 from emb.classes import ClassMap
-from emb.evaluation.reference_sample import (
+from emb.estimation.design import draw_points
+from emb.estimation.population import PointError, map_classes_at
+from emb.estimation.sample_files import (
     LabelledSample,
     ReferenceSampleError,
-    map_classes_at,
+    SamplePaths,
     read_labelled,
+    write_sample,
 )
-from emb.evaluation.sample_design import DesignPaths, draw_points, write_design
+from emb.estimation.sample_record import SampleRecordError
 
 NODATA = 255
 LEVEL = 2
@@ -55,12 +58,12 @@ def random_map(shape: tuple[int, int], seed: int) -> np.ndarray:
 
 
 @pytest.fixture
-def design(tmp_path: Path, class_map: ClassMap) -> DesignPaths:
+def design(tmp_path: Path, class_map: ClassMap) -> SamplePaths:
     """An L2 design of 40 units over region a (UTM 15N) and region b (UTM 16N)."""
     a = write_map(tmp_path / "a.tif", random_map((80, 70), 1))
     b = write_map(tmp_path / "b.tif", random_map((60, 90), 2), 32616, (300_000.0, 4_400_000.0))
     drawn = draw_points([a, b], LEVEL, class_map, n=40, min_per_class=3, seed=4)
-    return write_design(drawn, tmp_path / "design")
+    return write_sample(drawn, tmp_path / "design")
 
 
 def read_rows(path: Path) -> list[dict[str, str]]:
@@ -83,7 +86,7 @@ def label_all(rows: list[dict[str, str]], class_map: ClassMap) -> list[dict[str,
     return rows
 
 
-def labelled(design: DesignPaths, class_map: ClassMap, **changes: str) -> Path:
+def labelled(design: SamplePaths, class_map: ClassMap, **changes: str) -> Path:
     """The design's CSV, every row labelled, then ``changes`` (id -> reference) applied."""
     rows = label_all(read_rows(design.csv), class_map)
     for r in rows:
@@ -92,7 +95,7 @@ def labelled(design: DesignPaths, class_map: ClassMap, **changes: str) -> Path:
 
 
 def test_codes_and_names_of_any_case_become_classes_of_the_design_level(
-    design: DesignPaths, class_map: ClassMap
+    design: SamplePaths, class_map: ClassMap
 ) -> None:
     path = labelled(design, class_map, id1=str(CORN_CDL), id2="SMALL_grains", id3="5.0")
     sample = read_labelled(path, design.record, class_map)
@@ -104,11 +107,11 @@ def test_codes_and_names_of_any_case_become_classes_of_the_design_level(
     assert sample.stratum.tolist() == [int(r["map_class"]) for r in rows]
     assert sample.points.x.tolist() == [float(r["x"]) for r in rows]
     assert sample.maps_checked == ("a", "b") and sample.unlabelled == 0
-    assert sample.design.strata_px.sum() == json.loads(design.record.read_text())["total_pixels"]
+    assert sample.record.strata_px.sum() == json.loads(design.record.read_text())["total_pixels"]
 
 
 def test_unlabelled_and_removed_rows_are_counted_per_stratum(
-    design: DesignPaths, class_map: ClassMap
+    design: SamplePaths, class_map: ClassMap
 ) -> None:
     rows = label_all(read_rows(design.csv), class_map)
     rows[4]["reference"] = rows[9]["reference"] = ""
@@ -125,7 +128,7 @@ def test_unlabelled_and_removed_rows_are_counted_per_stratum(
     assert not {5, 10, int(removed["id"])} & set(sample.points.ids.tolist())
 
 
-def broken(design: DesignPaths, class_map: ClassMap, change: str) -> tuple[Path, str]:
+def broken(design: SamplePaths, class_map: ClassMap, change: str) -> tuple[Path, str]:
     """The labelled CSV with one thing wrong, and what the refusal must say."""
     rows = label_all(read_rows(design.csv), class_map)
     third = rows[2]
@@ -160,7 +163,7 @@ def broken(design: DesignPaths, class_map: ClassMap, change: str) -> tuple[Path,
     "change", ["outside", "nodata", "cdl code", "name", "empty id", "duplicate id", "stratum"]
 )
 def test_a_bad_row_is_refused_in_one_line_naming_file_and_row(
-    design: DesignPaths, class_map: ClassMap, change: str
+    design: SamplePaths, class_map: ClassMap, change: str
 ) -> None:
     path, said = broken(design, class_map, change)
     with pytest.raises(ReferenceSampleError, match=rf"^{path}: {said}") as err:
@@ -169,27 +172,27 @@ def test_a_bad_row_is_refused_in_one_line_naming_file_and_row(
 
 
 def test_a_sample_without_its_design_record_is_refused(
-    design: DesignPaths, class_map: ClassMap
+    design: SamplePaths, class_map: ClassMap
 ) -> None:
     path = labelled(design, class_map)
     design.record.unlink()
-    with pytest.raises(ReferenceSampleError, match=rf"^{path}: no design record at .*sample\.json"):
+    with pytest.raises(SampleRecordError, match=rf"^{path}: no design record at .*sample\.json"):
         read_labelled(path, design.record, class_map)
 
 
-def test_a_record_missing_keys_is_refused(design: DesignPaths, class_map: ClassMap) -> None:
+def test_a_record_missing_keys_is_refused(design: SamplePaths, class_map: ClassMap) -> None:
     path = labelled(design, class_map)
     record = json.loads(design.record.read_text())
     del record["strata"], record["seed"]
     design.record.write_text(json.dumps(record))
     with pytest.raises(
-        ReferenceSampleError, match=r"sample\.json: .* lacks keys \['strata', 'seed'"
+        SampleRecordError, match=r"sample\.json: .* lacks keys \['strata', 'seed'"
     ):
         read_labelled(path, design.record, class_map)
 
 
 def test_a_point_moved_into_another_stratum_is_refused(
-    design: DesignPaths, class_map: ClassMap
+    design: SamplePaths, class_map: ClassMap
 ) -> None:
     """A map_class edited by hand: the map, still the design's, says otherwise."""
     rows = label_all(read_rows(design.csv), class_map)
@@ -200,7 +203,7 @@ def test_a_point_moved_into_another_stratum_is_refused(
 
 
 def test_maps_that_changed_or_went_are_reported_not_checked(
-    design: DesignPaths, class_map: ClassMap, tmp_path: Path
+    design: SamplePaths, class_map: ClassMap, tmp_path: Path
 ) -> None:
     path = labelled(design, class_map)
     (tmp_path / "b.tif").unlink()
@@ -212,7 +215,7 @@ def test_maps_that_changed_or_went_are_reported_not_checked(
 
 
 def test_another_maps_classes_at_the_sample_points(
-    design: DesignPaths, class_map: ClassMap, tmp_path: Path
+    design: SamplePaths, class_map: ClassMap, tmp_path: Path
 ) -> None:
     """Another run's map of region a, all corn (L2 row_crops 0), and of region b, in UTM 15N
     (not the points' 16N), all winter wheat (L2 small_grains 1)."""
@@ -233,7 +236,7 @@ def test_another_maps_classes_at_the_sample_points(
 
 
 def test_a_point_on_another_maps_nodata_is_refused_naming_id_and_map(
-    design: DesignPaths, class_map: ClassMap, tmp_path: Path
+    design: SamplePaths, class_map: ClassMap, tmp_path: Path
 ) -> None:
     sample = read_labelled(labelled(design, class_map), design.record, class_map)
     ids = np.zeros((80, 70), np.uint8)
@@ -243,11 +246,11 @@ def test_a_point_on_another_maps_nodata_is_refused_naming_id_and_map(
     ids[row, col] = NODATA
     other = {"a": write_map(tmp_path / "a2.tif", ids), "b": tmp_path / "b.tif"}
     point = sample.points.ids[first_a]
-    with pytest.raises(ReferenceSampleError, match=rf"a2\.tif: point id {point} lies on nodata"):
+    with pytest.raises(PointError, match=rf"a2\.tif: point id {point} lies on nodata"):
         map_classes_at(sample.points, other, LEVEL, class_map)
     small = {"a": write_map(tmp_path / "a3.tif", np.zeros((2, 2), np.uint8)), "b": other["b"]}
-    with pytest.raises(ReferenceSampleError, match=r"a3\.tif: point id \d+ .* outside the map"):
+    with pytest.raises(PointError, match=r"a3\.tif: point id \d+ .* outside the map"):
         map_classes_at(sample.points, small, LEVEL, class_map)
     corn = write_map(tmp_path / "a4.tif", np.zeros((80, 70), np.uint8))
-    with pytest.raises(ReferenceSampleError, match=r"no map of region 'b' \(point id \d+\)"):
+    with pytest.raises(PointError, match=r"no map of region 'b' \(point id \d+\)"):
         map_classes_at(sample.points, {"a": corn}, LEVEL, class_map)

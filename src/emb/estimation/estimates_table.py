@@ -16,8 +16,8 @@ import numpy as np
 import pandas as pd
 
 from emb.classes import ClassMap
-from emb.evaluation.area_check import LevelCheck
-from emb.evaluation.area_estimator import AreaEstimates, Estimate
+from emb.estimation.estimators import AreaEstimates, Estimate
+from emb.estimation.holdout_check import LevelCheck
 
 CHECK = "test split, CDL reference"
 USER_SAMPLE = "user sample"

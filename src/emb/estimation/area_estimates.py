@@ -1,11 +1,11 @@
 """Stage: each class's area in hectares with its interval, for one run -> CSV and figure.
 
-Two methods, rows of one table (:mod:`emb.evaluation.area_table`):
+Two methods, rows of one table (:mod:`emb.estimation.estimates_table`):
 
 - the test split's check (always): stratified random samples of the run's map over its test
   tiles, labelled by the CDL, estimated as Olofsson et al. 2014 give it, beside the map's pixel
-  count and the CDL's area of the same pixels, and the share of ``--draws`` samples whose
-  interval covered the CDL's area (:mod:`emb.evaluation.area_check`);
+  count and the CDL's area of the same pixels, and the share of the check's ``draws`` samples whose
+  interval covered the CDL's area (:mod:`emb.estimation.holdout_check`);
 - a user's labelled sample (``--labelled``, its design record beside it): the estimates over
   the regions the sample was drawn on, with the paper's analytic standard errors; a sample
   designed on another map (another run's, or a simple random sample) through Stehman's (2014)
@@ -20,10 +20,7 @@ from pathlib import Path
 
 from emb import stage_runner
 from emb.classes import ClassMap, load_class_map
-from emb.config_schema import config_option
-from emb.evaluation.area_check import CheckDesign, check, read_population
-from emb.evaluation.area_estimator import z_of
-from emb.evaluation.area_table import (
+from emb.estimation.estimates_table import (
     CHECK,
     USER_SAMPLE,
     check_rows,
@@ -31,9 +28,11 @@ from emb.evaluation.area_table import (
     largest,
     table,
 )
-from emb.evaluation.reference_points import add_design_options, check_design_options
-from emb.evaluation.reference_sample import read_labelled
-from emb.evaluation.sample_estimates import estimate_sample
+from emb.estimation.holdout_check import check, read_population
+from emb.estimation.labelled_estimates import estimate_sample
+from emb.estimation.sample_design import SETTINGS_HELP
+from emb.estimation.sample_files import read_labelled
+from emb.estimation.settings import AreaSettings, AreaSettingsError, from_json
 from emb.io import atomic_path
 from emb.plots import area_figure, save
 
@@ -65,9 +64,7 @@ def main_args(argv: list[str] | None) -> argparse.Namespace:
         help="results/labels/{source}/{region}.tif, in the order of --indexes",
     )
     p.add_argument("--classes", type=Path, required=True, help="classes.csv")
-    p.add_argument("--confidence", type=float, **config_option("area_estimates.confidence"))
-    add_design_options(p)
-    p.add_argument("--draws", type=int, **config_option("area_estimates.draws"))
+    p.add_argument("--settings", default="{}", help=SETTINGS_HELP)
     p.add_argument("--labelled", type=Path, help="a user's labelled sample.csv (optional)")
     p.add_argument("--record", type=Path, help="its design record (default: sample.json beside)")
     p.add_argument("--csv", type=Path, required=True, help="results/area_estimates/{run}.csv")
@@ -76,19 +73,18 @@ def main_args(argv: list[str] | None) -> argparse.Namespace:
     if len(args.indexes) != len(args.labels):
         p.error(f"--labels: expected one per --indexes ({len(args.indexes)}), "
                 f"found {len(args.labels)}")  # fmt: skip
-    if not 0 < args.confidence < 1:
-        p.error(f"--confidence: expected a level in (0, 1), found {args.confidence}")
-    check_design_options(p, args)
-    if args.draws < 1:
-        p.error(f"--draws: expected an integer >= 1, found {args.draws}")
+    try:
+        args.settings = from_json(args.settings)
+    except AreaSettingsError as err:
+        p.error(str(err))
     return args
 
 
-def sample_rows(args: argparse.Namespace, cmap: ClassMap, z: float) -> list[dict]:
+def sample_rows(args: argparse.Namespace, cmap: ClassMap, settings: AreaSettings) -> list[dict]:
     """The rows of a user's labelled sample on this run's maps (its design's regions)."""
     record = args.record or args.labelled.with_name("sample.json")
     sample = read_labelled(args.labelled, record, cmap)
-    regions = [m.region for m in sample.design.maps]
+    regions = [m.region for m in sample.record.maps]
     where = " + ".join(regions)
     common = {"run": args.run, "method": USER_SAMPLE, "where": where}
     maps = {r: args.maps / f"{r}.tif" for r in regions}
@@ -101,15 +97,15 @@ def sample_rows(args: argparse.Namespace, cmap: ClassMap, z: float) -> list[dict
     notes = [f"{args.labelled}: {len(sample.reference)} labelled units"]
     if sample.unlabelled:
         notes.append(
-            f"{sample.unlabelled} of {sample.design.n_drawn} units unlabelled (left out "
+            f"{sample.unlabelled} of {sample.record.n_drawn} units unlabelled (left out "
             "of their strata's samples; valid if missing at random within a stratum)"
         )
     rows = []
     for item in found:
         how = ("designed on this run's map" if item.same_maps else
                "designed on another map: Stehman 2014's estimator")  # fmt: skip
-        for row in estimate_rows(item.estimates, item.level, cmap, sample.design.pixel_ha, z,
-                                 common):  # fmt: skip
+        for row in estimate_rows(item.estimates, item.level, cmap, sample.record.pixel_ha,
+                                 settings.z, common):  # fmt: skip
             row["note"] = "; ".join(filter(None, [row["note"], how, *notes]))
             rows.append(row)
     log.info("%s on run %s: %d units, %d unlabelled (%s)", args.labelled, args.run,
@@ -129,21 +125,21 @@ def main(argv: list[str] | None = None) -> None:
     )
     log.info("%s: test split of %s: %d labelled pixels (%.1f ha)", args.run, ", ".join(regions),
              len(population.mapped), len(population.mapped) * population.pixel_ha)  # fmt: skip
-    design = CheckDesign(args.n, args.min_per_class, args.level, args.seed, args.draws)
-    z = z_of(args.confidence)
-    checks = check(population, cmap, design, z)
+    settings = args.settings
+    checks = check(population, cmap, settings)
     where = f"test split of {' + '.join(regions)}"
-    rows = check_rows(args.run, checks, cmap, population.pixel_ha, z, where)
+    rows = check_rows(args.run, checks, cmap, population.pixel_ha, settings.z, where)
     if args.labelled:
-        rows += sample_rows(args, cmap, z)
+        rows += sample_rows(args, cmap, settings)
     frame = table(rows)
     panels = [(f"L{level}: {CHECK}", largest(frame, CHECK, level, TOP_CLASSES)) for level in (2, 3)]
-    save(area_figure(panels, f"{args.run}: area per class, {where}"), args.png)
+    figure = area_figure(panels, f"{args.run}: area per class, {where}", settings.percent)
+    save(figure, args.png)
     with atomic_path(args.csv) as tmp:
         frame.to_csv(tmp, index=False)
     covered = frame[(frame["method"] == CHECK) & frame["coverage"].notna()]
-    log.info("wrote %s (%d rows; median coverage of the %d%% intervals over %d draws: %.3f)",
-             args.csv, len(frame), round(args.confidence * 100), args.draws,
+    log.info("wrote %s (%d rows; median coverage of the %s intervals over %d draws: %.3f)",
+             args.csv, len(frame), settings.percent, settings.draws,
              covered["coverage"].median() if len(covered) else float("nan"))  # fmt: skip
 
 

@@ -1,5 +1,6 @@
-"""A user's labelled reference sample, read and checked against its design record, and any
-map's classes at its points.
+"""The sample's files: the CSV to fill in and its GeoPackage, written from a drawn design
+(with ``sample.json`` beside them, :mod:`emb.estimation.sample_record`), and the labelled CSV
+read back and checked against its record.
 
 The user fills the design CSV's ``reference`` column with a CDL code or a class name of the
 design's level; the record (``sample.json``) gives the strata the sample was drawn from. What
@@ -10,53 +11,126 @@ from the strata silently). Every refusal is one line naming the file and the row
 
 from __future__ import annotations
 
+import contextlib
 import csv
-import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
 import numpy as np
+import pyogrio.raw
 import rasterio
-from pyproj import CRS
+import shapely
 
 from emb import geo
 from emb.classes import IGNORE, ClassMap
-from emb.evaluation.map_classes import (
+from emb.estimation.design import Design
+from emb.estimation.population import (
+    Points,
     check_map,
     level_names,
     level_table,
     pixels_of,
     values_at,
 )
-from emb.evaluation.sample_design import MapRecord, Points, crs_text
-from emb.io import reading
+from emb.estimation.sample_record import COLUMNS, SampleRecord, read_record
+from emb.io import atomic_path, reading
 from emb.provenance import digest_file
 
-RECORD_KEYS = ("level", "class_names", "maps", "strata", "n_drawn", "seed", "pixel_ha")
-MAP_KEYS = ("region", "path", "sha256", "crs")
-STRATUM_KEYS = ("class", "pixels", "allocated")
 REQUIRED_COLUMNS = ("id", "region", "x", "y", "map_class", "reference")
 
 
+LAYER = "sample"  # the GeoPackage's layer
+
+
 class ReferenceSampleError(ValueError):
-    """A labelled sample or its design record that cannot be estimated from as it is."""
+    """A labelled sample that cannot be estimated from as it is."""
 
 
 @dataclass(frozen=True)
-class DesignRecord:
-    """A design's record as read back: ``strata_px`` (K,) int64 N_h, ``allocation`` (K,)
-    int64 n_h over the K classes of ``level``; units carry ids 1..``n_drawn``."""
+class SamplePaths:
+    """The three files of a sample: the CSV to fill in, the GeoPackage, the JSON record."""
 
-    path: Path
-    level: int
-    class_names: tuple[str, ...]
-    maps: tuple[MapRecord, ...]
-    strata_px: np.ndarray
-    allocation: np.ndarray
-    n_drawn: int
-    seed: int
-    pixel_ha: float
+    csv: Path
+    gpkg: Path
+    record: Path
+
+    @classmethod
+    def in_folder(cls, folder: Path | str) -> SamplePaths:
+        folder = Path(folder)
+        return cls(folder / "sample.csv", folder / "sample.gpkg", folder / "sample.json")
+
+
+def _rows(design: Design) -> list[list]:
+    p = design.points
+    return [
+        [int(i), str(r), float(x), float(y), str(c), float(lo), float(la), int(k),
+         design.record.class_names[k], ""]
+        for i, r, x, y, c, lo, la, k in zip(p.ids, p.region, p.x, p.y, p.crs, design.lon,
+                                             design.lat, design.map_class, strict=True)
+    ]  # fmt: skip
+
+
+def _write_csv(design: Design, path: Path) -> None:
+    with open(path, "w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(COLUMNS)
+        writer.writerows(_rows(design))
+
+
+def _write_gpkg(design: Design, path: Path) -> None:
+    """The points as a GeoPackage layer ``sample``: WGS84 points, the CSV's fields."""
+    p = design.points
+    fields = list(COLUMNS)
+    data = [
+        p.ids, p.region.astype(object), p.x, p.y, p.crs.astype(object), design.lon, design.lat,
+        design.map_class,
+        np.array([design.record.class_names[k] for k in design.map_class], object),
+        np.full(len(p.ids), "", object),
+    ]  # fmt: skip
+    geometry = shapely.to_wkb(shapely.points(design.lon, design.lat))
+    named = path.with_name(path.name + ".gpkg")  # GDAL wants the extension on the file it makes
+    try:
+        pyogrio.raw.write(
+            str(named), geometry, data, fields, layer=LAYER, driver="GPKG",
+            geometry_type="Point", crs=geo.WGS84.to_wkt(),
+        )  # fmt: skip
+        os.replace(named, path)
+    finally:
+        named.unlink(missing_ok=True)
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return stat.st_ino, stat.st_mtime_ns
+
+
+def write_sample(design: Design, out: SamplePaths | Path | str) -> SamplePaths:
+    """Write the CSV, the GeoPackage and the JSON record (``out``: the three paths, or a
+    folder for ``sample.csv``, ``sample.gpkg``, ``sample.json``). Each file appears whole or
+    not at all; on a failure the files this call already put in place are taken back (so no
+    new file stands beside an earlier design's), and an earlier design's files it did not
+    replace are left as they were (a good output is never deleted)."""
+    paths = out if isinstance(out, SamplePaths) else SamplePaths.in_folder(out)
+    finals = (paths.csv, paths.gpkg, paths.record)
+    before = {final: _identity(final) for final in finals}
+    try:
+        with contextlib.ExitStack() as stack:
+            csv_tmp, gpkg_tmp, record_tmp = (stack.enter_context(atomic_path(f)) for f in finals)
+            _write_csv(design, csv_tmp)
+            _write_gpkg(design, gpkg_tmp)
+            record_tmp.write_text(design.record.text())
+    except BaseException:
+        for final in finals:  # renamed into place before another's rename failed
+            if final.is_file() and _identity(final) != before[final]:
+                with contextlib.suppress(OSError):
+                    final.unlink()
+        raise
+    return paths
 
 
 @dataclass(frozen=True)
@@ -69,7 +143,7 @@ class LabelledSample:
     points were checked against; ``maps_unchecked``: region -> why not (missing, changed)."""
 
     csv_path: Path
-    design: DesignRecord
+    record: SampleRecord
     points: Points
     stratum: np.ndarray
     reference: np.ndarray
@@ -83,69 +157,6 @@ class LabelledSample:
     def unlabelled(self) -> int:
         """Design units without a reference label (empty, or the row removed)."""
         return int(self.unlabelled_per_stratum.sum())
-
-
-def read_record(path: Path | str, cmap: ClassMap, sample: Path | str | None = None) -> DesignRecord:
-    """The design record at ``path``, checked for its keys and for class names that are the
-    config's at its level (else its stratum ids would name other classes)."""
-    path = Path(path)
-    about = f"{sample}: " if sample else ""
-    if not path.is_file():
-        raise ReferenceSampleError(
-            f"{about}no design record at {path}: a sample is estimated only with the record "
-            f"its design wrote beside it (sample.json)"
-        )
-    try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ReferenceSampleError(f"{path}: not a JSON design record ({err})") from err
-    if not isinstance(data, dict):
-        raise ReferenceSampleError(f"{path}: expected a JSON object, found {type(data).__name__}")
-    _need(path, "the record", data, RECORD_KEYS)
-    for i, entry in enumerate(data["maps"]):
-        _need(path, f"maps[{i}]", entry, MAP_KEYS)
-    for i, entry in enumerate(data["strata"]):
-        _need(path, f"strata[{i}]", entry, STRATUM_KEYS)
-    level = data["level"]
-    try:
-        names = level_names(level, cmap)
-    except ValueError as err:
-        raise ReferenceSampleError(f"{path}: key level: {err}") from err
-    if tuple(data["class_names"]) != names:
-        raise ReferenceSampleError(
-            f"{path}: class_names of level {level} differ from the class table's "
-            f"(expected {list(names)}, found {data['class_names']})"
-        )
-    classes = [s["class"] for s in data["strata"]]
-    if classes != list(range(len(names))):
-        raise ReferenceSampleError(
-            f"{path}: strata must list classes 0..{len(names) - 1} in order, found {classes}"
-        )
-    maps = tuple(
-        MapRecord(
-            region=m["region"],
-            path=m["path"],
-            sha256=m["sha256"],
-            crs=m["crs"],
-            pixel_ha=float(m.get("pixel_ha", data["pixel_ha"])),
-            width=int(m.get("width", 0)),
-            height=int(m.get("height", 0)),
-            pixels=int(m.get("pixels", 0)),
-        )  # fmt: skip
-        for m in data["maps"]
-    )
-    return DesignRecord(
-        path=path, level=level, class_names=names, maps=maps,
-        strata_px=np.array([s["pixels"] for s in data["strata"]], np.int64),
-        allocation=np.array([s["allocated"] for s in data["strata"]], np.int64),
-        n_drawn=int(data["n_drawn"]), seed=int(data["seed"]), pixel_ha=float(data["pixel_ha"]),
-    )  # fmt: skip
-
-
-def _need(path: Path, where: str, data: object, keys: tuple[str, ...]) -> None:
-    missing = [k for k in keys if not isinstance(data, dict) or k not in data]
-    if missing:
-        raise ReferenceSampleError(f"{path}: {where} lacks keys {missing} of a design record")
 
 
 def reference_class(value: str, level: int, cmap: ClassMap) -> int | None:
@@ -198,7 +209,7 @@ class _Rows:
     reference: list[int | None]
 
 
-def _read_rows(csv_path: Path, record: DesignRecord, cmap: ClassMap) -> _Rows:
+def _read_rows(csv_path: Path, record: SampleRecord, cmap: ClassMap) -> _Rows:
     """Every row parsed and checked on its own (ids, region, numbers, classes, reference)."""
     try:
         text = csv_path.read_text(encoding="utf-8-sig")
@@ -270,7 +281,7 @@ def _refuse(csv_path: Path, line: int, why: str) -> NoReturn:
 
 
 def _check_on_maps(
-    csv_path: Path, record: DesignRecord, rows: _Rows, cmap: ClassMap
+    csv_path: Path, record: SampleRecord, rows: _Rows, cmap: ClassMap
 ) -> tuple[tuple[str, ...], dict[str, str]]:
     """Check each point against its map where the map is the design's (its digest): inside,
     not on nodata, of the map class the row says. Returns (checked regions, unchecked: why)."""
@@ -348,59 +359,8 @@ def read_labelled(csv_path: Path | str, design_path: Path | str, cmap: ClassMap)
     )  # fmt: skip
     missing = np.setdiff1d(np.arange(1, record.n_drawn + 1), ids)
     return LabelledSample(
-        csv_path=csv_path, design=record, points=points, stratum=stratum[labelled],
+        csv_path=csv_path, record=record, points=points, stratum=stratum[labelled],
         reference=reference, unlabelled_ids=ids[~labelled], missing_ids=missing,
         unlabelled_per_stratum=record.allocation - labelled_per, maps_checked=checked,
         maps_unchecked=unchecked,
     )  # fmt: skip
-
-
-def map_classes_at(
-    points: Points, maps: dict[str, Path], level: int, cmap: ClassMap, no_data: int | None = None
-) -> np.ndarray:
-    """(m,) int64 the class at ``level`` of each point on ``maps`` (region -> map file; e.g.
-    another run's maps of the same regions), points moved into a map's CRS where it differs.
-    A point outside its map or on its nodata is refused naming the point's id and the map, or
-    given the class ``no_data`` when one is (another source's map may lack data where the
-    design's had it); a region without a map is refused."""
-    table = level_table(level, cmap)
-    out = np.empty(len(points.ids), np.int64)
-    region = np.asarray(points.region, dtype=object)
-    for name in dict.fromkeys(region.tolist()):
-        picked = np.flatnonzero(region == name)
-        if name not in maps:
-            raise ReferenceSampleError(
-                f"no map of region {name!r} (point id {points.ids[picked[0]]}); maps given for "
-                f"{sorted(maps)}"
-            )
-        path = Path(maps[name])
-        with reading(path), rasterio.open(path) as src:
-            check_map(src, path)
-            x, y = points.x[picked], points.y[picked]
-            map_crs = crs_text(src.crs)
-            for text in dict.fromkeys(np.asarray(points.crs, dtype=object)[picked].tolist()):
-                if text != map_crs:
-                    same = np.asarray(points.crs, dtype=object)[picked] == text
-                    move = geo.transformer(
-                        CRS.from_user_input(text), CRS.from_wkt(src.crs.to_wkt())
-                    )
-                    x, y = x.copy(), y.copy()
-                    x[same], y[same] = move.transform(x[same], y[same])
-            rows, cols, inside = pixels_of(src, x, y)
-            if no_data is not None:
-                found = np.full(len(picked), IGNORE, np.uint8)
-                found[inside] = table[values_at(src, rows[inside], cols[inside])]
-                out[picked] = np.where(found == IGNORE, no_data, found)
-                continue
-            if not inside.all():
-                i = picked[np.flatnonzero(~inside)[0]]
-                raise ReferenceSampleError(
-                    f"{path}: point id {points.ids[i]} ({points.x[i]}, {points.y[i]}) lies "
-                    f"outside the map"
-                )
-            found = table[values_at(src, rows, cols)]
-        if (found == IGNORE).any():
-            i = picked[np.flatnonzero(found == IGNORE)[0]]
-            raise ReferenceSampleError(f"{path}: point id {points.ids[i]} lies on nodata")
-        out[picked] = found
-    return out

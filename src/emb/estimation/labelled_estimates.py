@@ -22,9 +22,9 @@ from pathlib import Path
 import numpy as np
 
 from emb.classes import N_L1, N_L2, N_L3, ClassMap
-from emb.evaluation.area_estimator import AreaEstimates, olofsson, stehman
-from emb.evaluation.map_classes import count_classes, level_table
-from emb.evaluation.reference_sample import LabelledSample, map_classes_at
+from emb.estimation.estimators import AreaEstimates, olofsson, stehman
+from emb.estimation.population import count_classes, level_table, map_classes_at
+from emb.estimation.sample_files import LabelledSample
 from emb.provenance import digest_file
 
 SIZES = {1: N_L1, 2: N_L2, 3: N_L3}
@@ -60,7 +60,7 @@ def designed_on(sample: LabelledSample, maps: Mapping[str, Path]) -> bool:
     return all(
         m.region in maps and Path(maps[m.region]).is_file()
         and digest_file(Path(maps[m.region])) == m.sha256
-        for m in sample.design.maps
+        for m in sample.record.maps
     )  # fmt: skip
 
 
@@ -69,7 +69,7 @@ def estimate_sample(
 ) -> list[SampleEstimate]:
     """The sample's estimates on ``maps`` (region -> the run's map of each design region) at
     the design's level and each coarser one."""
-    design = sample.design
+    design = sample.record
     strata_px = np.asarray(design.strata_px, np.int64)
     regions = [m.region for m in design.maps]
     same = designed_on(sample, maps)

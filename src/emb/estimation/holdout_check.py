@@ -1,13 +1,13 @@
 """The area estimator checked on a run's own errors: the test split, labelled by the CDL.
 
 A map is honest only where its model never trained: the test blocks. There the CDL gives every
-pixel's reference class, so each class's true area is known, and the estimate a user would
-publish (a stratified random sample of the map's pixels, strata = the map's classes at the
-design level, labelled, then Olofsson et al. 2014) can be set beside it. Drawn again and again
-(seeded), it shows how often the 95% interval covers the CDL's area on this model's real errors,
-and how far the map's own pixel count is off. A random sample of pixels is a probability sample
-whatever the spatial structure of the errors, so the paper's analytic intervals apply: no block
-bootstrap, no floor on the number of blocks.
+pixel's reference class, so each class's true area is known, and the estimate a user would publish
+(a stratified random sample of the map's pixels, strata = the map's classes at the design level,
+labelled, then Olofsson et al. 2014) can be set beside it. Drawn again and again (seeded), it shows
+how often the interval (at ``area_estimates.confidence``) covers the CDL's area on this model's real
+errors, and how far the map's own pixel count is off. A random sample of pixels is a probability
+sample whatever the spatial structure of the errors, so the paper's analytic intervals apply: no
+block bootstrap, no floor on the number of blocks.
 
 The population: every test tile's pixels (each once, tiles may overlap) of every region the
 run trains on, where the map gives a class and the CDL is labelled (255 on either side is left
@@ -18,7 +18,6 @@ are not corrected. Error rates of the test split must never be applied to the tr
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -29,10 +28,12 @@ import rasterio
 from rasterio.windows import Window
 
 from emb.classes import IGNORE, N_L1, N_L2, N_L3, ClassMap
-from emb.evaluation.area_estimator import AreaEstimates, olofsson, stehman
-from emb.evaluation.map_classes import pixel_hectares
-from emb.evaluation.sample_design import allocate
+from emb.estimation.design import allocate
+from emb.estimation.estimators import AreaEstimates, olofsson, stehman
+from emb.estimation.population import pixel_hectares
+from emb.estimation.settings import AreaSettings
 from emb.io import reading
+from emb.prep.region_index import read_index, windows_of_test_tiles
 
 LEVEL_CLASSES = {1: N_L1, 2: N_L2, 3: N_L3}
 
@@ -42,7 +43,7 @@ class AreaCheckError(ValueError):
 
 
 @dataclass(frozen=True)
-class Population:
+class TestSplitPixels:
     """The test split's pixels as two aligned L3 vectors (the map's class, the CDL's)."""
 
     mapped: np.ndarray  # (P,) uint8 L3 ids of the map
@@ -54,40 +55,6 @@ class Population:
         """Both vectors at ``level`` (1, 2 or 3), through config/classes.csv."""
         key = f"l{level}"
         return cmap.levels(self.mapped)[key], cmap.levels(self.reference)[key]
-
-
-def windows_of_test_tiles(index: Mapping, path: Path | str) -> list[Window]:
-    """The test tiles of a region's shard index (``index.json``: ``splits.test.blocks`` keys
-    ``{region}_{row}_{col}``, ``tile_size``) as pixel windows."""
-    try:
-        size = int(index["tile_size"])
-        keys = index["splits"]["test"]["blocks"]
-    except (KeyError, TypeError, ValueError) as err:
-        raise AreaCheckError(
-            f"{path}: expected a shard index with tile_size and splits.test.blocks, found no {err}"
-        ) from None
-    windows = []
-    for key in keys:
-        parts = str(key).rsplit("_", 2)
-        try:
-            row, col = int(parts[1]), int(parts[2])
-        except (IndexError, ValueError):
-            raise AreaCheckError(
-                f"{path}: splits.test.blocks: expected keys {{region}}_{{row}}_{{col}}, "
-                f"found {key!r}"
-            ) from None
-        windows.append(Window(col, row, size, size))
-    return windows
-
-
-def read_index(path: Path | str) -> dict:
-    """A region's ``index.json``, refused in one line naming the file when it cannot be parsed."""
-    with reading(path):
-        text = Path(path).read_text()
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as err:
-        raise AreaCheckError(f"{path}: not valid JSON ({err})") from None
 
 
 def _region_pixels(
@@ -124,12 +91,12 @@ def _region_pixels(
 
 def read_population(
     maps: Mapping[str, Path], labels: Mapping[str, Path], indexes: Mapping[str, Path]
-) -> Population:
+) -> TestSplitPixels:
     """The test split of the regions named in ``indexes`` (region -> its ``index.json``), from
     each region's map and aligned labels (region -> path)."""
     mapped, reference, areas = [], [], {}
     for region, index_path in indexes.items():
-        windows = windows_of_test_tiles(read_index(index_path), index_path)
+        windows = windows_of_test_tiles(read_index(index_path, ()), index_path)
         m, r, pixel_ha = _region_pixels(Path(maps[region]), Path(labels[region]), windows)
         mapped.append(m)
         reference.append(r)
@@ -141,7 +108,7 @@ def read_population(
         raise AreaCheckError(
             f"expected one pixel area over the run's maps, found {areas} (hectares per pixel)"
         )
-    population = Population(np.concatenate(mapped), np.concatenate(reference), first,
+    population = TestSplitPixels(np.concatenate(mapped), np.concatenate(reference), first,
                             tuple(areas))  # fmt: skip
     if not len(population.mapped):
         raise AreaCheckError(
@@ -149,17 +116,6 @@ def read_population(
             "CDL label"
         )
     return population
-
-
-@dataclass(frozen=True)
-class CheckDesign:
-    """The check's sample: strata = the map's classes at ``level``."""
-
-    n: int
-    min_per_class: int
-    level: int
-    seed: int
-    draws: int
 
 
 class StratifiedSampler:
@@ -221,13 +177,11 @@ class LevelCheck:
     draws: int
 
 
-def check(
-    population: Population, cmap: ClassMap, design: CheckDesign, z: float
-) -> list[LevelCheck]:
+def check(population: TestSplitPixels, cmap: ClassMap, design: AreaSettings) -> list[LevelCheck]:
     """The check at L1, L2 and L3: ``design.draws`` seeded stratified samples (draw d from
-    ``default_rng([design.seed, d])``), each estimated at every level and its intervals (``z``)
-    compared with the CDL's area of the population. A draw whose standard error is missing or
-    0 gives no interval (as the table shows none): it counts as not covering."""
+    ``default_rng([design.seed, d])``), each estimated at every level and its intervals (at
+    ``design.confidence``) compared with the CDL's area of the population. A draw whose standard
+    error is missing or 0 gives no interval (as the table shows none): it counts as not covering."""
     strata = population.at(design.level, cmap)[0].astype(np.int64)
     sampler = StratifiedSampler(strata, LEVEL_CLASSES[design.level], design.n,
                                 design.min_per_class)  # fmt: skip
@@ -237,7 +191,7 @@ def check(
         k = LEVEL_CLASSES[level]
         levels[level] = (m, r, np.bincount(m, minlength=k), np.bincount(r, minlength=k))
         joint[level] = np.bincount(strata * k + m, minlength=len(sampler.sizes) * k).reshape(-1, k)
-    total = len(population.mapped)
+    total, z = len(population.mapped), design.z
     first: dict[int, AreaEstimates] = {}
     coverage: dict[int, dict[int, ClassCoverage]] = {lv: {} for lv in levels}
     for draw in range(design.draws):

@@ -1,4 +1,4 @@
-"""A user's labelled sample estimated on a run's maps (emb.evaluation.sample_estimates) and
+"""A user's labelled sample estimated on a run's maps (emb.estimation.labelled_estimates) and
 through the stage: designed on this map, or on another (Stehman), at the design's level and
 coarser, unlabelled rows counted."""
 
@@ -13,13 +13,14 @@ import pytest
 import rasterio
 from conftest import REPO
 from rasterio.transform import from_origin
+from test_holdout_check import settings_arg
 
 from emb.classes import IGNORE, load_class_map
-from emb.evaluation import area_estimates
-from emb.evaluation.area_estimator import olofsson
-from emb.evaluation.reference_sample import read_labelled
-from emb.evaluation.sample_design import draw_points, write_design
-from emb.evaluation.sample_estimates import coarser, estimate_sample
+from emb.estimation import area_estimates
+from emb.estimation.design import draw_points
+from emb.estimation.estimators import olofsson
+from emb.estimation.labelled_estimates import coarser, estimate_sample
+from emb.estimation.sample_files import read_labelled, write_sample
 
 CLASSES = REPO / "config" / "classes.csv"
 CMAP = load_class_map(CLASSES)
@@ -53,7 +54,7 @@ def labelled_sample(tmp_path: Path, truth: np.ndarray, mapped: np.ndarray, level
     maps.mkdir(exist_ok=True)
     write_map(maps / "r1.tif", mapped)
     design = draw_points([maps / "r1.tif"], level, CMAP, n=120, min_per_class=10, seed=1)
-    paths = write_design(design, tmp_path / "sample")
+    paths = write_sample(design, tmp_path / "sample")
     with rasterio.open(maps / "r1.tif") as src:
         inverse = ~src.transform
     rows = list(csv.DictReader(paths.csv.open()))
@@ -79,7 +80,7 @@ def test_on_its_own_map_the_design_level_is_olofssons_and_coarser_levels_follow(
     assert [f.level for f in found] == [3, 2, 1] and all(f.same_maps for f in found)
     matrix = np.zeros((61, 61), np.int64)
     np.add.at(matrix, (sample.stratum, sample.reference), 1)
-    want = olofsson(sample.design.strata_px, matrix)
+    want = olofsson(sample.record.strata_px, matrix)
     assert [c.proportion for c in found[0].estimates.classes] == [
         c.proportion for c in want.classes
     ]
@@ -133,8 +134,9 @@ def test_the_stage_adds_the_user_sample_rows_and_counts_the_unlabelled(
     index.write_text('{"tile_size": 40, "splits": {"test": {"blocks": {"r1_40_40": "b"}}}}')
     out = tmp_path / "run.csv"
     area_estimates.main(["--run", "a", "--maps", str(tmp_path / "maps"), "--indexes", str(index),
-                         "--labels", str(labels), "--classes", str(CLASSES), "--n", "50",
-                         "--min-per-class", "5", "--draws", "5", "--labelled", str(sample_csv),
+                         "--labels", str(labels), "--classes", str(CLASSES),
+                         settings_arg(n=50, min_per_class=5, draws=5),
+                         "--labelled", str(sample_csv),
                          "--csv", str(out), "--png", str(tmp_path / "run.png")])  # fmt: skip
     frame = pd.read_csv(out)
     users = frame[frame["method"] == "user sample"]

@@ -12,41 +12,32 @@ same points, and a JSON record of the design beside them, which the estimate nee
 
 from __future__ import annotations
 
-import contextlib
-import csv
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pyogrio.raw
 import rasterio
-import shapely
 from pyproj import CRS
 
 from emb import geo
 from emb.classes import ClassMap
-from emb.evaluation.map_classes import (
+from emb.estimation.population import (
     CHUNK,
+    Points,
     check_map,
     collapse_counts,
     count_l3,
+    crs_text,
     level_names,
     level_table,
     map_pixel_ha,
     streaming,
     strips,
 )
-from emb.io import atomic_path, json_text, reading
+from emb.estimation.sample_record import MapRecord, SampleRecord
+from emb.io import reading
 from emb.provenance import digest_file
 
-CSV_COLUMNS = ("id", "region", "x", "y", "crs", "lon", "lat", "map_class", "map_name", "reference")
-LAYER = "sample"  # the GeoPackage's layer
-METHOD = "stratified random sample of map pixels; strata = map classes (Olofsson et al. 2014)"
-SCAN_ORDER = (
-    "maps in the order listed, each row-major from its top row; a stratum's units are its "
-    "pixels whose 0-based rank in this order was drawn"
-)
 PIXEL_AREA_RTOL = 1e-6  # maps' pixel areas that differ by less are one pixel size
 
 
@@ -55,64 +46,16 @@ class SampleDesignError(ValueError):
 
 
 @dataclass(frozen=True)
-class Points:
-    """Where sample units lie, (m,) arrays: ``ids`` int64; ``region`` str (a map file's stem);
-    ``x``, ``y`` float64 pixel centres in that map's CRS; ``crs`` str (``EPSG:n`` or WKT)."""
-
-    ids: np.ndarray
-    region: np.ndarray
-    x: np.ndarray
-    y: np.ndarray
-    crs: np.ndarray
-
-
-@dataclass(frozen=True)
-class MapRecord:
-    """One map file of a design: ``pixels`` = its mapped (not nodata) pixels."""
-
-    region: str
-    path: str
-    sha256: str
-    crs: str
-    pixel_ha: float
-    width: int
-    height: int
-    pixels: int
-
-
-@dataclass(frozen=True)
 class Design:
-    """A drawn sample: ``strata_px`` (K,) int64 N_h and ``allocation`` (K,) int64 n_h over the
-    K classes of ``level``; ``points`` with (m,) ``lon``, ``lat`` float64 (WGS84) and
-    ``map_class`` int64 (the stratum), m = allocation.sum(); ``n`` is the n asked for."""
+    """A drawn sample: its ``record`` (strata, allocation, maps: what ``sample.json`` holds),
+    ``points`` with (m,) ``lon``, ``lat`` float64 (WGS84) and ``map_class`` int64 (the
+    stratum), m = record.n_drawn."""
 
-    level: int
-    class_names: tuple[str, ...]
-    maps: tuple[MapRecord, ...]
-    strata_px: np.ndarray
-    allocation: np.ndarray
-    n: int
-    min_per_class: int
-    seed: int
-    pixel_ha: float
+    record: SampleRecord
     points: Points
     lon: np.ndarray
     lat: np.ndarray
     map_class: np.ndarray
-
-
-@dataclass(frozen=True)
-class DesignPaths:
-    """The three files of a design: the CSV to fill in, the GeoPackage, the JSON record."""
-
-    csv: Path
-    gpkg: Path
-    record: Path
-
-    @classmethod
-    def in_folder(cls, folder: Path | str) -> DesignPaths:
-        folder = Path(folder)
-        return cls(folder / "sample.csv", folder / "sample.gpkg", folder / "sample.json")
 
 
 def allocate(strata_px: np.ndarray, n: int, min_per_class: int) -> np.ndarray:
@@ -171,12 +114,6 @@ def _largest_remainder(total: int, weights: list[int]) -> list[int]:
     for i in order[: total - sum(shares)]:
         shares[i] += 1
     return shares
-
-
-def crs_text(crs: rasterio.crs.CRS) -> str:
-    """``EPSG:n`` when the CRS has an EPSG code, else its WKT."""
-    epsg = crs.to_epsg()
-    return f"EPSG:{epsg}" if epsg else crs.to_wkt()
 
 
 def _map_record(path: Path, level: int, cmap: ClassMap) -> tuple[MapRecord, np.ndarray]:
@@ -245,10 +182,13 @@ def draw_points(
         ids=np.arange(1, m + 1, dtype=np.int64), region=region, x=np.concatenate(xs),
         y=np.concatenate(ys), crs=np.concatenate(crs),
     )  # fmt: skip
-    return Design(
+    record = SampleRecord(
         level=level, class_names=names, maps=tuple(records), strata_px=strata_px,
-        allocation=allocation, n=int(n), min_per_class=int(min_per_class), seed=int(seed),
-        pixel_ha=pixel_ha, points=points, lon=np.concatenate(lon), lat=np.concatenate(lat),
+        allocation=allocation, n=int(n), n_drawn=m, min_per_class=int(min_per_class),
+        seed=int(seed), pixel_ha=pixel_ha,
+    )  # fmt: skip
+    return Design(
+        record=record, points=points, lon=np.concatenate(lon), lat=np.concatenate(lat),
         map_class=np.concatenate([c for _, _, c in found]).astype(np.int64),
     )  # fmt: skip
 
@@ -292,100 +232,3 @@ def _pick_ranked(
             f"class {seen.tolist()} on the second pass, {strata_px.tolist()} on the first"
         )
     return out
-
-
-def design_record(design: Design) -> dict:
-    """The JSON record of a design: what the estimate needs (strata, pixel area, level) and
-    what reproduces it (maps and their digests, seed, n, min_per_class)."""
-    strata = [
-        {"class": h, "name": name, "pixels": int(px), "allocated": int(k)}
-        for h, (name, px, k) in enumerate(
-            zip(design.class_names, design.strata_px, design.allocation, strict=True)
-        )
-    ]
-    return {
-        "method": METHOD,
-        "level": design.level,
-        "class_names": list(design.class_names),
-        "maps": [vars(r) for r in design.maps],
-        "strata": strata,
-        "n": design.n,
-        "n_drawn": int(design.allocation.sum()),
-        "min_per_class": design.min_per_class,
-        "seed": design.seed,
-        "pixel_ha": design.pixel_ha,
-        "total_pixels": int(design.strata_px.sum()),
-        "scan_order": SCAN_ORDER,
-        "numpy": np.__version__,
-        "columns": list(CSV_COLUMNS),
-    }
-
-
-def _rows(design: Design) -> list[list]:
-    p = design.points
-    return [
-        [int(i), str(r), float(x), float(y), str(c), float(lo), float(la), int(k),
-         design.class_names[k], ""]
-        for i, r, x, y, c, lo, la, k in zip(p.ids, p.region, p.x, p.y, p.crs, design.lon,
-                                             design.lat, design.map_class, strict=True)
-    ]  # fmt: skip
-
-
-def _write_csv(design: Design, path: Path) -> None:
-    with open(path, "w", newline="") as fh:
-        writer = csv.writer(fh)
-        writer.writerow(CSV_COLUMNS)
-        writer.writerows(_rows(design))
-
-
-def _write_gpkg(design: Design, path: Path) -> None:
-    """The points as a GeoPackage layer ``sample``: WGS84 points, the CSV's fields."""
-    p = design.points
-    fields = list(CSV_COLUMNS)
-    data = [
-        p.ids, p.region.astype(object), p.x, p.y, p.crs.astype(object), design.lon, design.lat,
-        design.map_class, np.array([design.class_names[k] for k in design.map_class], object),
-        np.full(len(p.ids), "", object),
-    ]  # fmt: skip
-    geometry = shapely.to_wkb(shapely.points(design.lon, design.lat))
-    named = path.with_name(path.name + ".gpkg")  # GDAL wants the extension on the file it makes
-    try:
-        pyogrio.raw.write(
-            str(named), geometry, data, fields, layer=LAYER, driver="GPKG",
-            geometry_type="Point", crs=geo.WGS84.to_wkt(),
-        )  # fmt: skip
-        os.replace(named, path)
-    finally:
-        named.unlink(missing_ok=True)
-
-
-def _identity(path: Path) -> tuple[int, int] | None:
-    try:
-        stat = path.stat()
-    except OSError:
-        return None
-    return stat.st_ino, stat.st_mtime_ns
-
-
-def write_design(design: Design, out: DesignPaths | Path | str) -> DesignPaths:
-    """Write the CSV, the GeoPackage and the JSON record (``out``: the three paths, or a
-    folder for ``sample.csv``, ``sample.gpkg``, ``sample.json``). Each file appears whole or
-    not at all; on a failure the files this call already put in place are taken back (so no
-    new file stands beside an earlier design's), and an earlier design's files it did not
-    replace are left as they were (a good output is never deleted)."""
-    paths = out if isinstance(out, DesignPaths) else DesignPaths.in_folder(out)
-    finals = (paths.csv, paths.gpkg, paths.record)
-    before = {final: _identity(final) for final in finals}
-    try:
-        with contextlib.ExitStack() as stack:
-            csv_tmp, gpkg_tmp, record_tmp = (stack.enter_context(atomic_path(f)) for f in finals)
-            _write_csv(design, csv_tmp)
-            _write_gpkg(design, gpkg_tmp)
-            record_tmp.write_text(json_text(design_record(design), indent=2) + "\n")
-    except BaseException:
-        for final in finals:  # renamed into place before another's rename failed
-            if final.is_file() and _identity(final) != before[final]:
-                with contextlib.suppress(OSError):
-                    final.unlink()
-        raise
-    return paths

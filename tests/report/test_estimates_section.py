@@ -1,4 +1,4 @@
-"""H6's proposed tests for emb.report.area_summary: the area tables read back (refused in one
+"""H6's proposed tests for emb.report.estimates_section: the area tables read back (refused in one
 line when cut or not one), and the page's rows at its level."""
 
 from __future__ import annotations
@@ -8,8 +8,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from emb.evaluation.area_table import CHECK, COLUMNS, USER_SAMPLE
-from emb.report.area_summary import AreaTableError, area_section, page_rows, read_area_table
+from emb import plots
+from emb.estimation.estimates_table import CHECK, COLUMNS, USER_SAMPLE
+from emb.estimation.settings import from_json
+from emb.report.estimates_section import AreaTableError, area_section, page_rows, read_area_table
 
 
 def frame() -> pd.DataFrame:
@@ -62,7 +64,20 @@ def test_the_section_holds_the_figure_and_says_when_a_user_sample_is_there(
 ) -> None:
     path = tmp_path / "a.csv"
     frame().to_csv(path, index=False)
-    html = area_section({"a": path})
+    title, html = area_section({"a": path}, from_json("{}"))
+    assert title == "Crop areas (hectares, 95% intervals)"
     assert "data:image/png;base64," in html and "<table" in html
     assert "your labelled sample" in html
-    assert area_section({}) == "<p>No area tables.</p>"
+    assert area_section({}, from_json("{}"))[1] == "<p>No area tables.</p>"
+
+
+def test_the_section_and_its_figure_are_labelled_at_the_configured_level(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "a.csv"
+    frame().to_csv(path, index=False)
+    labels: list[str] = []
+    figure = plots.area_figure
+    monkeypatch.setattr(plots, "area_figure", lambda *a: labels.append(a[2]) or figure(*a))
+    title, _ = area_section({"a": path}, from_json('{"confidence": 0.9}'))
+    assert title == "Crop areas (hectares, 90% intervals)" and labels == ["90%"]

@@ -201,7 +201,7 @@ def stehman(
     n_h = np.bincount(stratum, minlength=h)
     _check_strata(big_n, n_h)
 
-    design = _Design(big_n, n_h, stratum)
+    design = _StratifiedTotals(big_n, n_h, stratum)
     ref, mapd = np.eye(k)[reference], np.eye(k)[mapped]
     right = mapd * ref  # [map = reference = k]
     big_ref, ref_var = design.total(ref)
@@ -271,7 +271,7 @@ def _result(
     return AreaEstimates(int(big_n.sum()), tuple(classes), overall)
 
 
-class _Design:
+class _StratifiedTotals:
     """A stratified random sample: stratified totals of per-unit values, and their variances."""
 
     def __init__(self, big_n: np.ndarray, n_h: np.ndarray, stratum: np.ndarray) -> None:

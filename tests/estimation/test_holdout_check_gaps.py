@@ -1,25 +1,32 @@
-"""H6's proposed tests for emb.evaluation.area_check: behaviours no test caught when broken."""
+"""H6's proposed tests for emb.estimation.holdout_check: behaviours no test caught when broken."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 import rasterio
 from rasterio.transform import from_origin
-from test_area_check import CMAP, IGNORE, SIZE, region_files, write_index, write_raster
+from test_holdout_check import (
+    CMAP,
+    IGNORE,
+    SIZE,
+    region_files,
+    settings,
+    write_index,
+    write_raster,
+)  # fmt: skip
 
-from emb.evaluation.area_check import (
+from emb.estimation.design import allocate
+from emb.estimation.holdout_check import (
     AreaCheckError,
-    CheckDesign,
-    Population,
     StratifiedSampler,
+    TestSplitPixels,
     check,
     read_population,
 )
-from emb.evaluation.area_estimator import z_of
-from emb.evaluation.sample_design import allocate
 
 
 def test_a_pixel_the_cdl_leaves_unlabelled_is_left_out_where_the_map_has_a_class(
@@ -92,32 +99,31 @@ def test_a_draw_takes_its_units_from_each_stratum_wherever_its_pixels_lie() -> N
     assert np.array_equal(np.bincount(strata[units], minlength=61), sampler.allocation)
 
 
-def rare_error_population() -> Population:
+def rare_error_population() -> TestSplitPixels:
     """Class 1 mapped over 200 px, all right; class 0 over 2000 px, one of them truly class 1:
     a sample of 20 units of class 0 almost never meets it, so class 1's estimate is W_1 with a
     standard error of 0 and its CDL area lies 1 px above that interval in nearly every draw."""
     mapped = np.r_[np.zeros(2000, np.uint8), np.ones(200, np.uint8)]
     reference = mapped.copy()
     reference[7] = 1
-    return Population(mapped, reference, 0.01, ("rare",))
+    return TestSplitPixels(mapped, reference, 0.01, ("rare",))
 
 
 def test_an_interval_covers_only_when_the_truth_lies_between_both_ends() -> None:
     pop = rare_error_population()
-    l3 = check(pop, CMAP, CheckDesign(n=40, min_per_class=20, level=3, seed=0, draws=50),
-               z_of(0.95))[-1]  # fmt: skip
+    l3 = check(pop, CMAP, settings(n=40, min_per_class=20, level=3, seed=0, draws=50))[-1]
     assert l3.level == 3
     assert l3.coverage[1].covered <= 5  # below every zero-width interval but the rare hit's
     assert l3.coverage[0].covered <= 5  # above them
 
 
 def test_the_table_shows_the_first_draw_whatever_the_number_of_draws() -> None:
-    from test_area_check import clustered_population
+    from test_holdout_check import clustered_population
 
     pop = clustered_population()
-    design = CheckDesign(n=150, min_per_class=10, level=3, seed=3, draws=1)
-    one = check(pop, CMAP, design, z_of(0.95))
-    many = check(pop, CMAP, CheckDesign(**{**vars(design), "draws": 4}), z_of(0.95))
+    design = settings(n=150, min_per_class=10, level=3, seed=3, draws=1)
+    one = check(pop, CMAP, design)
+    many = check(pop, CMAP, replace(design, draws=4))
     assert [c.estimates for c in one] == [c.estimates for c in many]
 
 
@@ -125,18 +131,17 @@ def test_a_class_the_map_omits_entirely_is_tallied_from_the_cdl() -> None:
     mapped = np.r_[np.zeros(1000, np.uint8), np.ones(500, np.uint8)]
     reference = mapped.copy()
     reference[:300] = 5  # class 5: in the CDL, never in the map
-    pop = Population(mapped, reference, 0.01, ("omit",))
-    l3 = check(pop, CMAP, CheckDesign(n=200, min_per_class=20, level=3, seed=0, draws=20),
-               z_of(0.95))[-1]  # fmt: skip
+    pop = TestSplitPixels(mapped, reference, 0.01, ("omit",))
+    l3 = check(pop, CMAP, settings(n=200, min_per_class=20, level=3, seed=0, draws=20))[-1]
     assert 5 in l3.coverage and l3.coverage[5].units_reference > 0
 
 
 def test_the_strata_are_the_maps_classes_at_the_design_level() -> None:
-    from test_area_check import clustered_population
+    from test_holdout_check import clustered_population
 
     pop = clustered_population()
-    design = CheckDesign(n=300, min_per_class=20, level=2, seed=0, draws=2)
-    l2 = next(c for c in check(pop, CMAP, design, z_of(0.95)) if c.level == 2)
+    design = settings(n=300, min_per_class=20, level=2, seed=0, draws=2)
+    l2 = next(c for c in check(pop, CMAP, design) if c.level == 2)
     sizes = np.bincount(CMAP.l3_to_l2[pop.mapped], minlength=7)
     want = allocate(sizes, 300, 20)
     got = np.zeros(7, np.int64)

@@ -1,4 +1,4 @@
-"""H6's proposed tests for emb.evaluation.area_table: each column in its unit, against numbers
+"""H6's proposed tests for emb.estimation.estimates_table: each column in its unit, against numbers
 computed here, the notes, the order and the coverage column."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import pytest
 from conftest import REPO
 
 from emb.classes import load_class_map
-from emb.evaluation.area_check import ClassCoverage, LevelCheck
-from emb.evaluation.area_estimator import olofsson, z_of
-from emb.evaluation.area_table import check_rows, estimate_rows, largest, table
+from emb.estimation.estimates_table import check_rows, estimate_rows, largest, table
+from emb.estimation.estimators import olofsson, z_of
+from emb.estimation.holdout_check import ClassCoverage, LevelCheck
 
 CMAP = load_class_map(REPO / "config" / "classes.csv")
 PX = [6000, 3000, 1000]  # N_i of map classes 0, 1, 2 (L3)

@@ -1,4 +1,4 @@
-"""H6's proposed tests for emb.evaluation.sample_estimates: on another map the accuracies are
+"""H6's proposed tests for emb.estimation.labelled_estimates: on another map the accuracies are
 that map's (its classes at the points, its "no data"), and a 1-unit stratum withholds only
 the standard errors it enters at a coarser level."""
 
@@ -9,13 +9,13 @@ from pathlib import Path
 
 import numpy as np
 import rasterio
-from test_sample_estimates import CMAP, labelled_sample, scene, write_map
+from test_labelled_estimates import CMAP, labelled_sample, scene, write_map
 
 from emb.classes import IGNORE
-from emb.evaluation.area_estimator import stehman
-from emb.evaluation.area_table import estimate_rows
-from emb.evaluation.reference_sample import read_labelled
-from emb.evaluation.sample_estimates import estimate_sample
+from emb.estimation.estimates_table import estimate_rows
+from emb.estimation.estimators import stehman
+from emb.estimation.labelled_estimates import estimate_sample
+from emb.estimation.sample_files import read_labelled
 
 
 def classes_at(path: Path, xs: np.ndarray, ys: np.ndarray) -> np.ndarray:
@@ -36,7 +36,7 @@ def test_on_another_map_the_accuracies_are_that_maps(tmp_path: Path) -> None:
     assert found.level == 2
     on_other = CMAP.l3_to_l2[classes_at(other_map, sample.points.x, sample.points.y)]
     counts = np.bincount(CMAP.l3_to_l2[other[other != IGNORE]], minlength=7).astype(np.int64)
-    want = stehman(np.asarray(sample.design.strata_px), sample.stratum,
+    want = stehman(np.asarray(sample.record.strata_px), sample.stratum,
                    on_other.astype(np.int64), sample.reference, counts)  # fmt: skip
     want_by = {c.cls: c for c in want.classes}
     for c in found.estimates.classes:

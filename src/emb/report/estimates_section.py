@@ -14,9 +14,10 @@ from pathlib import Path
 import pandas as pd
 
 from emb import plots
-from emb.evaluation.area_table import CHECK, COLUMNS, USER_SAMPLE
+from emb.estimation.estimates_table import CHECK, COLUMNS, USER_SAMPLE
+from emb.estimation.settings import AreaSettings
 
-AREAS_TITLE = "Crop areas (hectares, 95% intervals)"
+AREAS_TITLE = "Crop areas (hectares, {level} intervals)"
 PAGE_LEVEL = 2
 
 
@@ -66,8 +67,13 @@ def page_rows(tables: dict[str, pd.DataFrame], level: int = PAGE_LEVEL) -> pd.Da
     return pd.DataFrame(rows)
 
 
-def area_section(paths: dict[str, Path], top: int = 10) -> str:
-    """The section's HTML: the figure (inline) and the table at ``PAGE_LEVEL``."""
+def area_section(paths: dict[str, Path], settings: AreaSettings, top: int = 10) -> tuple[str, str]:
+    """The section's title (the intervals' level) and HTML: the figure (inline) and the table
+    at ``PAGE_LEVEL``."""
+    return AREAS_TITLE.format(level=settings.percent), _section_html(paths, settings, top)
+
+
+def _section_html(paths: dict[str, Path], settings: AreaSettings, top: int) -> str:
     tables = {run: read_area_table(Path(p)) for run, p in paths.items()}
     if not tables:
         return "<p>No area tables.</p>"
@@ -75,7 +81,8 @@ def area_section(paths: dict[str, Path], top: int = 10) -> str:
     for run, frame in tables.items():
         part = frame[(frame["level"] == PAGE_LEVEL) & (frame["method"] == CHECK)]
         panels.append((run, part.nlargest(top, "estimated_ha")))
-    figure = plots.png_bytes(plots.area_figure(panels, f"L{PAGE_LEVEL}, {CHECK}"))
+    figure = plots.png_bytes(plots.area_figure(panels, f"L{PAGE_LEVEL}, {CHECK}",
+                                               settings.percent))  # fmt: skip
     image = (f"<img id='areas' alt='mapped vs estimated area per class' "
              f"src='data:image/png;base64,{base64.b64encode(figure).decode()}'>")  # fmt: skip
     users = any((f["method"] == USER_SAMPLE).any() for f in tables.values())

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from emb.evaluation.area_estimator import (
+from emb.estimation.estimators import (
     AreaEstimateError,
     AreaEstimates,
     Estimate,

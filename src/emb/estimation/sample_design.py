@@ -1,0 +1,62 @@
+"""Stage: a stratified random sample of a run's map to label by hand -> CSV, GeoPackage, JSON.
+
+Where the model is used (a prediction-only region, a year without CDL) no label exists to check its
+map against; the good-practice answer (Olofsson et al. 2014) is a probability sample of reference
+labels. This draws one over the chosen regions' maps (strata: the map's classes at
+``area_estimates.sample.level``; ``n`` units, at least ``min_per_class`` per class, the rest by
+area; from ``seed``: ``--settings``, :mod:`emb.estimation.settings`): ``sample.csv`` to fill in (its
+empty ``reference`` column: a CDL code or a class name of the level, from imagery or the field),
+``sample.gpkg`` of the same points for a GIS, and ``sample.json``, the design record the estimate
+needs (:mod:`emb.estimation.sample_record`). Give the labelled CSV as ``area_estimates.labelled``
+and every run's area table gets its rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+from emb import stage_runner
+from emb.classes import load_class_map
+from emb.estimation.design import draw_points
+from emb.estimation.sample_files import write_sample
+from emb.estimation.settings import AreaSettingsError, from_json
+
+log = logging.getLogger(__name__)
+SETTINGS_HELP = (
+    "config area_estimates as JSON (the rule passes it whole; keys left out: the schema's defaults)"
+)
+
+
+@stage_runner.stage
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument(
+        "--maps",
+        type=Path,
+        nargs="+",
+        required=True,
+        help="the map of each region to sample (results/maps/{run}/{region}.tif)",
+    )
+    p.add_argument("--classes", type=Path, required=True, help="classes.csv")
+    p.add_argument("--settings", default="{}", help=SETTINGS_HELP)
+    p.add_argument("--out-dir", type=Path, required=True, help="results/samples/{run}")
+    args = p.parse_args(argv)
+    try:
+        settings = from_json(args.settings)
+    except AreaSettingsError as err:
+        p.error(str(err))
+    design = draw_points(args.maps, settings.level, load_class_map(args.classes), settings.n,
+                         settings.min_per_class, settings.seed)  # fmt: skip
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    paths = write_sample(design, args.out_dir)
+    record = design.record
+    log.info("wrote %s (%d points over %d maps, L%d strata, allocation %s), %s and %s",
+             paths.csv, record.n_drawn, len(record.maps), record.level,
+             {record.class_names[k]: int(v) for k, v in enumerate(record.allocation) if v},
+             paths.gpkg, paths.record)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,165 @@
+"""``sample.json``: the record of a drawn sample, written by the design and read back by the
+estimate. One dataclass, one format, writer and reader together.
+
+The record holds what the estimate needs (the strata's pixels, each stratum's allocation, the
+level and its class names, the pixel area) and what reproduces the draw (the maps and their
+digests, n, min_per_class, the seed, the scan order). Keys the reader needs are those of
+``RECORD_KEYS`` (and of each map and stratum); records written before the maps carried their
+own pixel area and size still read (the record's ``pixel_ha``, sizes 0).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from emb.classes import ClassMap
+from emb.estimation.population import level_names
+from emb.io import json_text
+
+METHOD = "stratified random sample of map pixels; strata = map classes (Olofsson et al. 2014)"
+SCAN_ORDER = (
+    "maps in the order listed, each row-major from its top row; a stratum's units are its "
+    "pixels whose 0-based rank in this order was drawn"
+)
+# The sample's CSV columns (the CSV and the GeoPackage hold them; the record lists them).
+COLUMNS = ("id", "region", "x", "y", "crs", "lon", "lat", "map_class", "map_name", "reference")
+RECORD_KEYS = ("level", "class_names", "maps", "strata", "n_drawn", "seed", "pixel_ha")
+MAP_KEYS = ("region", "path", "sha256", "crs")
+STRATUM_KEYS = ("class", "pixels", "allocated")
+
+
+class SampleRecordError(ValueError):
+    """A ``sample.json`` that cannot be read back as a design's record."""
+
+
+@dataclass(frozen=True)
+class MapRecord:
+    """One map file of a design: ``pixels`` = its mapped (not nodata) pixels."""
+
+    region: str
+    path: str
+    sha256: str
+    crs: str
+    pixel_ha: float
+    width: int
+    height: int
+    pixels: int
+
+
+@dataclass(frozen=True)
+class SampleRecord:
+    """A design as ``sample.json`` holds it: ``strata_px`` (K,) int64 N_h and ``allocation``
+    (K,) int64 n_h over the K classes of ``level``; units carry ids 1..``n_drawn``; ``n`` is the
+    n asked for. ``path``: the file it was read from (None for a record not yet written)."""
+
+    level: int
+    class_names: tuple[str, ...]
+    maps: tuple[MapRecord, ...]
+    strata_px: np.ndarray
+    allocation: np.ndarray
+    n: int
+    n_drawn: int
+    min_per_class: int
+    seed: int
+    pixel_ha: float
+    path: Path | None = None
+
+    def to_json(self) -> dict:
+        """The record's JSON object, keys in the file's order."""
+        strata = [
+            {"class": h, "name": name, "pixels": int(px), "allocated": int(k)}
+            for h, (name, px, k) in enumerate(
+                zip(self.class_names, self.strata_px, self.allocation, strict=True)
+            )
+        ]
+        return {
+            "method": METHOD,
+            "level": self.level,
+            "class_names": list(self.class_names),
+            "maps": [vars(r) for r in self.maps],
+            "strata": strata,
+            "n": self.n,
+            "n_drawn": self.n_drawn,
+            "min_per_class": self.min_per_class,
+            "seed": self.seed,
+            "pixel_ha": self.pixel_ha,
+            "total_pixels": int(self.strata_px.sum()),
+            "scan_order": SCAN_ORDER,
+            "numpy": np.__version__,
+            "columns": list(COLUMNS),
+        }
+
+    def text(self) -> str:
+        """The file's text (indented JSON, one newline at the end)."""
+        return json_text(self.to_json(), indent=2) + "\n"
+
+
+def read_record(path: Path | str, cmap: ClassMap, sample: Path | str | None = None) -> SampleRecord:
+    """The record at ``path``, checked for its keys and for class names that are the config's
+    at its level (else its stratum ids would name other classes); ``sample``: the labelled CSV
+    it is read for, named in a refusal."""
+    path = Path(path)
+    about = f"{sample}: " if sample else ""
+    if not path.is_file():
+        raise SampleRecordError(
+            f"{about}no design record at {path}: a sample is estimated only with the record "
+            f"its design wrote beside it (sample.json)"
+        )
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise SampleRecordError(f"{path}: not a JSON design record ({err})") from err
+    if not isinstance(data, dict):
+        raise SampleRecordError(f"{path}: expected a JSON object, found {type(data).__name__}")
+    _need(path, "the record", data, RECORD_KEYS)
+    for i, entry in enumerate(data["maps"]):
+        _need(path, f"maps[{i}]", entry, MAP_KEYS)
+    for i, entry in enumerate(data["strata"]):
+        _need(path, f"strata[{i}]", entry, STRATUM_KEYS)
+    level = data["level"]
+    try:
+        names = level_names(level, cmap)
+    except ValueError as err:
+        raise SampleRecordError(f"{path}: key level: {err}") from err
+    if tuple(data["class_names"]) != names:
+        raise SampleRecordError(
+            f"{path}: class_names of level {level} differ from the class table's "
+            f"(expected {list(names)}, found {data['class_names']})"
+        )
+    classes = [s["class"] for s in data["strata"]]
+    if classes != list(range(len(names))):
+        raise SampleRecordError(
+            f"{path}: strata must list classes 0..{len(names) - 1} in order, found {classes}"
+        )
+    maps = tuple(
+        MapRecord(
+            region=m["region"],
+            path=m["path"],
+            sha256=m["sha256"],
+            crs=m["crs"],
+            pixel_ha=float(m.get("pixel_ha", data["pixel_ha"])),
+            width=int(m.get("width", 0)),
+            height=int(m.get("height", 0)),
+            pixels=int(m.get("pixels", 0)),
+        )  # fmt: skip
+        for m in data["maps"]
+    )
+    n_drawn = int(data["n_drawn"])
+    return SampleRecord(
+        level=level, class_names=names, maps=maps,
+        strata_px=np.array([s["pixels"] for s in data["strata"]], np.int64),
+        allocation=np.array([s["allocated"] for s in data["strata"]], np.int64),
+        n=int(data.get("n", n_drawn)), n_drawn=n_drawn,
+        min_per_class=int(data.get("min_per_class", 0)), seed=int(data["seed"]),
+        pixel_ha=float(data["pixel_ha"]), path=path,
+    )  # fmt: skip
+
+
+def _need(path: Path, where: str, data: object, keys: tuple[str, ...]) -> None:
+    missing = [k for k in keys if not isinstance(data, dict) or k not in data]
+    if missing:
+        raise SampleRecordError(f"{path}: {where} lacks keys {missing} of a design record")

@@ -1,0 +1,108 @@
+"""The crop-area settings (config ``area_estimates``) as one object: built once, from the config
+at parse time or from the ``--settings`` a rule passes, checked once where it enters (against
+the config schema's ``area_estimates`` section, which gives every default), and handed whole to
+the design, the check, the table, the figure and the summary.
+
+Only what the stages use travels: the interval's level, the sample's design and the check's
+draws. Which regions a sample covers and where a labelled one lies are decisions of the DAG
+(:mod:`emb.workflow.samples`), not of a stage.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import jsonschema
+
+from emb.config_schema import SCHEMA, read_schema
+from emb.estimation.estimators import z_of
+
+SECTION = "area_estimates"
+TRAVELS = ("confidence", "sample", "draws")  # the keys a stage reads
+
+
+class AreaSettingsError(ValueError):
+    """Area settings that are not what the config schema allows: the key, expected, found."""
+
+
+@dataclass(frozen=True)
+class AreaSettings:
+    """``confidence``: the two-sided level of every interval; the sample design (``n`` units,
+    at least ``min_per_class`` per stratum, strata = the map's classes at ``level``, drawn from
+    ``seed``); ``draws``: the test split's check's seeded samples."""
+
+    confidence: float
+    n: int
+    min_per_class: int
+    level: int
+    seed: int
+    draws: int
+
+    @property
+    def z(self) -> float:
+        """The normal quantile of the two-sided level, e.g. 1.959964 for 0.95."""
+        return z_of(self.confidence)
+
+    @property
+    def percent(self) -> str:
+        """The level as a label reads it: ``95%``, ``90%``, ``99.5%``."""
+        return f"{self.confidence * 100:.10g}%"
+
+    def to_json(self) -> str:
+        """The settings as the config section holds them (what a rule passes as --settings)."""
+        sample = {"n": self.n, "min_per_class": self.min_per_class, "level": self.level,
+                  "seed": self.seed}  # fmt: skip
+        return json.dumps(
+            {"confidence": self.confidence, "sample": sample, "draws": self.draws},
+            sort_keys=True,
+        )
+
+
+def from_config(section: Mapping[str, Any], where: str = "config") -> AreaSettings:
+    """The settings of a config's ``area_estimates`` section (keys it omits: the schema's
+    defaults; the DAG's keys stay behind)."""
+    return _build({k: copy.deepcopy(v) for k, v in section.items() if k in TRAVELS}, where)
+
+
+def _build(data: dict, where: str) -> AreaSettings:
+    """The one check: :class:`AreaSettingsError` naming the key, the expected and the found."""
+    schema = read_schema(SCHEMA)["properties"][SECTION]
+    wanted = {**schema, "properties": {k: schema["properties"][k] for k in TRAVELS},
+              "additionalProperties": False}  # fmt: skip
+    _fill_defaults(data, wanted)
+    error = jsonschema.exceptions.best_match(jsonschema.Draft7Validator(wanted).iter_errors(data))
+    if error is not None:
+        key = ".".join([SECTION, *map(str, error.absolute_path)])
+        raise AreaSettingsError(f"{where}: {key}: {error.message}")
+    sample = data["sample"]
+    return AreaSettings(
+        confidence=float(data["confidence"]), n=sample["n"],
+        min_per_class=sample["min_per_class"], level=sample["level"], seed=sample["seed"],
+        draws=data["draws"],
+    )  # fmt: skip
+
+
+def from_json(text: str, where: str = "--settings") -> AreaSettings:
+    """The settings a rule passed (:meth:`AreaSettings.to_json`), or a section written by hand."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise AreaSettingsError(
+            f"{where}: expected a JSON object, found {text!r} ({err})"
+        ) from None
+    if not isinstance(data, dict):
+        raise AreaSettingsError(f"{where}: expected a JSON object, found {text!r}")
+    return _build(data, where)
+
+
+def _fill_defaults(data: dict, schema: Mapping[str, Any]) -> None:
+    """Each key the data omits takes the schema's default, object sections key by key."""
+    for key, prop in schema.get("properties", {}).items():
+        if key not in data and "default" in prop:
+            data[key] = copy.deepcopy(prop["default"])
+        if prop.get("type") == "object" and isinstance(data.get(key), dict):
+            _fill_defaults(data[key], prop)
