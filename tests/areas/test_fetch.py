@@ -371,6 +371,28 @@ def test_a_gzip_encoded_tile_is_decoded_and_another_encoding_named(served, tmp_p
     assert not tile(tmp_path / "br/aef", NEEDED[2]).exists()
 
 
+def test_a_whole_gzip_part_answered_416_is_decoded_not_fetched_again(
+    served, tmp_path: Path
+) -> None:
+    """A run stopped after the last byte of a gzip answer and before its check leaves the
+    whole ``.part``; the next run's Range asks past its end and gets 416, with no
+    Content-Encoding: the part's magic bytes say gzip, so it is decoded and kept (one request),
+    not checked as a tile, refused and fetched again."""
+    c, url = served
+    collections = local_copy(c, tmp_path)
+    collections["aef"]["url"] = url
+    name = name_of(NEEDED[1])
+    RangeHandler.encoded = {name: "gzip"}
+    final = tile(tmp_path / "aef", NEEDED[1])
+    sent = gzip.compress(tile(c.aef, NEEDED[1]).read_bytes())  # as the server sends it
+    final.with_name(name + ".part").write_bytes(sent)
+    RangeHandler.requests.clear()
+    fetch(c.areas, collections, "aef", workers=1, out=tmp_path / "f.tsv")
+    assert [r for p, r in RangeHandler.requests if name in p] == [f"bytes={len(sent)}-"]
+    assert final.read_bytes() == tile(c.aef, NEEDED[1]).read_bytes()
+    assert not list(final.parent.glob(name + ".part*"))
+
+
 def test_each_retry_is_logged_with_its_wait(
     served, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -240,3 +240,23 @@ def test_an_index_row_outside_the_collection_is_refused_when_the_plan_is_made(
                            "fetched to ") and "outside the collection folder" in text  # fmt: skip
     assert DigestHandler.asked == []
     assert not (tmp_path / "escaped.tiff").exists()
+
+
+@pytest.mark.parametrize("gzipped", [False, True], ids=["plain", "gzip"])
+def test_a_matching_md5_does_not_excuse_a_crc32c_that_disagrees(
+    server, tmp_path: Path, gzipped: bool
+) -> None:
+    """Every digest the server states must match, not any one: an MD5 of the right bytes
+    beside a CRC32C of another object is refused (as received, and as decoded from gzip),
+    naming the CRC32C."""
+    c, url = server
+    name = name_of(NEEDED[1])
+    md5_of = "decoded" if gzipped else "received"
+    DigestHandler.answers = {name: {"gzip": gzipped, "md5": md5_of, "crc32c": "other"}}
+    collections = copy_to_fetch(c, tmp_path, url)
+    with pytest.raises(AreasError) as err:
+        fetch(c.areas, collections, "aef", workers=1, out=tmp_path / "f.tsv")
+    text = str(err.value)
+    assert f"server's x-goog-hash crc32c says {crc32c(OTHER).hex()}" in text, text
+    final = tile(tmp_path / "aef", NEEDED[1])
+    assert not final.exists() and not list(final.parent.glob(final.name + ".part*"))

@@ -22,6 +22,7 @@ from emb.cluster.launch import (
     environment,
     parse_args,
     prepare,
+    split_endpoint,
 )
 from emb.cluster.retries import earlier_failure, record_failure
 from emb.cluster.supervise import (
@@ -143,6 +144,24 @@ def test_environment_defaults_expand_at_launch_and_never_override_the_user() -> 
 def test_impossible_launches_are_refused_with_the_value_found(kwargs, message) -> None:
     with pytest.raises(LaunchError, match=message):
         Launch(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "expected"),
+    [("h:1", ("h", 1)), ("h:65535", ("h", 65535)), ("[::1]:65535", ("::1", 65535))],
+)
+def test_the_endpoint_ports_at_the_ends_of_the_range_are_accepted(endpoint: str, expected) -> None:
+    assert split_endpoint(endpoint) == expected
+    assert Launch(nodes=2, endpoint=endpoint).endpoint == endpoint
+
+
+@pytest.mark.parametrize(("endpoint", "port"), [("h:0", 0), ("h:65536", 65536), ("[::1]:0", 0)])
+def test_the_endpoint_ports_just_outside_the_range_are_refused(endpoint: str, port: int) -> None:
+    message = f"endpoint {re.escape(endpoint)}: expected a port in 1-65535, found {port}$"
+    with pytest.raises(LaunchError, match=message):
+        split_endpoint(endpoint)
+    with pytest.raises(LaunchError, match=message):
+        Launch(nodes=2, endpoint=endpoint)
 
 
 def test_c10d_port_differs_between_jobs_sharing_a_node() -> None:

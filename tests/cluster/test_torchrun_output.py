@@ -157,3 +157,28 @@ def test_a_workers_traceback_with_nothing_after_it_passes_on_within_a_bound(
             time.sleep(0.05)
         assert sink.getvalue() == WORKER_TRACEBACK  # the pipe still open
     output.release(explained=True)
+
+
+WORKER_CPP_ERROR = b"""\
+Traceback (most recent call last):
+  File "/repo/src/emb/training/train.py", line 84, in train
+    dist.init_process_group(
+RuntimeError: The server socket has failed to listen on any local network address. port: 29500, useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use
+Exception raised from makeWithPort at /__w/pytorch/pytorch/torch/csrc/distributed/c10d/TCPStoreLibUvBackend.cpp:282 (most recent call first):
+frame #0: c10::Error::Error(c10::SourceLocation, std::__cxx11::basic_string<char>) + 0x9d (0x7f4f44b79b8d in /venv/lib/python3.11/site-packages/torch/lib/libc10.so)
+
+"""  # noqa: E501 - a worker's c10::Error, its C++ stack in the message (TORCH_SHOW_CPP_STACKTRACES)
+
+
+def test_a_workers_exception_raised_from_without_a_torch_log_line_above_it_is_kept() -> None:
+    """Only a dump directly under torch's own ``[E...]``/``[W...]`` line is dropped: a
+    worker's error message that carries its C++ stack, or such a line under any other line
+    (even one after a torch log line), passes on whole."""
+    output, sink = relay(LOG_LINE, WORKER_CPP_ERROR, LOG_LINE)
+    output.release(explained=True)
+    assert sink.getvalue() == LOG_LINE + WORKER_CPP_ERROR + LOG_LINE
+    log_line = CPP_WARNING.split(b"\n", 1)[0] + b"\n"
+    dump = CPP_WARNING.split(b"\n", 1)[1]
+    output, sink = relay(log_line, LOG_LINE, dump, LOG_LINE)
+    output.release(explained=False)
+    assert sink.getvalue() == log_line + LOG_LINE + dump + LOG_LINE

@@ -13,6 +13,7 @@ from emb.prep.spatial_split import (
     SplitBlocksError,
     SplitSpec,
     assign_blocks,
+    block_count,
     blocks_in,
     check_blocks_hold_splits,
 )
@@ -68,3 +69,35 @@ def test_the_bound_counts_blocks_per_draw_and_fixed_splits() -> None:
     check_blocks_hold_splits("aef", [*apart, ground("c", 61_500.0, 20_500.0)], 5120.0, "t.tsv")
     across = [ground("x", 4_120.0, 4_120.0)]  # a 2 km region on the corner of four blocks
     check_blocks_hold_splits("aef", across, 5120.0, "t.tsv")
+
+
+@pytest.mark.parametrize("x0", [0.0, 10_240.0, -5_120.0])
+def test_an_extent_of_exactly_one_block_counts_as_one_block(x0: float) -> None:
+    """Edges on block lines are exclusive: a region exactly one block across meets one
+    block (as the jobs list them), so the parse-time check refuses it; a hair wider meets
+    four."""
+    extent = (x0, 20_480.0, x0 + 5_120.0, 25_600.0)
+    assert block_count(extent, 5_120.0) == len(blocks_in(extent, 5_120.0)) == 1
+    exact = [BlockGround("field", "auto", extent, "field")]
+    with pytest.raises(SplitBlocksError, match=r"region field is 5.12 km x 5.12 km \(1 block\)"):
+        check_blocks_hold_splits("aef", exact, 5_120.0, "t.tsv")
+    wider = (x0, 20_480.0, x0 + 5_120.5, 25_600.5)
+    assert block_count(wider, 5_120.0) == len(blocks_in(wider, 5_120.0)) == 4
+    check_blocks_hold_splits(
+        "aef", [BlockGround("field", "auto", wider, "field")], 5_120.0, "t.tsv"
+    )
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_region_of_two_blocks_is_split_into_train_and_val(seed: int) -> None:
+    """With fewer blocks than splits, the first splits get one each (train, then val), never
+    a draw without train: the parse-time check lets a two-block region beside a test region
+    through, and together they hold all three splits."""
+    blocks = blocks_in((0.0, 0.0, 10_240.0, 5_120.0), 5_120.0)
+    drawn = assign_blocks("field", blocks, SplitSpec(5_120.0, seed=seed))
+    assert sorted(drawn.values()) == ["train", "val"]
+    one = assign_blocks("field", blocks[:1], SplitSpec(5_120.0, seed=seed))
+    assert list(one.values()) == ["train"]
+    two = BlockGround("field", "auto", (0.0, 0.0, 10_240.0, 5_120.0), "field")
+    fixed = ground("t", 90_000.0, 0.0, split="test")
+    check_blocks_hold_splits("aef", [two, fixed], 5_120.0, "t.tsv")

@@ -72,3 +72,25 @@ def test_the_first_mistake_of_the_table_is_named_though_a_later_row_is_read_firs
     path = table_of(tmp_path, 2 * READERS + 2, tessera_elsewhere=7, aef_missing=3)
     with pytest.raises(RegionsError, match=r"row 3 \(region 'r3'\), column 'aef': file not found"):
         check_regions(read_regions(path), path)
+
+
+LAST = 2 * READERS + 2  # rows of the table: the last READERS - 1 are read after it runs out
+
+
+@pytest.mark.parametrize(
+    ("labels_fail", "file_missing", "named", "column"),
+    [(LAST, 0, LAST, "cdl"), (0, LAST, LAST, "aef"),
+     (LAST - 2, LAST, LAST - 2, "cdl"), (LAST, LAST - 2, LAST - 2, "aef")],
+    ids=["last-labels", "last-file", "8-labels-10-file", "8-file-10-labels"],
+)  # fmt: skip
+def test_the_tables_last_rows_are_checked_in_order(
+    tmp_path: Path, labels_fail: int, file_missing: int, named: int, column: str
+) -> None:
+    """The rows still held when the table runs out are checked too, in table order: a
+    mistake in the last row alone is found; of rows 8 and 10 of 10, row 8 is named,
+    whichever mistake each has."""
+    path = table_of(tmp_path, LAST, tessera_elsewhere=labels_fail, aef_missing=file_missing)
+    with pytest.raises(
+        RegionsError, match=rf"row {named} \(region 'r{named}'\), column '{column}'"
+    ):
+        check_regions(read_regions(path), path)

@@ -271,7 +271,9 @@ def check_digests(tile: CollectionTile, part: Path, ready: Path, encoding: str, 
     decoded = digests_of(ready, kinds) if ready != part else None
     if decoded is not None and all(decoded[d.kind] == d.value for d in served.digests):
         return
-    d = next(d for d in served.digests if received[d.kind] != d.value)
+    wrong = [d for d in served.digests if received[d.kind] != d.value]
+    # the digest that matches neither form, not one the decoded bytes match
+    d = next((d for d in wrong if decoded is None or decoded[d.kind] != d.value), wrong[0])
     name = DIGEST_NAMES[d.kind]
     have = f"its bytes have {name} {received[d.kind].hex()}"
     if decoded is not None:
