@@ -62,6 +62,9 @@ SLOW_FILES: dict[str, str | dict[str, str]] = {
     "tests/bench/test_bench_defaults.py": {
         "test_each_bench_runs_its_default_path_in_its_smallest_mode": "each bench as a process"
     },
+    "tests/bench/test_dry_run_identity.py": {
+        "test_two_dry_runs_of_the_demo_compare_equal": "two Snakemake dry runs of the demo",
+    },
     "tests/training/test_train_resume.py": "torchrun, 2 ranks, killed and resumed",
     "tests/training/test_resume_schedule.py": {
         "test_two_ranks_resumed_with_a_longer_run_log_a_continuous_lr": TORCHRUN,

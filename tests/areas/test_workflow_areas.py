@@ -36,13 +36,10 @@ def snakemake(work: Path, *args: str) -> subprocess.CompletedProcess:
     return run_snakemake(work, [".test/config.yaml", "areas.yaml"], *args, timeout=1800)
 
 
-@pytest.fixture(scope="module")
-def finished(tmp_path_factory: pytest.TempPathFactory) -> tuple[Collection, Path]:
-    c = make_collection(tmp_path_factory.mktemp("collection"))
-    work = tmp_path_factory.mktemp("work")
-    shutil.copytree(REPO / "config", work / "config")
-    shutil.copytree(REPO / ".test", work / ".test")
-    settings = {
+def areas_settings(c: Collection) -> dict:
+    """The config (areas.yaml) that runs the workflow over ``c``'s tiles: also the areas setup
+    of bench/dry_run_identity.py."""
+    return {
         "regions": "",
         "areas": str(c.areas),
         "runs": RUNS,
@@ -53,7 +50,15 @@ def finished(tmp_path_factory: pytest.TempPathFactory) -> tuple[Collection, Path
             "cdl": {"path": str(c.cdl_tiles.parent / "{year}")},
         },
     }
-    (work / "areas.yaml").write_text(yaml.safe_dump(settings))
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory: pytest.TempPathFactory) -> tuple[Collection, Path]:
+    c = make_collection(tmp_path_factory.mktemp("collection"))
+    work = tmp_path_factory.mktemp("work")
+    shutil.copytree(REPO / "config", work / "config")
+    shutil.copytree(REPO / ".test", work / ".test")
+    (work / "areas.yaml").write_text(yaml.safe_dump(areas_settings(c)))
     result = snakemake(work, "--cores", "2")
     assert result.returncode == 0, result.stderr[-4000:]
     return c, work

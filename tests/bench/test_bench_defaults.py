@@ -23,6 +23,7 @@ SMALLEST: dict[str, list[str] | str] = {
     "coverage.py": ["--quick"],
     "data.py": ["--quick"],
     "dry_run.py": ["--sizes", "10", "20", "--repeats", "1"],
+    "dry_run_identity.py": ["--before", str(REPO), "--setups", "demo"],  # the tree against itself
     "ema.py": ["--device", "cpu", "--blocks", "1", "--reps", "1"],
     "gpu.py": "tests/bench/test_gpu_bench.py::test_gpu_bench_tiny_cpu",
     "map_counts.py": ["--quick"],
