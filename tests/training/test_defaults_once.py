@@ -1,6 +1,8 @@
 """Every training default is stated once, in workflow/schemas/train.schema.yaml (issue 52): the
 dataclasses take theirs from it, the Trainer has none, config/train/defaults.yaml holds only
-what differs from it, and config/config.yaml restates none of the config schema's defaults."""
+what differs from it, and config/config.yaml restates none of the config schema's defaults.
+No component states a literal default under a setting's name of either schema, equal to the
+schema's (a second copy) or not (a drifted one, issue 56)."""
 
 from __future__ import annotations
 
@@ -109,8 +111,9 @@ RENAMED = {
     "bn_batch_stats": ["train.val_bn_batch_stats"],
     "min_batch": ["train.val_min_batch"],
 }
-# (module, name): a literal default equal to a setting's by coincidence of name and value,
-# not standing in for the setting; each with why.
+# (module, name): a literal default under a setting's name that does not stand for the
+# setting (equal to its default by coincidence, or another value of its own); each with why.
+# Short on purpose: removing the default (the caller passes the config's) is the usual answer.
 NOT_SETTINGS = {
     ("emb/evaluation/bootstrap.py", "seed"): "the bootstrap's own seed, not train.seed",
     ("emb/models/deeplab.py", "drop_path"): "a block's own rate (from drop_path_rates), not "
@@ -119,6 +122,10 @@ NOT_SETTINGS = {
     ("emb/models/runtime.py", "compile"): "a plain CPU runtime's defaults (fp32, no "
     "channels_last, no compile: evaluate's and predict's); training resolves train.compile",
 }
+# Config schema leaves the code uses as plain words for other things (a raster's block, a
+# confidence level, a count, a tile's size, a process's threads): a literal under one of these
+# names is not read as the setting. The train schema's names are all distinctive enough.
+GENERIC_CONFIG_NAMES = {"n", "size", "seed", "block", "level", "threads", "workers"}
 
 
 def train_settings() -> dict[str, list[tuple[str, Any]]]:
@@ -131,6 +138,29 @@ def train_settings() -> dict[str, list[tuple[str, Any]]]:
                 out.setdefault(key, []).append((f"{section}.{key}", prop["default"]))
     for name, keys in RENAMED.items():
         out.setdefault(name, []).extend((k, schema_default(TRAIN_SCHEMA, k)) for k in keys)
+    return out
+
+
+def config_settings(node: dict | None = None, prefix: str = "") -> dict[str, list[tuple[str, Any]]]:
+    """The config schema's settings as :func:`train_settings` gives the train schema's: the
+    leaves inside its sections (predict.batch_size, area_estimates.sample.min_per_class; not
+    the top-level inputs), but for :data:`GENERIC_CONFIG_NAMES`."""
+    out: dict[str, list[tuple[str, Any]]] = {}
+    for key, prop in (node or CONFIG_SCHEMA).get("properties", {}).items():
+        path = f"{prefix}.{key}" if prefix else key
+        if prop.get("type") == "object" or "properties" in prop:
+            for name, found in config_settings(prop, path).items():
+                out.setdefault(name, []).extend(found)
+        elif prefix and key not in GENERIC_CONFIG_NAMES and prop.get("default") is not None:
+            out.setdefault(key, []).append((path, prop["default"]))
+    return out
+
+
+def settings() -> dict[str, list[tuple[str, Any]]]:
+    """Every setting a stage or component takes, by the name a parameter or field has."""
+    out = train_settings()
+    for name, found in config_settings().items():
+        out.setdefault(name, []).extend(found)
     return out
 
 
@@ -159,24 +189,54 @@ def same(value: Any, default: Any) -> bool:
     return isinstance(value, bool) == isinstance(default, bool) and plain(value) == default
 
 
-def test_no_component_restates_a_training_default() -> None:
-    """A loss, EMA, guard, schedule or loader taking a setting must be given it (training/loop
-    passes the config's): a literal default equal to the schema's is a second copy a tune of
-    the schema would miss, as label_smoothing=0.05 and shuffle_buffer=256 were (issue 52)."""
-    settings, src = train_settings(), REPO / "src"
-    found = []
+def stated_settings() -> Iterator[tuple[str, int, str, Any, list[tuple[str, Any]]]]:
+    """(module, line, name, value, [(schema key, default)]) of every literal default (a
+    parameter's or a field's) under a setting's name, but for NOT_SETTINGS: read from the
+    source with ``ast``, nothing imported."""
+    found, src = settings(), REPO / "src"
     for path in sorted((src / "emb").rglob("*.py")):
         module = path.relative_to(src).as_posix()
         for name, node in literal_defaults(ast.parse(path.read_text(), str(path))):
-            if name not in settings or (module, name) in NOT_SETTINGS:
+            if name not in found or (module, name) in NOT_SETTINGS:
                 continue
             try:
                 value = ast.literal_eval(node)
             except (ValueError, TypeError):
                 continue  # computed (e.g. a default_factory reading the schema)
-            found += [f"src/{module}:{node.lineno}: {name}={value!r} restates {key}'s default"
-                      for key, default in settings[name] if same(value, default)]  # fmt: skip
-    assert found == [], "\n".join(found)
+            yield module, node.lineno, name, value, found[name]
+
+
+def test_no_component_restates_a_default() -> None:
+    """A loss, EMA, guard, schedule, loader or stage function taking a setting must be given
+    it (training/loop passes the config's, a stage its argument): a literal default equal to
+    the schema's is a second copy a tune of the schema would miss, as label_smoothing=0.05 and
+    shuffle_buffer=256 were (issue 52)."""
+    again = [
+        f"src/{module}:{line}: {name}={value!r} restates {key}'s default"
+        for module, line, name, value, keys in stated_settings()
+        for key, default in keys
+        if same(value, default)
+    ]
+    assert again == [], "\n".join(again)
+
+
+def test_no_component_states_a_drifted_default() -> None:
+    """A literal default under a setting's name that matches none of the schema's defaults
+    for that name is a copy that has drifted (issue 56: runtime's precision="fp32" against
+    train.precision's bf16): a caller that leaves it out runs with other settings than the
+    workflow's. None is "not given", not a value; a name that is not the setting goes in
+    NOT_SETTINGS with why."""
+    drifted = [
+        f"src/{module}:{line}: {name}={value!r}, the schema's "
+        + ", ".join(f"{key}: {default!r}" for key, default in keys)
+        for module, line, name, value, keys in stated_settings()
+        if value is not None and not any(same(value, default) for _, default in keys)
+    ]
+    assert drifted == [], (
+        "literal defaults under a setting's name that differ from the schema's (take the "
+        "setting from the caller, or list (module, name) in NOT_SETTINGS saying why it is "
+        "not the setting):\n" + "\n".join(drifted)
+    )
 
 
 def test_predict_spec_takes_the_config_schemas_defaults() -> None:
