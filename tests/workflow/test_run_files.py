@@ -1,4 +1,4 @@
-"""A run's files as the workflow names them while it parses (emb.workflow.run_configs): the
+"""A run's files as the workflow names them while it parses (emb.workflow.parsed_runs): the
 schema relative to the project, the overlays in order, what rule train reads. Before, only
 dry runs of the whole workflow reached these."""
 
@@ -14,34 +14,34 @@ from pathlib import Path
 import pytest
 from conftest import REPO, venv_env
 
-from emb.workflow import run_configs
+from emb.workflow import parsed_runs
 
 
 def test_the_schema_is_named_relative_to_a_project_that_holds_the_workflow(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    assert run_configs.schema_path(tmp_path) == os.path.join(
+    assert parsed_runs.schema_path(tmp_path) == os.path.join(
         "workflow", "schemas", "train.schema.yaml"
     )
     elsewhere = tmp_path.parent / "checkout"  # a Snakefile outside the working directory
-    assert run_configs.schema_path(elsewhere) == str(
+    assert parsed_runs.schema_path(elsewhere) == str(
         elsewhere / "workflow/schemas/train.schema.yaml"
     )
 
 
 def test_a_runs_files_are_defaults_its_own_the_demo_then_every_runs_overlays_once() -> None:
-    overlays = run_configs.shared_overlays(["mine.yaml", "config/train/demo.yaml"], "lumi.yaml")
+    overlays = parsed_runs.shared_overlays(["mine.yaml", "config/train/demo.yaml"], "lumi.yaml")
     assert overlays == ["mine.yaml", "config/train/demo.yaml", "lumi.yaml"]
-    assert run_configs.shared_overlays([], None) == []
-    assert run_configs.config_files("aef_segformer", True, overlays) == [
+    assert parsed_runs.shared_overlays([], None) == []
+    assert parsed_runs.config_files("aef_segformer", True, overlays) == [
         "config/train/defaults.yaml",
         "config/train/aef_segformer.yaml",
         "config/train/demo.yaml",  # once, where the demo's place is
         "mine.yaml",
         "lumi.yaml",
     ]
-    assert run_configs.config_files("aef_segformer", False, ["lumi.yaml"]) == [
+    assert parsed_runs.config_files("aef_segformer", False, ["lumi.yaml"]) == [
         "config/train/defaults.yaml",
         "config/train/aef_segformer.yaml",
         "lumi.yaml",
@@ -63,7 +63,7 @@ def planned_jobs(stdout: str) -> list[dict[str, str]]:
 def test_train_reads_its_config_and_its_sources_manifest_and_statistics(tmp_path: Path) -> None:
     """What rule train of a TESSERA run reads is what that run's train_config job and its
     source's manifest and channel_stats jobs write (a dry run of the real workflow), and
-    what run_configs.train_inputs names."""
+    what parsed_runs.train_inputs names."""
     shutil.copytree(REPO / "config", tmp_path / "config")
     cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(tmp_path),
            "-n", "--cores", "2", "results/runs/tessera_deeplab/train.json"]  # fmt: skip
@@ -84,7 +84,7 @@ def test_train_reads_its_config_and_its_sources_manifest_and_statistics(tmp_path
         ("manifest", "source=tessera"),
         ("train_config", "run=tessera_deeplab"),
     ]
-    named = run_configs.train_inputs("tessera_deeplab", "tessera")
+    named = parsed_runs.train_inputs("tessera_deeplab", "tessera")
     assert {key: made_by[path][0] for key, path in named.items()} == {
         "config": "train_config",
         "manifest": "manifest",

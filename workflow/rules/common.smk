@@ -1,7 +1,7 @@
 # Validation, the parsed tables and the input functions; runs before any job starts, top to
 # bottom. The decisions live in tested code, all in the package emb.workflow (docs/design.md):
 # the regions' checks in region_checks, the table's answers in region_table, the runs' files and
-# configs in run_configs, the profile's checks in profile, the report's targets in
+# configs in parsed_runs, the profile's checks in profile, the report's targets in
 # report_targets, stages' options in stage_options; a user's mistake found here is one line
 # (errors.as_workflow_error: Snakemake's WorkflowError, no traceback).
 import os
@@ -13,7 +13,7 @@ from snakemake.exceptions import WorkflowError
 from snakemake.settings.types import DeploymentMethod
 from snakemake.utils import validate
 
-from emb.workflow import profile, region_table, run_configs
+from emb.workflow import profile, region_table, parsed_runs
 from emb.workflow import report_targets as targets
 from emb.workflow.area_plan import empty_regions, plan_from_config, planned_footprints
 from emb.workflow.errors import as_workflow_error
@@ -65,22 +65,22 @@ def profile_resource(rule, name):
 # its config as train_config will resolve it; each prediction job's minutes from its regions'
 # megapixels (refused beyond the partition's limit).
 RUNS = config["runs"]
-TRAIN_SCHEMA = run_configs.schema_path(Path(workflow.basedir))
-OVERLAYS = run_configs.shared_overlays(
+TRAIN_SCHEMA = parsed_runs.schema_path(Path(workflow.basedir))
+OVERLAYS = parsed_runs.shared_overlays(
     config["train_overlays"], profile_resource("train_config", "train_overlay")
 )
 with as_workflow_error():
     profile.check_gpu_partitions(workflow.resource_settings)
-    RUN_SOURCE = {run: run_configs.run_source(run, Path(TRAIN_SCHEMA)) for run in RUNS}
+    RUN_SOURCE = {run: parsed_runs.run_source(run, Path(TRAIN_SCHEMA)) for run in RUNS}
     check_predict_only(REGIONS, REGIONS_FILE, RUN_SOURCE)
     RUN_FILES = {
-        run: run_configs.config_files(
+        run: parsed_runs.config_files(
             run, TABLE.is_demo_data(RUN_SOURCE[run]), OVERLAYS
         )
         for run in RUNS
     }
     RUN_CONFIG = {
-        run: run_configs.resolve_run(
+        run: parsed_runs.resolve_run(
             run, RUN_FILES[run], Path(TRAIN_SCHEMA), RUN_SOURCE[run]
         )
         for run in RUNS
@@ -95,7 +95,7 @@ with as_workflow_error():
         for run in RUNS
     }
 with as_workflow_error():  # the tiles and windows each run's model must map; no gaps
-    run_configs.check_windows(config, TABLE, RUN_SOURCE, RUN_CONFIG)
+    parsed_runs.check_windows(config, TABLE, RUN_SOURCE, RUN_CONFIG)
 # a split block larger than the regions: every split needs one (after the runs' checks)
 with as_workflow_error():
     region_table.check_split_blocks(
@@ -144,7 +144,7 @@ def get_region_indexes(wildcards):
 
 
 def loader_workers(wildcards):
-    return run_configs.loader_workers(RUN_CONFIG.values(), wildcards.source)
+    return parsed_runs.loader_workers(RUN_CONFIG.values(), wildcards.source)
 
 
 def validation_batches(wildcards):
@@ -158,7 +158,7 @@ def training_ranks(wildcards):
 
 
 def get_run_inputs(wildcards):
-    return run_configs.train_inputs(wildcards.run, RUN_SOURCE[wildcards.run])
+    return parsed_runs.train_inputs(wildcards.run, RUN_SOURCE[wildcards.run])
 
 
 def run_manifest(wildcards):

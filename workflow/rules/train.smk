@@ -113,7 +113,7 @@ rule train:
 # Before any job: a run whose lr_scaling takes optimizer.lr to where the seeds saw its
 # architecture diverge is warned about here, with its world size as the profile submits it.
 from snakemake.logging import logger
-from emb.workflow.run_configs import lr_warning_lines
+from emb.workflow.parsed_runs import lr_warning_lines
 
 for _run, _cfg in RUN_CONFIG.items():
     for _line in lr_warning_lines(_cfg, training_ranks(None)):

@@ -6,7 +6,7 @@ Resolution order: ``config/train/defaults.yaml`` <- ``config/train/{run}.yaml`` 
 config, so required keys are not asked of it), so an error names the file and the key; the
 merged dict is then validated by Snakemake's own validator (defaults filled) and read into
 :class:`~emb.training.run_config.TrainConfig` for cross-key rules. The workflow runs this for
-every run before any job starts (:mod:`emb.workflow.run_configs`).
+every run before any job starts (:mod:`emb.workflow.parsed_runs`).
 """
 
 from __future__ import annotations

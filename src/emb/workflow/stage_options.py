@@ -94,13 +94,13 @@ def predict_options(settings: Mapping[str, object]) -> str:
     return shlex.join(options)
 
 
-def validation_options(run_configs: Mapping[str, Mapping], source: str) -> str:
+def validation_options(parsed_runs: Mapping[str, Mapping], source: str) -> str:
     """Rule manifest's ``--validation`` options, shell-quoted: each run of ``source`` with its
     ``train.batch_size`` and ``train.val_min_batch`` (its config as train_config resolves
     it), so that the manifest refuses a validation split those ranks cannot score before
     any training job is queued."""
     return shlex.join(
         f"--validation={run}:{c['train']['batch_size']}:{c['train']['val_min_batch']}"
-        for run, c in run_configs.items()
+        for run, c in parsed_runs.items()
         if c["data"]["source"] == source
     )

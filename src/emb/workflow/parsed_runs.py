@@ -145,7 +145,7 @@ def check_run_windows(
 
 
 def check_windows(
-    config: Mapping, table: RegionTable, run_sources: Mapping[str, str], run_configs: Mapping
+    config: Mapping, table: RegionTable, run_sources: Mapping[str, str], parsed_runs: Mapping
 ) -> None:
     """Every run's tiles and predict's windows (:func:`check_run_windows`), each run with its
     source's tile size as its shards jobs get it (the demo overlay's for demo data), and the
@@ -154,4 +154,4 @@ def check_windows(
     for run, source in run_sources.items():
         tiling = tiling_in_force(config, table.is_demo_data(source))
         tile, key = int(tiling.tiles["size"]), tiling.keys["tiles.size"]
-        check_run_windows(run, run_configs[run], tile, key, config["predict"])
+        check_run_windows(run, parsed_runs[run], tile, key, config["predict"])

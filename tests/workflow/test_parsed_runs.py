@@ -11,7 +11,7 @@ import pytest
 from conftest import REPO
 
 from emb.training.run_config import ConfigError
-from emb.workflow import run_configs
+from emb.workflow import parsed_runs
 
 SCHEMA = Path("workflow/schemas/train.schema.yaml")
 
@@ -27,18 +27,18 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def test_a_runs_source_comes_from_its_own_file(project: Path) -> None:
-    assert run_configs.run_source("aef_segformer", SCHEMA) == "aef"
-    assert run_configs.run_source("tessera_deeplab", SCHEMA) == "tessera"
+    assert parsed_runs.run_source("aef_segformer", SCHEMA) == "aef"
+    assert parsed_runs.run_source("tessera_deeplab", SCHEMA) == "tessera"
 
 
 def test_a_run_without_its_file_is_named(project: Path) -> None:
     with pytest.raises(ConfigError, match=r"train config of run 'nope'.*config/train/nope.yaml"):
-        run_configs.run_source("nope", SCHEMA)
+        parsed_runs.run_source("nope", SCHEMA)
 
 
 def test_the_files_merge_in_order_and_a_file_listed_twice_merges_once(project: Path) -> None:
     overlays = ["config/train/demo.yaml", "config/train/demo.yaml", "mine.yaml"]
-    assert run_configs.run_config_files("aef_deeplab", overlays) == [
+    assert parsed_runs.run_config_files("aef_deeplab", overlays) == [
         "config/train/defaults.yaml",
         "config/train/aef_deeplab.yaml",
         "config/train/demo.yaml",
@@ -48,11 +48,11 @@ def test_the_files_merge_in_order_and_a_file_listed_twice_merges_once(project: P
 
 def test_an_overlay_that_changes_the_runs_source_is_refused_naming_both(project: Path) -> None:
     (project / "swap.yaml").write_text("data:\n  source: tessera\nmodel:\n  in_dim: 128\n")
-    files = run_configs.run_config_files("aef_segformer", ["swap.yaml"])
+    files = parsed_runs.run_config_files("aef_segformer", ["swap.yaml"])
     with pytest.raises(ConfigError, match=r"data.source: expected the run file's 'aef'.*'tessera'"):
-        run_configs.resolve_run("aef_segformer", files, SCHEMA, "aef")
-    resolved = run_configs.resolve_run(
-        "aef_segformer", run_configs.run_config_files("aef_segformer", []), SCHEMA, "aef"
+        parsed_runs.resolve_run("aef_segformer", files, SCHEMA, "aef")
+    resolved = parsed_runs.resolve_run(
+        "aef_segformer", parsed_runs.run_config_files("aef_segformer", []), SCHEMA, "aef"
     )
     assert resolved["data"]["source"] == "aef" and resolved["train"]["num_workers"] >= 0
 
@@ -61,9 +61,9 @@ def test_an_overlay_key_the_schema_does_not_know_names_the_run_and_the_file(
     project: Path,
 ) -> None:
     (project / "typo.yaml").write_text("train:\n  epocs: 3\n")
-    files = run_configs.run_config_files("tessera_segformer", ["typo.yaml"])
+    files = parsed_runs.run_config_files("tessera_segformer", ["typo.yaml"])
     with pytest.raises(ConfigError, match=r"run 'tessera_segformer'.*typo.yaml"):
-        run_configs.resolve_run("tessera_segformer", files, SCHEMA, "tessera")
+        parsed_runs.resolve_run("tessera_segformer", files, SCHEMA, "tessera")
 
 
 def test_the_shard_check_asks_for_the_most_reader_threads_of_the_sources_runs() -> None:
@@ -72,6 +72,6 @@ def test_the_shard_check_asks_for_the_most_reader_threads_of_the_sources_runs() 
         {"data": {"source": "aef"}, "train": {"num_workers": 6}},
         {"data": {"source": "tessera"}, "train": {"num_workers": 9}},
     ]
-    assert run_configs.loader_workers(configs, "aef") == 6
-    assert run_configs.loader_workers(configs, "tessera") == 9
-    assert run_configs.loader_workers(configs[:2], "tessera") == 0
+    assert parsed_runs.loader_workers(configs, "aef") == 6
+    assert parsed_runs.loader_workers(configs, "tessera") == 9
+    assert parsed_runs.loader_workers(configs[:2], "tessera") == 0
