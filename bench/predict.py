@@ -127,7 +127,7 @@ def old_job(old: types.ModuleType, run: TrainedRun, raster: Path, spec: PredictS
     """The map and its COG as emb 0dcd26c made them (``predict_block`` + ``classify``)."""
     model, dequantize = run.model(run.selected).eval(), run.dequantize()
     old_spec = old.PredictSpec(spec.tile, spec.overlap, spec.block, spec.batch_size)
-    on = Runtime(torch.device("cpu"))
+    on = Runtime(torch.device("cpu"), "fp32")
 
     def run_old() -> None:
         tmp = tmp_sibling(out, "map")

@@ -41,8 +41,8 @@ def main(ckpt: Path, out: Path, as_trained: bool = False) -> None:
     trainer = Trainer(
         model, MultiHeadLoss(cfg.loss.weights, cfg.loss.label_smoothing),
         HierarchyTargets(load_class_map(cfg.data.classes)), Dequantize(cfg.data.source),
-        opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0), Runtime(torch.device("cpu")),
-        cfg.train, None,
+        opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0),
+        Runtime(torch.device("cpu"), "fp32"), cfg.train, None,
     )  # fmt: skip
     val = json.loads(Path(cfg.data.manifest).read_text())["splits"]["val"]
     batch = cfg.train.batch_size if as_trained else 3

@@ -208,7 +208,7 @@ def test_every_block_is_read_once_and_no_window_is_computed_twice(
     model.register_forward_pre_hook(lambda _m, args: seen.append(args[0].shape[0]))
     with rasterio.open(raster) as src:
         mapped = list(map_blocks(model, run.dequantize(), src, source, spec,
-                                 Runtime(torch.device("cpu")), 61, False))  # fmt: skip
+                                 Runtime(torch.device("cpu"), "fp32"), 61, False))  # fmt: skip
         height, width = src.height, src.width
     side = spec.grid_block
     assert len(mapped) == math.ceil(height / side) * math.ceil(width / side) > 1

@@ -40,7 +40,7 @@ def test_validating_the_test_split_gives_the_figures_of_metrics_json(
         first, MultiHeadLoss({"l1": 1.0, "l2": 1.0, "l3": 1.0}, run.cfg.loss.label_smoothing),
         HierarchyTargets(cmap),
         run.dequantize(), optimizer, torch.optim.lr_scheduler.ConstantLR(optimizer, 1.0),
-        Runtime(torch.device("cpu")), run.cfg.train, None,
+        Runtime(torch.device("cpu"), "fp32"), run.cfg.train, None,
     )  # fmt: skip
     test = read_manifest(Path(run.cfg.data.manifest), splits=("test",))["splits"]["test"]
     train = run.cfg.train

@@ -130,6 +130,38 @@ def test_autocast_is_the_resolved_precision(precision: str, dtype: torch.dtype |
     assert out.dtype == (dtype or torch.float32)
 
 
+# train.grad_scaler at the resolved precision: as set, or with fp16 only when unset (None);
+# an fp16 setting on a CPU resolves to fp32, so it gets none unless asked
+GRAD_SCALER = {
+    ("fp16", None): True, ("bf16", None): False, ("fp32", None): False,
+    ("fp16", False): False, ("fp16", True): True, ("fp32", True): True, ("fp32", False): False,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("precision", "setting"), list(GRAD_SCALER))
+def test_the_grad_scaler_is_the_runtimes_rule_at_the_resolved_precision(
+    precision: str, setting: bool | None
+) -> None:
+    scaler = Runtime(CPU, precision).grad_scaler(setting)
+    assert (scaler is not None) is GRAD_SCALER[precision, setting]
+    assert scaler is None or isinstance(scaler, torch.amp.GradScaler)
+
+
+def test_a_runtime_states_no_precision_of_its_own() -> None:
+    """train.precision's default is the schema's (bf16); a Runtime's fp32 default had restated
+    one that differs from it, so a Runtime is built with its precision."""
+    with pytest.raises(TypeError, match="precision"):
+        Runtime(CPU)  # type: ignore[call-arg]
+
+
+def test_a_misspelt_precision_is_refused_where_the_setting_enters() -> None:
+    """One check, in resolve_precision: on a CPU the setting resolves to fp32, so a misspelt
+    one would otherwise run unseen."""
+    for device_type in ("cpu", "cuda"):
+        with pytest.raises(ValueError, match=r"train.precision: expected one of .*'fp8'"):
+            resolve_precision("fp8", device_type)
+
+
 def test_record_names_what_ran() -> None:
     assert Runtime(CUDA, "bf16", True, False).record() == {
         "device_type": "cuda", "precision": "bf16", "channels_last": "true", "compile": "false",
@@ -164,9 +196,9 @@ def test_the_host_is_read_from_the_environment_it_is_given() -> None:
 def test_a_cpu_process_runs_on_the_threads_its_rule_gave_it() -> None:
     before = torch.get_num_threads()
     try:
-        Runtime(CPU).occupy(threads=3)
+        Runtime(CPU, "fp32").occupy(threads=3)
         assert torch.get_num_threads() == 3
-        Runtime(CPU).occupy(threads=0)
+        Runtime(CPU, "fp32").occupy(threads=0)
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
@@ -203,9 +235,10 @@ def test_training_evaluate_and_predict_resolve_the_same(
     state = checkpoint_file.load(channels_last_run / "best.pt")
     assert runtime_of_record(summary["provenance"]) == expected.record()
     assert runtime_of_record(state["provenance"]) == expected.record()
-    # the config a checkpoint records says what ran (the runtime's precision), so a resume on
-    # another kind of device is refused by its precision (emb.training.checkpoint_file)
-    assert state["config"]["train"]["precision"] == expected.precision
+    # the config a checkpoint records keeps the precision as set; what ran is its provenance
+    # (a resume compares that: emb.training.checkpoint_file.check_resumable)
+    assert state["config"]["train"]["precision"] == "bf16"
+    assert load(channels_last_run / "config.yaml").resolved["train"] == state["config"]["train"]
     tile = tiny_demo.manifest("aef")["tile_size"]
     assert summary["tile_size"] == state["tile_size"] == tile
 
@@ -309,7 +342,7 @@ def test_wrap_model_compiles_with_the_runtimes_memory_budget() -> None:
         wrapped = wrap_model(torch.nn.Linear(2, 2), 1, runtime)
         assert functorch_config.activation_memory_budget == 0.25
         assert wrapped is not None and hasattr(wrapped, "_orig_mod")  # compiled, lazily
-        eager = wrap_model(torch.nn.Linear(2, 2), 1, Runtime(CPU))
+        eager = wrap_model(torch.nn.Linear(2, 2), 1, Runtime(CPU, "fp32"))
         assert not hasattr(eager, "_orig_mod")
     finally:
         functorch_config.activation_memory_budget = before

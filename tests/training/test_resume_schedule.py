@@ -92,10 +92,10 @@ def test_a_checkpoint_without_a_saved_schedule_continues_from_its_optimizer_lr()
 def test_loader_keys_that_order_the_batches_are_resume_keys(key: str) -> None:
     config = {"model": {"arch": "segformer"}, "train": {"num_workers": 2, "shuffle_buffer": 8}}
     changed = {**config, "train": {**config["train"], key: 3}}
-    state = {"config": config, "global_batch": 8}
+    state = {"config": config, "global_batch": 8, "provenance": {"precision": "fp32"}}
     with pytest.raises(CheckpointError, match=rf"train\.{key}: checkpoint \d+, config 3"):
-        check_resumable(state, changed, 8, Path("last.pt"))
-    check_resumable(state, config, 8, Path("last.pt"))  # unchanged: resumable
+        check_resumable(state, changed, 8, "fp32", Path("last.pt"))
+    check_resumable(state, config, 8, "fp32", Path("last.pt"))  # unchanged: resumable
 
 
 def history(run_dir: Path) -> dict[int, float]:

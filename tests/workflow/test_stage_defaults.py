@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
 import re
 from pathlib import Path
 
@@ -163,3 +164,18 @@ def test_a_collection_left_null_passes_validation_and_stays_unused(null_source: 
     config["collections"] = {**given, null_source: None}
     validate(config, str(SCHEMA))
     assert config["collections"][null_source] is None
+
+
+def test_evaluate_takes_its_batch_size_from_the_schema(monkeypatch: pytest.MonkeyPatch) -> None:
+    """evaluate's forward passes hold config predict.batch_size samples, as predict's windows:
+    its three literal 16s had restated that default; the functions state none."""
+    from emb.evaluation import evaluate
+
+    parser = stage_parser("emb.evaluation.evaluate", monkeypatch)
+    (action,) = [a for a in parser._actions if a.dest == "batch_size"]
+    key = KEY.search(action.help or "")
+    assert key is not None and key[1] == "predict.batch_size", action.help
+    assert parsed_default(action, action.default) == schema_default("predict.batch_size")
+    for func in (evaluate.evaluate, evaluate.confusion_matrices):
+        default = inspect.signature(func).parameters["batch_size"].default
+        assert default in (None, inspect.Parameter.empty), f"{func.__name__}: {default!r}"

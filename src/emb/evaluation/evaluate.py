@@ -38,7 +38,7 @@ import torch.distributed as dist
 
 from emb import plots, stage_runner
 from emb.classes import ClassMap, load_class_map
-from emb.config_schema import config_option
+from emb.config_schema import config_default, config_option
 from emb.evaluation.block_scores import (
     FIGURES,
     BlockCounts,
@@ -102,7 +102,7 @@ def confusion_matrices(
     shards: list[str],
     shard_samples: dict[str, int],
     cmap: ClassMap,
-    batch_size: int = 16,
+    batch_size: int,
     run_on: Runtime | None = None,
     rank: int = 0,
     world: int = 1,
@@ -225,13 +225,16 @@ def evaluate(
     classes: Path | str,
     split: str = "test",
     checkpoint_name: str = "best.pt",
-    batch_size: int = 16,
+    batch_size: int | None = None,
     run_on: Runtime | None = None,
     rank: int = 0,
     world: int = 1,
     settings: BootstrapSettings | None = None,
 ) -> tuple[dict, pd.DataFrame, dict[str, np.ndarray]]:
     """Score a run's checkpoint on ``split`` of its manifest.
+
+    ``batch_size``: samples per forward pass; None takes the config schema's
+    ``predict.batch_size`` (windows per forward pass), stated there once.
 
     Returns (metrics.json record, per-class table, {level: confusion of the selected weights}).
     The record's ``_blocks`` (block ids, {weights: {level: (B, n, n)}}) is what
@@ -240,6 +243,8 @@ def evaluate(
     cmap = load_class_map(classes)
     run = open_run(run_dir, cmap, classes, checkpoint_name)
     run_on = run_on or run.runtime(CPU_HOST)
+    if batch_size is None:
+        batch_size = int(config_default("predict.batch_size"))
     manifest_path = Path(run.cfg.data.manifest)
     manifest = read_manifest(manifest_path, splits=(split,))
     run.check_in_dim(int(manifest["in_dim"]), str(manifest_path))
@@ -339,7 +344,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--classes", type=Path, required=True, help="classes.csv")
     parser.add_argument("--split", default="test", choices=["train", "val", "test"])
     parser.add_argument("--out-dir", type=Path, required=True, help="results/eval/{run}")
-    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument(
+        "--batch-size", type=int, **config_option("predict.batch_size", "samples per forward")
+    )
     parser.add_argument(
         "--threads", type=int, **config_option("launch.threads", "CPU threads per process")
     )

@@ -15,7 +15,11 @@ measured rules:
   process the GPU of its local rank under torchrun, else one it claims (an exclusive lock per
   device, :func:`claim_gpu`), so processes sharing a node spread over every GPU; the CPU
   without a GPU.
-- precision: as set on CUDA/ROCm; fp32 on a CPU (CPU autocast is slower than fp32).
+- precision: as set on CUDA/ROCm; fp32 on a CPU (CPU autocast is slower than fp32). The
+  setting is checked here, where it enters (:func:`resolve_precision`); the run's config keeps
+  it as set, and what ran is :meth:`Runtime.record`.
+- GradScaler (training): as ``train.grad_scaler`` says, or with fp16 only when unset, at the
+  resolved precision (:meth:`Runtime.grad_scaler`, beside :meth:`Runtime.autocast`).
 - channels_last ``auto``: DeepLab on CUDA only (:func:`resolve_channels_last`).
 - compile (and its memory budget): as set, for training; evaluation and prediction run the
   model eagerly.
@@ -58,7 +62,8 @@ class RunSettings(Protocol):
 
 def resolve_precision(setting: str, device_type: str) -> str:
     """train.precision on one device: as set on a GPU, fp32 on a CPU (CPU autocast is slower
-    than fp32)."""
+    than fp32). The one check of the setting: every Runtime of a run is resolved through here,
+    and a CPU would otherwise turn a misspelt setting into fp32 unseen."""
     if setting not in PRECISIONS:
         raise ValueError(f"train.precision: expected one of {list(PRECISIONS)}, found {setting!r}")
     return setting if device_type == "cuda" else "fp32"
@@ -117,15 +122,13 @@ class Runtime:
     """A device and the resolved numerics a model runs with there (see the module's rules)."""
 
     device: torch.device
-    precision: str = "fp32"  # bf16 | fp16 | fp32, as resolved (a CPU: fp32)
+    precision: str  # bf16 | fp16 | fp32 (PRECISIONS), as resolved (a CPU: fp32); no default
+    # of its own: train.precision's is the schema's, and resolve_precision checks the setting
     channels_last: bool = False
     compile: bool = False  # torch.compile inside DDP (training only)
     compile_memory_budget: float | None = None  # activation memory budget of compiled graphs
 
     def __post_init__(self) -> None:
-        if self.precision not in PRECISIONS:
-            found = self.precision
-            raise ValueError(f"precision: expected one of {list(PRECISIONS)}, found {found!r}")
         if not isinstance(self.channels_last, bool):  # "auto" is resolved before, never here
             raise ValueError(
                 f"channels_last: expected the resolved true or false, found "
@@ -163,6 +166,13 @@ class Runtime:
         if self.precision not in AUTOCAST_DTYPES:
             return nullcontext()
         return torch.autocast(self.device.type, dtype=AUTOCAST_DTYPES[self.precision])
+
+    def grad_scaler(self, setting: bool | None) -> torch.amp.GradScaler | None:
+        """The GradScaler a training step runs with: ``train.grad_scaler`` as set, or when unset
+        (None) one with fp16 only, at the resolved precision (bf16 has fp32's range; a CPU
+        runs fp32, so an fp16 setting there gets none). None: no scaler."""
+        wanted = self.precision == "fp16" if setting is None else setting
+        return torch.amp.GradScaler(self.device.type) if wanted else None
 
     def prepare(self, model: nn.Module, *, training: bool = False) -> nn.Module:
         """``model`` on the device in the resolved memory format; in eval mode, or for

@@ -194,12 +194,13 @@ ARCH_KEYS = ("model.", "data.source")  # a checkpoint's weights fit the model on
 # the loader keys that decide the order of batches (reader threads, shuffle buffer), so that a
 # resumed run is the uninterrupted one bit for bit. Run length (epochs, max_updates: the
 # remaining cosine is re-planned from the current LR, emb.training.schedule), patience,
-# checkpoints and logging may change.
+# checkpoints and logging may change. The precision is compared as it ran, not as set
+# (check_resumable): a CPU runs fp32 whatever train.precision says.
 RESUME_KEYS = (
     "model.", "data.", "loss.", "optimizer.", "schedule.", "ema.enabled", "ema.decay",
     "ema.warmup", "train.batch_size", "train.accumulation", "train.lr_scaling",
-    "train.reference_batch", "train.grad_clip", "train.precision", "train.seed",
-    "train.num_workers", "train.shuffle_buffer",
+    "train.reference_batch", "train.grad_clip", "train.seed", "train.num_workers",
+    "train.shuffle_buffer",
 )  # fmt: skip
 # Keys a checkpoint's config may lack (written before they existed), as the code then ran.
 ADDED_KEYS = {"ema.warmup": True}
@@ -239,11 +240,27 @@ def check_compatible(saved: dict, current: dict, path: Path) -> None:
         raise CheckpointError(f"{path}: written by an incompatible config ({diffs})")
 
 
-def check_resumable(state: dict, current: dict, global_batch: int, path: Path) -> None:
+def ran_precision(state: dict) -> str | None:
+    """The precision a checkpoint's steps ran at: its provenance's (the runtime's record); a
+    checkpoint written before the runtime was recorded has it as its config's
+    ``train.precision``, which the loop then overwrote with the resolved one."""
+    ran = state.get("provenance", {}).get("precision")
+    return ran or state.get("config", {}).get("train", {}).get("precision")
+
+
+def check_resumable(
+    state: dict, current: dict, global_batch: int, precision: str, path: Path
+) -> None:
     """Refuse to resume from ``state`` when a key that changes the training's math differs
-    (a resume with a new learning rate would step on the old schedule), naming the keys."""
+    (a resume with a new learning rate would step on the old schedule), or the precision this
+    process runs at (the runtime's) is not the one the checkpoint ran at, naming them."""
     keys = differing_keys(state["config"], current, RESUME_KEYS)
     diffs = _differences(state["config"], current, keys)
+    if (ran := ran_precision(state)) != precision:
+        keys.append("precision")
+        setting = current.get("train", {}).get("precision")
+        diffs += f"{'; ' if diffs else ''}precision: checkpoint ran {ran!r}, this process runs "
+        diffs += f"{precision!r} (train.precision {setting!r} on its device)"
     if state.get("global_batch", global_batch) != global_batch:
         keys.append("global batch")
         diffs += f"{'; ' if diffs else ''}global batch: checkpoint {state['global_batch']}, "

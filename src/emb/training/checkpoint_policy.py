@@ -94,12 +94,14 @@ class Checkpointer:
 
     def resume(self, path: Path, state: dict[str, Any]) -> None:
         """Restore everything from ``state`` (read from ``path``): weights, optimizer, schedule,
-        EMA, RNG, position; refused when a key that changes the math differs."""
+        EMA, RNG, position; refused when a key that changes the math, or the precision the
+        runtime resolved, differs."""
         if "optimizer" not in state or "loader" not in state or "config" not in state:
             raise CheckpointError(f"{path}: holds weights only; it cannot be resumed")
         checkpoint_file.check_resumable(
-            state, self.identity["config"], self.identity["global_batch"], path
-        )
+            state, self.identity["config"], self.identity["global_batch"],
+            self.trainer.precision, path,
+        )  # fmt: skip
         self.trainer.load_state_dict(state)
         if self.ema is not None:
             if state.get("ema") is None:

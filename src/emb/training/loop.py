@@ -108,15 +108,10 @@ def parameter_digest(model: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
-def build_config(
-    cfg: TrainConfig, tile_size: int | None, run_dir: Path, runtime: Runtime
-) -> TrainConfig:
-    """``cfg`` as the run records it in its checkpoints: ``train.precision`` the runtime's
-    (a CPU run: fp32; copied from the runtime, not decided here), and DeepLab's
-    ``model.aspp_rates`` fixed for the tiles (derived when null, refused when they would read
-    only padding)."""
-    if runtime.precision != cfg.train.precision:
-        cfg = cfg.with_value("train", "precision", runtime.precision)
+def build_config(cfg: TrainConfig, tile_size: int | None, run_dir: Path) -> TrainConfig:
+    """``cfg`` as the run records it in its checkpoints: DeepLab's ``model.aspp_rates`` fixed
+    for the tiles (derived when null, refused when they would read only padding). The
+    precision stays as set: what ran is the runtime's record, beside it in the provenance."""
     if cfg.model.arch != "deeplab" or tile_size is None:
         return cfg
     try:
@@ -173,7 +168,7 @@ def build_loop(
     process's resolved device and numerics (:meth:`Runtime.resolve`, in the stage)."""
     device = runtime.device
     manifest = read_checked_manifest(cfg)
-    cfg = build_config(cfg, manifest.get("tile_size"), run_dir, runtime)
+    cfg = build_config(cfg, manifest.get("tile_size"), run_dir)
     train, val = manifest["splits"]["train"], manifest["splits"]["val"]
     plan = build_plan(cfg, train, world)
     trainer, ema = build_trainer(cfg, plan, train["class_hist"], world, runtime)

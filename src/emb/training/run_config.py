@@ -30,7 +30,9 @@ OPTIONAL_SECTIONS = {"ema", "logging"}  # absent from checkpoints written before
 
 
 def check_grad_scaler(precision: str, grad_scaler: bool | None) -> None:
-    """Refuse a GradScaler with bf16: the one place this rule lives."""
+    """Refuse a GradScaler with bf16, where the config enters (before any job): the one place
+    this refusal lives; whether a scaler runs is the runtime's rule
+    (:meth:`emb.models.runtime.Runtime.grad_scaler`)."""
     if grad_scaler and precision == "bf16":
         raise ConfigError(
             "train.grad_scaler: true is refused with train.precision: bf16 (bf16 has fp32's "
@@ -105,7 +107,7 @@ class LoopConfig:
     reference_batch: int | None  # None: the architecture's (REFERENCE_BATCH)
     grad_clip: float
     precision: str  # bf16 | fp16 | fp32 (a CPU: fp32; emb.models.runtime)
-    grad_scaler: bool | None  # None: only with fp16
+    grad_scaler: bool | None  # None: only with fp16 (emb.models.runtime)
     compile: bool
     compile_memory_budget: float | None
     channels_last: bool | str  # auto | true | false (emb.models.runtime)
@@ -147,11 +149,6 @@ class LoopConfig:
                 "(start over); expected resume_from: last with restart: false"
             )
 
-    def grad_scaler_with(self, precision: str) -> bool:
-        """Whether a GradScaler runs at the resolved ``precision`` (the runtime's: a CPU runs
-        fp32): as set, or with fp16 only when unset."""
-        return precision == "fp16" if self.grad_scaler is None else self.grad_scaler
-
 
 @dataclass(frozen=True)
 @schema_defaults("data")
@@ -190,7 +187,7 @@ class TrainConfig:
         return cls(**built, resolved=copy.deepcopy(data))
 
     def with_value(self, section: str, key: str, value: Any) -> TrainConfig:
-        """A copy with ``section.key`` set (e.g. the precision a CPU run uses)."""
+        """A copy with ``section.key`` set (e.g. DeepLab's rates fixed for the run's tiles)."""
         data = copy.deepcopy(self.resolved)
         data[section][key] = value
         return TrainConfig.from_dict(data)

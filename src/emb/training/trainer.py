@@ -90,8 +90,7 @@ class Trainer:
         self.dequantize = dequantize
         self.optimizer, self.scheduler = optimizer, scheduler
         self.grad_clip, self.ema = settings.grad_clip, ema
-        grad_scaler = settings.grad_scaler_with(runtime.precision)
-        self.scaler = torch.amp.GradScaler(self.device.type) if grad_scaler else None
+        self.scaler = runtime.grad_scaler(settings.grad_scaler)  # the runtime's rule
         self.guard = NonfiniteGuard(
             self.device, settings.nonfinite_policy, settings.max_nonfinite_in_row
         )
