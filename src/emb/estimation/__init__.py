@@ -1,0 +1,1 @@
+"""Design-based estimation of areas and accuracies from reference samples."""
