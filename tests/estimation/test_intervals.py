@@ -144,6 +144,10 @@ def test_what_has_no_interval_and_what_is_known() -> None:
     census (every pixel sampled) is known: the interval is the estimate."""
     lone = intervals.area(np.array([1000, 50]), np.array([40, 1]), np.array([4, 1]), 0.95)
     assert np.isnan(lone.lo) and np.isnan(lone.hi)
+    own = np.array([True, False])  # a user's accuracy draws on its own stratum only
+    users = intervals.users(np.array([1000, 50]), np.array([40, 1]), np.array([30, 0]),
+                            np.array([10, 0]), 0.95, holds=own, only=own)  # fmt: skip
+    assert not np.isnan(users.lo) and not np.isnan(users.hi)
     census = intervals.area(np.array([30, 20]), np.array([30, 20]), np.array([6, 20]), 0.95)
     assert (float(census.lo), float(census.hi)) == pytest.approx((0.52, 0.52))
     with pytest.raises(ValueError, match="confidence"):

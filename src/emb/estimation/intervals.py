@@ -180,7 +180,8 @@ def smoothed(
     q = np.divide(counts, units, out=np.zeros_like(counts), where=units > 0)
     big_a, big_x = (w * q[0]).sum(-1), (w * (q[0] + q[1])).sum(-1)
     estimate = np.divide(big_a, big_x, out=np.full_like(big_a, np.nan), where=big_x > 0)
-    none = (lone | missing).any(-1) | ~(big_x > 0)
+    enters = np.asarray(a_can, bool) | np.asarray(b_can, bool)  # a stratum that adds to A or X
+    none = ((lone & enters) | missing).any(-1) | ~(big_x > 0)
     return Smoothed(
         estimate,
         big_a,
