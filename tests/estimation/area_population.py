@@ -34,7 +34,7 @@ from functools import cache
 
 import numpy as np
 
-from emb.evaluation.sample_design import allocate
+from emb.estimation.design import allocate
 
 NAMES = ("corn", "soy", "grass", "forest", "water", "rare")
 CORN, SOY, GRASS, FOREST, WATER, RARE = range(6)

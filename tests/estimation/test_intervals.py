@@ -19,7 +19,7 @@ import pytest
 from area_population import NAMES, population
 
 from emb.estimation import intervals
-from emb.evaluation.area_estimator import olofsson
+from emb.estimation.estimators import olofsson
 
 Z = 1.959963984540054
 BIG = [NAMES.index(c) for c in ("corn", "soy", "grass")]
