@@ -52,9 +52,11 @@ What the sample cannot give is said, never guessed:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from statistics import NormalDist
 
 import numpy as np
+
+from emb.estimation import intervals
+from emb.estimation.intervals import z_of as z_of  # the level's quantile, beside the estimators
 
 
 class AreaEstimateError(ValueError):
@@ -63,11 +65,15 @@ class AreaEstimateError(ValueError):
 
 @dataclass(frozen=True)
 class Estimate:
-    """A number with its standard error; se None when it cannot be estimated, `why` says why."""
+    """A number with its standard error; se None when it cannot be estimated, `why` says why.
+    ``lo``, ``hi``: the interval that holds (:mod:`emb.estimation.intervals`) at the level the
+    estimator was asked for; None where no level was asked or no method can bound it."""
 
     value: float
     se: float | None
     why: str = ""
+    lo: float | None = None
+    hi: float | None = None
 
     def __post_init__(self) -> None:
         if (self.se is None) != bool(self.why):
@@ -81,12 +87,25 @@ class Estimate:
                 f"Estimate: expected a finite value and se >= 0, found "
                 f"value={self.value!r}, se={self.se!r}"
             )
+        if (self.lo is None) != (self.hi is None) or (
+            self.lo is not None and not self.lo <= self.value <= self.hi
+        ):
+            raise ValueError(
+                f"Estimate: expected lo <= value <= hi or neither, found lo={self.lo!r}, "
+                f"value={self.value!r}, hi={self.hi!r}"
+            )
 
     def interval(self, z: float) -> tuple[float, float] | None:
-        """value -/+ z * se (not clipped to [0, 1]); None when there is no se."""
+        """The Wald interval, value -/+ z * se (not clipped to [0, 1]; what other tools give);
+        None when there is no se."""
         if self.se is None:
             return None
         return self.value - z * self.se, self.value + z * self.se
+
+    @property
+    def bounds(self) -> tuple[float, float] | None:
+        """(lo, hi) of the interval that holds; None where there is none."""
+        return None if self.lo is None or self.hi is None else (self.lo, self.hi)
 
 
 @dataclass(frozen=True)
@@ -111,20 +130,14 @@ class AreaEstimates:
     overall: Estimate  # overall accuracy
 
 
-def z_of(confidence: float) -> float:
-    """The normal quantile of a two-sided interval, e.g. 1.959964 for 0.95."""
-    if not 0 < confidence < 1:
-        raise ValueError(
-            f"confidence: expected a level between 0 and 1, e.g. 0.95, found {confidence!r}"
-        )
-    return NormalDist().inv_cdf(0.5 + confidence / 2)
-
-
-def olofsson(strata_px: np.ndarray, error_matrix: np.ndarray) -> AreaEstimates:
+def olofsson(
+    strata_px: np.ndarray, error_matrix: np.ndarray, confidence: float | None = None
+) -> AreaEstimates:
     """Olofsson et al. 2014: strata = the map's classes.
 
     strata_px: (K,) int, pixels the map gives each class (N_i.); error_matrix: (K, K) int sample
-    counts n_ij, i = map class (the stratum), j = reference class.
+    counts n_ij, i = map class (the stratum), j = reference class; ``confidence``: the level of
+    every figure's ``lo``/``hi`` (none without one).
     """
     big_n = _strata_px(strata_px)
     k = len(big_n)
@@ -158,7 +171,13 @@ def olofsson(strata_px: np.ndarray, error_matrix: np.ndarray) -> AreaEstimates:
         overall_var=float((w**2) @ users_var),
     )
     # a user's accuracy draws on its own stratum only: the others hold no pixel mapped as it
-    return _result(big_n, n_i, big_n, n_i, matrix.sum(0), figures, np.eye(k, dtype=bool))
+    own = np.eye(k, dtype=bool)
+    counts = _StrataCounts(
+        hits=matrix.T, right=matrix.T * own, wrong=(n_i - matrix.T) * own,
+        omitted=matrix.T * ~own, agree=np.diagonal(matrix), holds=own, only=own,
+    )  # fmt: skip
+    bounds = None if confidence is None else counts.bounds(big_n, n_i, confidence)
+    return _result(big_n, n_i, big_n, n_i, matrix.sum(0), figures, own, bounds)
 
 
 def stehman(
@@ -168,6 +187,7 @@ def stehman(
     reference: np.ndarray,
     mapped_px: np.ndarray,
     strata_mapped_px: np.ndarray | None = None,
+    confidence: float | None = None,
 ) -> AreaEstimates:
     """Stehman 2014: strata that differ from the assessed map's classes.
 
@@ -179,6 +199,7 @@ def stehman(
     strata_mapped_px: optional (H, K) int, the assessed map's pixels per stratum and class. A
     stratum of 1 unit that holds no pixel mapped as k then leaves the SE of k's user's accuracy
     alone; without it, such a stratum may hold pixels mapped as k and so enters every SE.
+    ``confidence``: the level of every figure's ``lo``/``hi`` (none without one).
     """
     big_n = _strata_px(strata_px)
     mapped_px = _counts("mapped_px", mapped_px, (None,), "one entry per class")
@@ -218,7 +239,47 @@ def stehman(
         overall=float(correct[0] / design.n),
         overall_var=float(correct_var[0] / design.n**2),
     )
-    return _result(big_n, n_h, mapped_px, n_mapped, n_ref, figures, holds)
+    bounds = None
+    if confidence is not None:
+        per = np.zeros((h, k, k), np.int64)  # units per stratum, map class, reference class
+        np.add.at(per, (stratum, mapped, reference), 1)
+        diagonal = np.einsum("hkk->hk", per)
+        only = (np.zeros((h, k), bool) if strata_mapped_px is None
+                else np.asarray(strata_mapped_px) == big_n[:, None])  # fmt: skip
+        counts = _StrataCounts(
+            hits=per.sum(1).T, right=diagonal.T, wrong=(per.sum(2) - diagonal).T,
+            omitted=(per.sum(1) - diagonal).T, agree=diagonal.sum(1), holds=holds.T,
+            only=only.T,
+        )  # fmt: skip
+        bounds = counts.bounds(big_n, n_h, confidence)
+    return _result(big_n, n_h, mapped_px, n_mapped, n_ref, figures, holds, bounds)
+
+
+@dataclass(frozen=True)
+class _StrataCounts:
+    """A sample's units per class k and stratum h, (K, H) arrays: ``hits`` of reference k;
+    ``right`` mapped and of reference k; ``wrong`` mapped k of another reference; ``omitted``
+    of reference k mapped otherwise; ``agree`` (H,) map = reference; ``holds``/``only``: whether
+    stratum h holds pixels mapped k / only such pixels (:mod:`emb.estimation.intervals`)."""
+
+    hits: np.ndarray
+    right: np.ndarray
+    wrong: np.ndarray
+    omitted: np.ndarray
+    agree: np.ndarray
+    holds: np.ndarray
+    only: np.ndarray
+
+    def bounds(self, big_n: np.ndarray, n_h: np.ndarray, confidence: float) -> dict:
+        """Every figure's interval that holds: (K,) lo and hi per figure, scalars for overall."""
+        return {
+            "proportion": intervals.area(big_n, n_h, self.hits, confidence),
+            "users": intervals.users(big_n, n_h, self.right, self.wrong, confidence,
+                                     holds=self.holds, only=self.only),
+            "producers": intervals.producers(big_n, n_h, self.right, self.omitted, confidence,
+                                             holds=self.holds, only=self.only),
+            "overall": intervals.overall(big_n, n_h, self.agree, confidence),
+        }  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -243,31 +304,42 @@ def _result(
     n_ref: np.ndarray,
     f: _Figures,
     users_strata: np.ndarray,
+    bounds: dict | None = None,
 ) -> AreaEstimates:
-    """The figures as estimates, each SE withheld where a stratum of 1 unit enters it.
+    """The figures as estimates, each SE withheld where a stratum of 1 unit enters it, each
+    with its interval from ``bounds`` (:meth:`_StrataCounts.bounds`) where one is given.
 
     users_strata: (H, K) bool, whether stratum h enters the SE of class k's user's accuracy
     (every stratum enters the areas', the producer's and the overall accuracy's).
     """
     lone = (n_h == 1) & (big_n > 1)  # 1 unit among more than 1 pixel: no variance estimate
     everywhere = _lone_why(lone, big_n)
+
+    def at(figure: str, c: int | None) -> tuple[float, float] | None:
+        if bounds is None:
+            return None
+        lo, hi = (float(np.asarray(v)[()] if c is None else v[c]) for v in bounds[figure])
+        return None if np.isnan(lo) or np.isnan(hi) else (lo, hi)
+
     classes = []
     for c in np.flatnonzero((mapped_px > 0) | (n_mapped > 0) | (n_ref > 0)):
         users_why = _lone_why(lone & users_strata[:, c], big_n)
-        users = _estimate(f.users[c], f.users_var[c], users_why)
-        producers = _estimate(f.producers[c], f.producers_var[c], everywhere)
+        users = _estimate(f.users[c], f.users_var[c], users_why, at("users", c))
+        producers = _estimate(f.producers[c], f.producers_var[c], everywhere, at("producers", c))
+        proportion = _estimate(f.proportion[c], f.proportion_var[c], everywhere,
+                               at("proportion", c))  # fmt: skip
         classes.append(
             ClassEstimate(
                 cls=int(c),
                 mapped_px=int(mapped_px[c]),
                 units_mapped=int(n_mapped[c]),
                 units_reference=int(n_ref[c]),
-                proportion=_estimate(f.proportion[c], f.proportion_var[c], everywhere),
+                proportion=proportion,
                 users=users if n_mapped[c] > 0 else None,
                 producers=producers if f.proportion[c] > 0 else None,
             )
         )
-    overall = _estimate(f.overall, f.overall_var, everywhere)
+    overall = _estimate(f.overall, f.overall_var, everywhere, at("overall", None))
     return AreaEstimates(int(big_n.sum()), tuple(classes), overall)
 
 
@@ -317,10 +389,15 @@ def _lone_why(lone: np.ndarray, big_n: np.ndarray) -> str:
     return f"strata {named} have 1 sample unit each, too few to estimate their variance"
 
 
-def _estimate(value: float, var: float, why: str) -> Estimate:
+def _estimate(
+    value: float, var: float, why: str, bounds: tuple[float, float] | None = None
+) -> Estimate:
+    """An estimate; its interval only where its SE exists (a stratum of 1 unit bounds neither),
+    widened by float rounding to hold the value itself."""
     if why:
         return Estimate(float(value), None, why)
-    return Estimate(float(value), float(np.sqrt(var)))
+    lo, hi = (None, None) if bounds is None else (min(bounds[0], value), max(bounds[1], value))
+    return Estimate(float(value), float(np.sqrt(var)), lo=lo, hi=hi)
 
 
 def _check_strata(big_n: np.ndarray, n_h: np.ndarray) -> None:

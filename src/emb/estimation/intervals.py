@@ -210,7 +210,7 @@ def adjusted_wald(s: Smoothed, confidence: float) -> Bounds:
     [0, 1]. With one stratum n* = n: Agresti & Coull's interval itself. A variance of 0
     (every stratum a census) gives the estimate itself.
     """
-    z = _z(confidence)
+    z = z_of(confidence)
     var = ratio_var(s)
     n = np.divide(s.smooth * (1 - s.smooth), var, out=np.full_like(var, np.inf), where=var > 0)
     known = ~(var > 0)
@@ -227,7 +227,7 @@ def fieller(s: Smoothed, confidence: float) -> Bounds:
     """Fieller's (1954) interval of R = A / X: every R with (A - R X)^2 <= z^2 (V_A - 2 R C_AX
     + R^2 V_X), the roots of a quadratic; clipped to [0, 1]. Where the denominator is not
     significantly above 0 (X^2 <= z^2 V_X) the set is unbounded: [0, 1]."""
-    z2 = _z(confidence) ** 2
+    z2 = z_of(confidence) ** 2
     qa = s.big_x**2 - z2 * s.var_x
     qb = -2 * (s.big_a * s.big_x - z2 * s.cov_ax)
     qc = s.big_a**2 - z2 * s.var_a
@@ -243,7 +243,10 @@ def _withheld(s: Smoothed, lo: np.ndarray, hi: np.ndarray) -> Bounds:
     return Bounds(np.where(s.none, np.nan, lo), np.where(s.none, np.nan, hi))
 
 
-def _z(confidence: float) -> float:
+def z_of(confidence: float) -> float:
+    """The normal quantile of a two-sided interval, e.g. 1.959964 for 0.95."""
     if not 0 < confidence < 1:
-        raise ValueError(f"confidence: expected a level between 0 and 1, found {confidence!r}")
+        raise ValueError(
+            f"confidence: expected a level between 0 and 1, e.g. 0.95, found {confidence!r}"
+        )
     return NormalDist().inv_cdf(0.5 + confidence / 2)
