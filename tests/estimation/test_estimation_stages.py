@@ -34,10 +34,15 @@ def test_the_intervals_are_at_the_confidence_asked(tmp_path: Path) -> None:
     area_estimates.main(
         stage_args(tmp_path, settings_arg(n=200, min_per_class=5, draws=3, confidence=0.8))
     )
-    frame = pd.read_csv(tmp_path / "run.csv").dropna(subset=["se_ha", "lo_ha"])
-    frame = frame[frame["se_ha"] > 0]
-    z = (frame["hi_ha"] - frame["lo_ha"]) / (2 * frame["se_ha"])
-    assert np.allclose(z, z_of(0.8))
+    frame = pd.read_csv(tmp_path / "run.csv")
+    assert (frame["confidence"] == 0.8).all()
+    wald = frame.dropna(subset=["se_ha", "wald_lo_ha"])
+    width = wald["wald_hi_ha"] - wald["wald_lo_ha"]  # each figure rounded to 0.01 ha
+    assert np.allclose(width, 2 * z_of(0.8) * wald["se_ha"], atol=0.03)
+    assert not np.allclose(width, 2 * z_of(0.95) * wald["se_ha"], atol=0.03)
+    held = frame.dropna(subset=["lo_ha"])
+    assert len(held) and (held["lo_ha"] <= held["estimated_ha"]).all()
+    assert (held["estimated_ha"] <= held["hi_ha"]).all()
 
 
 @pytest.mark.parametrize(

@@ -102,7 +102,7 @@ def test_a_draw_takes_its_units_from_each_stratum_wherever_its_pixels_lie() -> N
 def rare_error_population() -> TestSplitPixels:
     """Class 1 mapped over 200 px, all right; class 0 over 2000 px, one of them truly class 1:
     a sample of 20 units of class 0 almost never meets it, so class 1's estimate is W_1 with a
-    standard error of 0 and its CDL area lies 1 px above that interval in nearly every draw."""
+    Wald standard error of 0 (no Wald interval) while the interval that holds reaches above."""
     mapped = np.r_[np.zeros(2000, np.uint8), np.ones(200, np.uint8)]
     reference = mapped.copy()
     reference[7] = 1
@@ -113,8 +113,10 @@ def test_an_interval_covers_only_when_the_truth_lies_between_both_ends() -> None
     pop = rare_error_population()
     l3 = check(pop, CMAP, settings(n=40, min_per_class=20, level=3, seed=0, draws=50))[-1]
     assert l3.level == 3
-    assert l3.coverage[1].covered <= 5  # below every zero-width interval but the rare hit's
-    assert l3.coverage[0].covered <= 5  # above them
+    for cls in (0, 1):  # Wald: no interval (SE 0) in every draw that misses the one pixel
+        tally = l3.coverage[cls]
+        assert tally.wald_with <= 5 and tally.wald_covered <= tally.wald_with
+        assert tally.with_interval == 50 and tally.covered >= 45, tally  # pseudo-counts hold
 
 
 def test_the_table_shows_the_first_draw_whatever_the_number_of_draws() -> None:

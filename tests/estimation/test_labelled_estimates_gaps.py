@@ -16,6 +16,7 @@ from emb.estimation.estimates_table import estimate_rows
 from emb.estimation.estimators import stehman
 from emb.estimation.labelled_estimates import estimate_sample
 from emb.estimation.sample_files import read_labelled
+from emb.estimation.settings import from_json
 
 
 def classes_at(path: Path, xs: np.ndarray, ys: np.ndarray) -> np.ndarray:
@@ -60,7 +61,7 @@ def test_a_point_where_another_map_has_no_data_is_mapped_no_data(tmp_path: Path)
     assert no_data.units_mapped == on_hole.sum()
     assert no_data.mapped_px == (mapped != IGNORE).sum() - (holed != IGNORE).sum()
     assert no_data.proportion.value == 0  # no reference is "no data"
-    rows = estimate_rows(found.estimates, 2, CMAP, 0.01, 1.96, {})
+    rows = estimate_rows(found.estimates, 2, CMAP, 0.01, from_json("{}"), {})
     assert [r["class"] for r in rows if r["class_id"] == 7] == ["no data"]
 
 

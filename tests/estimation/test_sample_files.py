@@ -185,9 +185,7 @@ def test_a_record_missing_keys_is_refused(design: SamplePaths, class_map: ClassM
     record = json.loads(design.record.read_text())
     del record["strata"], record["seed"]
     design.record.write_text(json.dumps(record))
-    with pytest.raises(
-        SampleRecordError, match=r"sample\.json: .* lacks keys \['strata', 'seed'"
-    ):
+    with pytest.raises(SampleRecordError, match=r"sample\.json: .* lacks keys \['strata', 'seed'"):
         read_labelled(path, design.record, class_map)
 
 

@@ -19,7 +19,8 @@ def frame() -> pd.DataFrame:
     rows = [
         {**base, "run": "a", "method": CHECK, "level": 2, "class_id": 0, "class": "row_crops",
          "mapped_ha": 120.0, "estimated_ha": 100.0, "lo_ha": 90.0, "hi_ha": 110.0,
-         "cdl_ha": 104.0, "coverage": 0.955, "draws": 200, "units_reference": 300, "note": ""},
+         "cdl_ha": 104.0, "coverage": 0.955, "wald_coverage": 0.9, "draws": 200,
+         "units_reference": 300, "note": ""},
         {**base, "run": "a", "method": CHECK, "level": 2, "class_id": 5, "class": "natural",
          "mapped_ha": 10.0, "estimated_ha": 12.0, "lo_ha": None, "hi_ha": None,
          "cdl_ha": 11.0, "coverage": 0.5, "draws": 200, "units_reference": 1, "note": "why"},
@@ -48,15 +49,23 @@ def test_an_area_table_cut_or_without_its_columns_is_refused_naming_it(tmp_path:
 
 
 def test_the_page_shows_its_level_with_intervals_coverage_and_what_is_missing() -> None:
-    rows = page_rows({"a": frame()})
-    assert len(rows) == 3  # level 2 only: two check rows and the user's
-    check = rows[rows["method"] == CHECK].set_index("class")
+    check = page_rows({"a": frame()})
+    assert len(check) == 2 and "method" not in check  # level 2 of the check; its method once
+    check = check.set_index("class")
     assert check.loc["row_crops", "estimated (ha)"] == "100.0 [90.0, 110.0]"
     assert check.loc["natural", "estimated (ha)"] == "12.0 (no interval)"
     assert check.loc["row_crops", "coverage"] == "96% of 200"
+    assert check.loc["row_crops", "Wald coverage"] == "90% of 200"
     assert check.loc["row_crops", "CDL (ha)"] == "104.0"
-    user = rows[rows["method"] == USER_SAMPLE].iloc[0]
-    assert user["coverage"] == "" and user["CDL (ha)"] == ""
+    user = page_rows({"a": frame()}, method=USER_SAMPLE)
+    assert list(user["class"]) == ["row_crops"] and user["coverage"].iloc[0] == ""
+
+
+def test_the_page_lists_a_runs_classes_largest_first() -> None:
+    rows = frame()
+    rows.loc[1, "estimated_ha"] = 500.0  # natural now above row_crops
+    assert list(page_rows({"a": rows})["class"]) == ["natural", "row_crops"]
+    assert list(page_rows({"a": frame()})["class"]) == ["row_crops", "natural"]
 
 
 def test_the_section_holds_the_figure_and_says_when_a_user_sample_is_there(

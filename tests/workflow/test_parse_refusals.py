@@ -26,9 +26,9 @@ from emb.prep.spatial_split import (
     TilingError,
     check_blocks_hold_splits,
 )
+from emb.workflow.parsed_runs import check_windows
 from emb.workflow.region_checks import RegionChecks
 from emb.workflow.region_table import RegionTable, check_split_blocks, demo_rasters
-from emb.workflow.parsed_runs import check_windows
 
 SCHEMA_CONFIG = yaml.safe_load((REPO / "config/config.yaml").read_text())
 validate(SCHEMA_CONFIG, str(REPO / "workflow/schemas/config.schema.yaml"))  # the defaults filled

@@ -93,7 +93,7 @@ def sample_rows(args: argparse.Namespace, cmap: ClassMap, settings: AreaSettings
         log.warning("%s: run %s maps none of regions %s: no rows of it", args.labelled,
                     args.run, unmapped)  # fmt: skip
         return [{**common, "note": f"{args.labelled}: this run does not map {unmapped}"}]
-    found = estimate_sample(sample, maps, cmap)
+    found = estimate_sample(sample, maps, cmap, settings.confidence)
     notes = [f"{args.labelled}: {len(sample.reference)} labelled units"]
     if sample.unlabelled:
         notes.append(
@@ -105,7 +105,7 @@ def sample_rows(args: argparse.Namespace, cmap: ClassMap, settings: AreaSettings
         how = ("designed on this run's map" if item.same_maps else
                "designed on another map: Stehman 2014's estimator")  # fmt: skip
         for row in estimate_rows(item.estimates, item.level, cmap, sample.record.pixel_ha,
-                                 settings.z, common):  # fmt: skip
+                                 settings, common):  # fmt: skip
             row["note"] = "; ".join(filter(None, [row["note"], how, *notes]))
             rows.append(row)
     log.info("%s on run %s: %d units, %d unlabelled (%s)", args.labelled, args.run,
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> None:
     settings = args.settings
     checks = check(population, cmap, settings)
     where = f"test split of {' + '.join(regions)}"
-    rows = check_rows(args.run, checks, cmap, population.pixel_ha, settings.z, where)
+    rows = check_rows(args.run, checks, cmap, population.pixel_ha, settings, where)
     if args.labelled:
         rows += sample_rows(args, cmap, settings)
     frame = table(rows)

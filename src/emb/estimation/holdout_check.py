@@ -29,7 +29,7 @@ from rasterio.windows import Window
 
 from emb.classes import IGNORE, N_L1, N_L2, N_L3, ClassMap
 from emb.estimation.design import allocate
-from emb.estimation.estimators import AreaEstimates, olofsson, stehman
+from emb.estimation.estimators import AreaEstimates, Estimate, olofsson, stehman
 from emb.estimation.population import pixel_hectares
 from emb.estimation.settings import AreaSettings
 from emb.io import reading
@@ -140,27 +140,33 @@ class StratifiedSampler:
 def estimate_at(
     level: int, design_level: int, strata_px: np.ndarray, units_stratum: np.ndarray,
     units_mapped: np.ndarray, units_reference: np.ndarray, mapped_px: np.ndarray,
-    strata_mapped_px: np.ndarray | None = None,
+    strata_mapped_px: np.ndarray | None = None, confidence: float | None = None,
 ) -> AreaEstimates:  # fmt: skip
     """The estimates at ``level`` of a sample stratified by the map's classes at
     ``design_level``: Olofsson's where the strata are the level's map classes, Stehman's
     (2014) general estimator where they differ (another level; ``strata_mapped_px``, the map's
-    pixels per stratum and class, keeps a 1-unit stratum out of the SEs it does not enter)."""
+    pixels per stratum and class, keeps a 1-unit stratum out of the SEs it does not enter),
+    with every figure's interval at ``confidence``."""
     if level == design_level:
         k = len(mapped_px)
         matrix = np.zeros((k, k), np.int64)
         np.add.at(matrix, (units_mapped, units_reference), 1)
-        return olofsson(mapped_px, matrix)
+        return olofsson(mapped_px, matrix, confidence)
     return stehman(strata_px, units_stratum, units_mapped, units_reference, mapped_px,
-                   strata_mapped_px)  # fmt: skip
+                   strata_mapped_px, confidence)  # fmt: skip
 
 
 @dataclass
 class ClassCoverage:
-    """One class at one level over the draws: how often its interval covered the CDL's area."""
+    """One class at one level over the draws: how often its interval (the one that holds, and
+    Wald's) covered the CDL's area, in how many draws each existed, and how many draws knew
+    the area exactly (its strata sampled whole: no interval needed)."""
 
     covered: int = 0
-    with_se: int = 0
+    with_interval: int = 0
+    exact: int = 0
+    wald_covered: int = 0
+    wald_with: int = 0
     units_reference: int = 0  # summed over the draws (a mean per draw when divided)
 
 
@@ -180,8 +186,9 @@ class LevelCheck:
 def check(population: TestSplitPixels, cmap: ClassMap, design: AreaSettings) -> list[LevelCheck]:
     """The check at L1, L2 and L3: ``design.draws`` seeded stratified samples (draw d from
     ``default_rng([design.seed, d])``), each estimated at every level and its intervals (at
-    ``design.confidence``) compared with the CDL's area of the population. A draw whose standard
-    error is missing or 0 gives no interval (as the table shows none): it counts as not covering."""
+    ``design.confidence``) compared with the CDL's area of the population. A draw without an
+    interval (none the sample can give; Wald's with a standard error of 0; a census's, of no
+    width, as the table shows none) counts as not covering."""
     strata = population.at(design.level, cmap)[0].astype(np.int64)
     sampler = StratifiedSampler(strata, LEVEL_CLASSES[design.level], design.n,
                                 design.min_per_class)  # fmt: skip
@@ -198,7 +205,7 @@ def check(population: TestSplitPixels, cmap: ClassMap, design: AreaSettings) -> 
         units = sampler.draw(np.random.default_rng([design.seed, draw]))
         for level, (m, r, mapped_px, cdl_px) in levels.items():
             est = estimate_at(level, design.level, sampler.sizes, strata[units], m[units],
-                              r[units], mapped_px, joint[level])  # fmt: skip
+                              r[units], mapped_px, joint[level], design.confidence)  # fmt: skip
             first.setdefault(level, est)
             found = {c.cls: c for c in est.classes}
             for cls in np.flatnonzero(cdl_px):  # an area of 0 has no interval to cover it
@@ -207,15 +214,24 @@ def check(population: TestSplitPixels, cmap: ClassMap, design: AreaSettings) -> 
                 if got is None:  # in neither the map nor this sample: no interval at all
                     continue
                 tally.units_reference += got.units_reference
-                interval = got.proportion.interval(z) if got.proportion.se else None
-                if interval is None:
-                    continue
-                tally.with_se += 1
-                truth = cdl_px[cls] / total
-                tally.covered += interval[0] <= truth <= interval[1]
+                _tally(tally, got.proportion, cdl_px[cls] / total, z)
     return [
         LevelCheck(
             level, first[level], levels[level][2], levels[level][3], coverage[level], design.draws
         )  # fmt: skip
         for level in levels
     ]
+
+
+def _tally(tally: ClassCoverage, est: Estimate, truth: float, z: float) -> None:
+    """Count one draw's intervals of a class's area share against the truth."""
+    bounds = est.bounds
+    if bounds is not None and bounds[0] == bounds[1]:
+        tally.exact += 1  # its strata sampled whole: the value itself, no interval
+    elif bounds is not None:
+        tally.with_interval += 1
+        tally.covered += bounds[0] <= truth <= bounds[1]
+    wald = est.interval(z) if est.se else None  # a standard error of 0: no Wald interval
+    if wald is not None:
+        tally.wald_with += 1
+        tally.wald_covered += wald[0] <= truth <= wald[1]

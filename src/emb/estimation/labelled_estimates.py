@@ -65,10 +65,11 @@ def designed_on(sample: LabelledSample, maps: Mapping[str, Path]) -> bool:
 
 
 def estimate_sample(
-    sample: LabelledSample, maps: Mapping[str, Path], cmap: ClassMap
-) -> list[SampleEstimate]:
+    sample: LabelledSample, maps: Mapping[str, Path], cmap: ClassMap,
+    confidence: float | None = None,
+) -> list[SampleEstimate]:  # fmt: skip
     """The sample's estimates on ``maps`` (region -> the run's map of each design region) at
-    the design's level and each coarser one."""
+    the design's level and each coarser one, with every figure's interval at ``confidence``."""
     design = sample.record
     strata_px = np.asarray(design.strata_px, np.int64)
     regions = [m.region for m in design.maps]
@@ -84,16 +85,20 @@ def estimate_sample(
         if same and level == design.level:
             matrix = np.zeros((k, k), np.int64)
             np.add.at(matrix, (sample.stratum, reference), 1)
-            est = olofsson(strata_px, matrix)
+            est = olofsson(strata_px, matrix, confidence)
         elif same:
             mapped = coarser(sample.stratum, design.level, level, cmap)
             joint = np.zeros((len(strata_px), k), np.int64)  # stratum h is one class there
             joint[np.arange(len(strata_px)), coarser(np.arange(len(strata_px)), design.level,
                                                      level, cmap)] = strata_px  # fmt: skip
-            est = stehman(strata_px, sample.stratum, mapped, reference, mapped_px, joint)
+            est = stehman(
+                strata_px, sample.stratum, mapped, reference, mapped_px, joint, confidence
+            )
         else:
             mapped = np.where(on_map == NO_DATA_L3, k, coarser(on_map % NO_DATA_L3, 3, level,
                                                                 cmap))  # fmt: skip
-            est = stehman(strata_px, sample.stratum, mapped, reference, mapped_px)
+            est = stehman(
+                strata_px, sample.stratum, mapped, reference, mapped_px, confidence=confidence
+            )
         out.append(SampleEstimate(level, est, same))
     return out

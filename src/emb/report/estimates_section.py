@@ -1,9 +1,10 @@
 """The summary page's crop-area section: each run's area table read back and shown compactly.
 
-The page shows one level (L2, the seven groups, by default: readable side by side) of every
-run's test-split check: the map's pixel count, the estimate with its interval, the CDL's area
-of the same pixels and how often the interval covered it over the draws; and a figure of the
-same. The CSVs (``results/area_estimates/{run}.csv``) hold every level and class.
+The page shows one level (L2, the seven groups, by default: readable side by side) of every run's
+test-split check: the map's pixel count, the estimate with its interval, the CDL's area of the same
+pixels and how often the interval (and Wald's) covered it over the draws; a user's labelled sample
+in a table of its own (each method said once); and a figure of the check. The CSVs
+(``results/area_estimates/{run}.csv``) hold every level and class.
 """
 
 from __future__ import annotations
@@ -45,26 +46,32 @@ def _interval(value: object, lo: object, hi: object) -> str:
     return f"{value:.1f} [{lo:.1f}, {hi:.1f}]"
 
 
-def page_rows(tables: dict[str, pd.DataFrame], level: int = PAGE_LEVEL) -> pd.DataFrame:
-    """One row per run and class at ``level``, largest estimated first within a run."""
+def page_rows(
+    tables: dict[str, pd.DataFrame], level: int = PAGE_LEVEL, method: str = CHECK
+) -> pd.DataFrame:
+    """One row per run and class at ``level`` of one ``method`` (said once, in the section's
+    heading), largest estimated first within a run; coverage of the interval that holds and of
+    Wald's."""
     rows = []
     for run, frame in tables.items():
-        part = frame[frame["level"] == level].sort_values(["method", "estimated_ha"],
-                                                          ascending=[True, False])  # fmt: skip
-        for r in part.to_dict("records"):
-            covered = r["coverage"]
+        part = frame[(frame["level"] == level) & (frame["method"] == method)]
+        for r in part.sort_values("estimated_ha", ascending=False).to_dict("records"):
             rows.append({
                 "run": run,
-                "method": r["method"],
                 "class": r["class"],
                 "map (ha)": f"{r['mapped_ha']:.1f}",
                 "estimated (ha)": _interval(r["estimated_ha"], r["lo_ha"], r["hi_ha"]),
                 "CDL (ha)": "" if pd.isna(r["cdl_ha"]) else f"{r['cdl_ha']:.1f}",
-                "coverage": "" if pd.isna(covered) else f"{covered:.0%} of {int(r['draws'])}",
+                "coverage": _coverage(r["coverage"], r["draws"]),
+                "Wald coverage": _coverage(r["wald_coverage"], r["draws"]),
                 "units": int(r["units_reference"]),
                 "note": "" if pd.isna(r["note"]) else str(r["note"]),
             })  # fmt: skip
     return pd.DataFrame(rows)
+
+
+def _coverage(share: object, draws: object) -> str:
+    return "" if pd.isna(share) else f"{share:.0%} of {int(draws)}"
 
 
 def area_section(paths: dict[str, Path], settings: AreaSettings, top: int = 10) -> tuple[str, str]:
@@ -85,14 +92,22 @@ def _section_html(paths: dict[str, Path], settings: AreaSettings, top: int) -> s
                                                settings.percent))  # fmt: skip
     image = (f"<img id='areas' alt='mapped vs estimated area per class' "
              f"src='data:image/png;base64,{base64.b64encode(figure).decode()}'>")  # fmt: skip
-    users = any((f["method"] == USER_SAMPLE).any() for f in tables.values())
     text = (
-        "<p>The test split's check: a stratified random sample of each run's map over its test "
-        "tiles (strata: the map's classes), labelled by the CDL, estimated as Olofsson et al. "
-        "(2014) give it; <i>coverage</i>: how often the interval covered the CDL's area over "
-        "the repeated draws. The CDL is taken as the truth (its own errors are not corrected); "
-        "the test split's error rates do not hold on the train blocks."
-        + (" Rows of method <i>user sample</i>: your labelled sample." if users else "")
-        + " Every level and class: <code>results/area_estimates/{run}.csv</code>.</p>"
+        f"<p><b>{CHECK}</b>: a stratified random sample of each run's map over its test tiles "
+        "(strata: the map's classes), labelled by the CDL, estimated as Olofsson et al. (2014) "
+        f"give it, with {settings.percent} intervals that hold where the normal (Wald) one "
+        "fails (rare classes, accuracies near 0 or 1; docs/design.md); <i>coverage</i>: how "
+        "often the interval covered the CDL's area over the repeated draws, <i>Wald "
+        "coverage</i>: how often the normal interval other tools give did. The CDL is taken as "
+        "the truth (its own errors are not corrected); the test split's error rates do not "
+        "hold on the train blocks. Every level and class: "
+        "<code>results/area_estimates/{run}.csv</code>.</p>"
     )
-    return image + text + plots.html_table(page_rows(tables), "areas")
+    html = image + text + plots.html_table(page_rows(tables), "areas")
+    if any((f["method"] == USER_SAMPLE).any() for f in tables.values()):
+        users = page_rows(tables, method=USER_SAMPLE).drop(
+            columns=["CDL (ha)", "coverage", "Wald coverage"]
+        )
+        html += (f"<p><b>{USER_SAMPLE}</b>: your labelled sample, estimated on each run's "
+                 "map.</p>" + plots.html_table(users, "areas-user"))  # fmt: skip
+    return html
