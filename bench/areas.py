@@ -12,7 +12,9 @@ GeoTIFF on disk so the plan checks each selected file as it does on a user's col
 - tiles_{n}: tiles the area selects (vrt_mb_{n}: their VRTs' size); growth_plan /
   growth_vrt: 10,000 over 1,000 (~10 when linear in the tiles selected).
 
-Usage: ``python bench/areas.py [--quick] [--json PATH] [--repeats 2]``.
+The index is a GeoParquet, or with ``--index gpkg`` a GeoPackage (read through GDAL, pyogrio).
+
+Usage: ``python bench/areas.py [--quick] [--index parquet|gpkg] [--json PATH] [--repeats 2]``.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pyogrio
 import rasterio
 import shapely
 from affine import Affine
@@ -41,7 +44,7 @@ IOWA = (-96.6, 40.4, -90.2, 43.5)  # the area: about Iowa's bounding box
 ZONES = {"14N": 32614, "15N": 32615}
 
 
-def synthesize(root: Path, n_tiles: int) -> tuple[Path, Path]:
+def synthesize(root: Path, n_tiles: int, index_format: str = "parquet") -> tuple[Path, Path]:
     """An AEF collection of about ``n_tiles`` square tiles over EXTENT, and the areas file."""
     extent = shapely.box(*EXTENT)
     parts = {
@@ -104,8 +107,18 @@ def synthesize(root: Path, n_tiles: int) -> tuple[Path, Path]:
                         "geometry": shapely.to_wkb(foot),
                     }
                 )
-    index = root / "aef" / "aef_index.parquet"
-    pq.write_table(pa.Table.from_pylist(rows), index)
+    table = pa.Table.from_pylist(rows)
+    index = root / "aef" / f"aef_index.{index_format}"
+    if index_format == "gpkg":
+        wkb = table.column("geometry").to_numpy(zero_copy_only=False)
+        table = table.drop(["geometry", "fid"])
+        pyogrio.raw.write(
+            str(index), wkb, [table.column(n).to_numpy() for n in table.column_names],
+            table.column_names, layer="aef_index", driver="GPKG", geometry_type="Polygon",
+            crs="EPSG:4326",
+        )  # fmt: skip
+    else:
+        pq.write_table(table, index)
     areas = root / "areas.tsv"
     areas.write_text(
         "area\tyear\tsplit\twest\tsouth\teast\tnorth\n"
@@ -114,10 +127,10 @@ def synthesize(root: Path, n_tiles: int) -> tuple[Path, Path]:
     return areas, index
 
 
-def measure(n_tiles: int, repeats: int) -> dict[str, float]:
+def measure(n_tiles: int, repeats: int, index_format: str = "parquet") -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="bench_areas_") as tmp:
         root = Path(tmp)
-        areas, index = synthesize(root, n_tiles)
+        areas, index = synthesize(root, n_tiles, index_format)
         collections = {"aef": {"folder": str(root / "aef"), "index": str(index)}}
         cwd = os.getcwd()
         os.chdir(root)
@@ -154,13 +167,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--index", choices=("parquet", "gpkg"), default="parquet")
     parser.add_argument("--quick", action="store_true", help="100 and 1000 tiles, one repeat")
     args = parser.parse_args()
     small, large = (100, 1000) if args.quick else (1000, 10000)
     repeats = 1 if args.quick else args.repeats
     results: dict[str, float] = {}
     for n in (small, large):
-        got = measure(n, repeats)
+        got = measure(n, repeats, args.index)
         results.update({f"{k}_{n}": round(v, 3) for k, v in got.items()})
     results["growth_plan"] = round(results[f"plan_s_{large}"] / results[f"plan_s_{small}"], 2)
     results["growth_vrt"] = round(results[f"vrt_s_{large}"] / results[f"vrt_s_{small}"], 2)

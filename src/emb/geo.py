@@ -1,16 +1,20 @@
 """Geometry shared by the raster checks (prep) and the areas planner: UTM zones, reprojection of
-shapely geometries and the GeoPackage geometry blob (read with sqlite3, so no OGR binding is
-needed)."""
+shapely geometries and a GeoPackage's feature layer (read through GDAL's OGR, pyogrio)."""
 
 from __future__ import annotations
 
 import math
-import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import shapely
 from pyproj import CRS, Transformer
 from shapely.geometry.base import BaseGeometry
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 WGS84 = CRS.from_epsg(4326)
 DENSIFY_DEG = 0.01  # edge pieces (degrees) before a WGS84 geometry goes into metres
@@ -98,14 +102,46 @@ def reproject(geom: BaseGeometry, src: CRS, dst: CRS, step: float | None = None)
     return shapely.transform(geom, move)
 
 
-def gpkg_wkb(blob: bytes) -> bytes:
-    """The WKB inside a GeoPackage geometry blob (header 'GP', version, flags, srs id,
-    envelope of 0, 32, 48 or 64 bytes)."""
-    if blob[:2] != b"GP":
-        raise ValueError("not a GeoPackage geometry blob (no 'GP' magic)")
-    flags = blob[3]
-    envelope = {0: 0, 1: 32, 2: 48, 3: 48, 4: 64}.get((flags >> 1) & 0b111)
-    if envelope is None:
-        raise ValueError(f"GeoPackage geometry with an unknown envelope code {flags:#x}")
-    struct.unpack("<i" if flags & 1 else ">i", blob[4:8])  # srs id: read for its length
-    return blob[8 + envelope :]
+@dataclass(frozen=True)
+class GpkgLayer:
+    """One feature layer of a GeoPackage: its attributes, geometries and CRS."""
+
+    name: str
+    table: pa.Table  # the attribute columns (no geometry, no fid)
+    wkb: np.ndarray  # one WKB per feature (object array; None where the geometry is null)
+    crs: str | None  # as GDAL names it: "EPSG:32615", else WKT; None when undeclared
+
+
+def read_gpkg(path: str | Path) -> GpkgLayer:
+    """The first feature layer (by name) of a GeoPackage, read by GDAL (the library that writes
+    the samples' GeoPackage), so the format has one reader in the project. Raises ValueError,
+    one line, for a file GDAL cannot open, one of another format, or one without a feature
+    layer; the caller names the file. pyogrio is imported here: loading GDAL's OGR costs every
+    importer of this module about a second otherwise."""
+    import pyogrio
+    import pyogrio.errors as gdal
+
+    # GDAL's failures as pyogrio raises them (each a RuntimeError): a file it cannot open, a
+    # layer it cannot read, a feature, field, geometry or CRS it cannot convert.
+    errors = (gdal.DataSourceError, gdal.DataLayerError, gdal.FeatureError, gdal.FieldError,
+              gdal.GeometryError, gdal.CRSError)  # fmt: skip
+    try:
+        layers = pyogrio.list_layers(path)
+        driver = pyogrio.read_info(path, layer=str(layers[0][0]))["driver"] if len(layers) else ""
+        if driver != "GPKG":
+            found = f"a {driver} file" if driver else "a file without layers"
+            raise ValueError(f"expected a GeoPackage, found {found}")
+        features = sorted(str(name) for name, kind in layers if kind is not None)
+        if not features:
+            found = [str(name) for name, _ in layers]
+            raise ValueError(
+                f"a GeoPackage without a features table: expected a layer with geometries, "
+                f"found only the attribute tables {found}"
+            )
+        meta, table = pyogrio.read_arrow(path, layer=features[0])
+    except errors as err:
+        first = str(err).split(";")[0].strip()  # GDAL's sentence, not its hint on drivers
+        raise ValueError(f"GDAL cannot read it as a GeoPackage: {first}") from None
+    column = meta["geometry_name"] or "wkb_geometry"  # pyogrio's name when GDAL gives none
+    wkb = table.column(column).to_numpy(zero_copy_only=False)
+    return GpkgLayer(features[0], table.drop([column]), wkb, meta["crs"])

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import json
 import subprocess
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pyogrio
 import rasterio
 import shapely
 from affine import Affine
@@ -272,45 +274,24 @@ def _cdl(folder: Path, area: tuple) -> tuple[Path, Path]:
     return tiles, one
 
 
-def write_gpkg(path: Path, areas: list[dict], epsg: int) -> None:
-    """A minimal GeoPackage (sqlite3, the tables the standard requires) of ``areas``."""
-    import sqlite3
-    import struct
-
-    path.unlink(missing_ok=True)
-    wkt = CRS.from_epsg(epsg).to_wkt()
-    with sqlite3.connect(path) as db:
-        db.executescript(
-            "CREATE TABLE gpkg_spatial_ref_sys (srs_name TEXT, srs_id INTEGER PRIMARY KEY, "
-            "organization TEXT, organization_coordsys_id INTEGER, definition TEXT, "
-            "description TEXT);"
-            "CREATE TABLE gpkg_contents (table_name TEXT PRIMARY KEY, data_type TEXT, identifier "
-            "TEXT, description TEXT, last_change TEXT, min_x REAL, min_y REAL, max_x REAL, "
-            "max_y REAL, srs_id INTEGER);"
-            "CREATE TABLE gpkg_geometry_columns (table_name TEXT, column_name TEXT, "
-            "geometry_type_name TEXT, srs_id INTEGER, z TINYINT, m TINYINT);"
-            "CREATE TABLE areas (fid INTEGER PRIMARY KEY, geom BLOB, area TEXT, year INTEGER, "
-            "split TEXT);"
-        )
-        db.execute(
-            "INSERT INTO gpkg_spatial_ref_sys VALUES ('crs', ?, 'EPSG', ?, ?, '')",
-            (epsg, epsg, wkt),
-        )
-        db.execute(
-            "INSERT INTO gpkg_contents (table_name, data_type, srs_id) VALUES "
-            "('areas', 'features', ?)",
-            (epsg,),
-        )
-        db.execute(
-            "INSERT INTO gpkg_geometry_columns VALUES ('areas', 'geom', 'POLYGON', ?, 0, 0)",
-            (epsg,),
-        )
-        for a in areas:
-            blob = b"GP" + bytes([0, 1]) + struct.pack("<i", epsg) + shapely.to_wkb(a["geometry"])
-            db.execute(
-                "INSERT INTO areas (geom, area, year, split) VALUES (?, ?, ?, ?)",
-                (blob, a["area"], a["year"], a.get("split", "auto")),
-            )
+def write_gpkg(
+    path: Path, areas: list[dict], epsg: int | None, layer: str = "areas", kind: str = "Polygon"
+) -> None:
+    """A GeoPackage of ``areas`` written by GDAL (pyogrio), layer ``layer`` in EPSG ``epsg``
+    (None: no CRS declared); a geometry of None is written as a null one."""
+    path.unlink(missing_ok=True)  # GDAL would add the layer to a file already there
+    fields = ["area", "year", "split"]
+    data = [
+        np.array([a["area"] for a in areas], dtype=object),
+        np.array([a["year"] for a in areas], dtype=np.int64),
+        np.array([a.get("split", "auto") for a in areas], dtype=object),
+    ]
+    geometry = np.array([shapely.to_wkb(a["geometry"]) for a in areas], dtype=object)
+    crs = CRS.from_epsg(epsg).to_wkt() if epsg else None
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "'crs' was not provided", UserWarning)  # meant so
+        pyogrio.raw.write(str(path), geometry, data, fields, layer=layer, driver="GPKG",
+                          geometry_type=kind, crs=crs)  # fmt: skip
 
 
 def write_geoparquet(path: Path, areas: list[dict], epsg: int) -> None:

@@ -10,12 +10,21 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pyarrow.parquet as pq
+import pyogrio
 import pytest
 import rasterio
 import shapely
 import yaml
-from areas_collection import YEAR, Collection, make_collection, run_snakemake, write_geojson
+from areas_collection import (
+    YEAR,
+    Collection,
+    make_collection,
+    run_snakemake,
+    write_geojson,
+    write_gpkg,
+)
 from conftest import REPO
 from pyproj import CRS
 
@@ -81,6 +90,62 @@ def unreadable(c: Collection, cfg: dict) -> tuple[str, ...]:
     path.write_bytes(b"not a GeoPackage at all")
     cfg["areas"] = str(path)
     return (str(path), "cannot read")
+
+
+def gpkg_cfg(c: Collection, cfg: dict, geometry=None, epsg: int | None = 4326, **kw) -> Path:
+    """The field trial as ``areas.gpkg`` (GDAL-written), named in the config."""
+    box = shapely.box(-96.012, 42.002, -95.988, 42.020)
+    area = {"area": "field_trial", "year": YEAR, "geometry": box if geometry is None else geometry}
+    path = c.root / "areas.gpkg"
+    write_gpkg(path, [area], epsg, **kw)
+    cfg["areas"] = str(path)
+    return path
+
+
+def gpkg_of_another_format(c: Collection, cfg: dict) -> tuple[str, ...]:
+    """A GeoJSON named .gpkg: GDAL would read it, the suffix says GeoPackage."""
+    area_file(c)
+    path = c.root / "areas.gpkg"
+    shutil.copy(c.areas, path)
+    cfg["areas"] = str(path)
+    return (str(path), "expected a GeoPackage", "found a GeoJSON file")
+
+
+def gpkg_without_features(c: Collection, cfg: dict) -> tuple[str, ...]:
+    path = c.root / "areas.gpkg"
+    names = np.array(["field_trial"], dtype=object)
+    pyogrio.raw.write(str(path), None, [names], ["area"], layer="notes", driver="GPKG")
+    cfg["areas"] = str(path)
+    return (str(path), "without a features table", "found only the attribute tables ['notes']")
+
+
+def gpkg_without_crs(c: Collection, cfg: dict) -> tuple[str, ...]:
+    path = gpkg_cfg(c, cfg, epsg=None, layer="fields")
+    return (str(path), "layer 'fields'", "declares no CRS", "expected one")
+
+
+def gpkg_empty_geometry(c: Collection, cfg: dict) -> tuple[str, ...]:
+    path = gpkg_cfg(c, cfg, geometry=shapely.Polygon())
+    return (str(path), "'field_trial'", "expected a polygon", "empty")
+
+
+def gpkg_null_geometry(c: Collection, cfg: dict) -> tuple[str, ...]:
+    path = c.root / "areas.gpkg"
+    write_gpkg(path, [{"area": "field_trial", "year": YEAR, "geometry": None}], 4326)
+    cfg["areas"] = str(path)
+    return (str(path), "'field_trial'", "expected a polygon", "empty")
+
+
+def gpkg_of_points(c: Collection, cfg: dict) -> tuple[str, ...]:
+    path = gpkg_cfg(c, cfg, geometry=shapely.Point(-96.0, 42.01), kind="Point")
+    return (str(path), "'field_trial'", "expected a polygon", "zero-area")
+
+
+def index_gpkg_unreadable(c: Collection, cfg: dict) -> tuple[str, ...]:
+    index = c.aef_index.with_suffix(".gpkg")
+    index.write_bytes(b"not a GeoPackage at all")
+    cfg["collections"]["aef"]["index"] = str(index)
+    return (str(index), "cannot read the AEF index", "GDAL cannot read it as a GeoPackage")
 
 
 def unknown_format(c: Collection, cfg: dict) -> tuple[str, ...]:
@@ -269,6 +334,13 @@ def block_larger_than_the_regions(c: Collection, cfg: dict) -> tuple[str, ...]:
 
 CASES: list[Callable] = [
     unreadable,
+    gpkg_of_another_format,
+    gpkg_without_features,
+    gpkg_without_crs,
+    gpkg_empty_geometry,
+    gpkg_null_geometry,
+    gpkg_of_points,
+    index_gpkg_unreadable,
     unknown_format,
     unreadable_crs,
     year_out_of_range,

@@ -8,6 +8,8 @@ import os
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
+import pyogrio
 import pytest
 import rasterio
 import shapely
@@ -186,7 +188,7 @@ def test_every_areas_format_and_crs_plans_the_same(built, tmp_path: Path) -> Non
     area = {"area": "field_trial", "year": YEAR, "split": "auto"}
     utm = reproject(shapely.box(*AREA), WGS84, CRS.from_epsg(32615), step=0.0005)
     mercator = reproject(shapely.box(*AREA), WGS84, CRS.from_epsg(3857), step=0.0005)
-    write_gpkg(tmp_path / "a.gpkg", [{**area, "geometry": utm}], 32615)
+    write_gpkg(tmp_path / "a.gpkg", [{**area, "geometry": utm}], 32615, layer="fields")
     write_geoparquet(tmp_path / "a.parquet", [{**area, "geometry": utm}], 32615)
     write_geojson(tmp_path / "a.geojson", [{**area, "geometry": mercator}], "EPSG:3857")
     (tmp_path / "a.tsv").write_text(
@@ -201,6 +203,32 @@ def test_every_areas_format_and_crs_plans_the_same(built, tmp_path: Path) -> Non
         plan = plan_areas(tmp_path / name, collections(c))
         assert plan.rows().equals(reference), name
         assert [len(r.mosaics["aef"].tiles) for r in plan.regions] == [6, 6], name
+
+
+def test_the_index_as_a_geopackage_plans_the_same(built, tmp_path: Path) -> None:
+    """The index as a GDAL-written GeoPackage (WGS84 footprints, the published columns) selects
+    the tiles the GeoParquet does, and an attribute table beside it is not taken for it."""
+    c, _ = built
+    reference = plan_areas(c.areas, collections(c))
+    table = pq.read_table(c.aef_index)
+    wkb = table.column("geometry").to_numpy(zero_copy_only=False)
+    table = table.drop(["geometry"])
+    index = tmp_path / "aef_index.gpkg"
+    pyogrio.raw.write(
+        str(index), wkb, [table.column(n).to_numpy() for n in table.column_names],
+        table.column_names, layer="aef_index", driver="GPKG", geometry_type="Polygon",
+        crs="EPSG:4326",
+    )  # fmt: skip
+    notes = np.array(["an attribute table"], dtype=object)
+    pyogrio.raw.write(str(index), None, [notes], ["note"], layer="a_notes", driver="GPKG")
+    plan = plan_areas(
+        c.areas, {**collections(c), "aef": {"folder": str(c.aef), "index": str(index)}}
+    )
+    assert plan.rows().equals(reference.rows())
+    for region, expected in zip(plan.regions, reference.regions, strict=True):
+        got = region.mosaics["aef"].tiles
+        assert [t.path for t in got] == [t.path for t in expected.mosaics["aef"].tiles]
+        assert [t.bounds for t in got] == [t.bounds for t in expected.mosaics["aef"].tiles]
 
 
 def test_a_national_cdl_is_used_as_it_is(built) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import io
 import json
 import re
-import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from pyproj.exceptions import CRSError
 from shapely.geometry.base import BaseGeometry
 
 from emb.areas import AreasError
-from emb.geo import WGS84, gpkg_wkb, reproject
+from emb.geo import WGS84, read_gpkg, reproject
 from emb.prep.regions import PREDICT
 
 NAME = re.compile(r"^[a-z0-9_][a-z0-9_-]*$")  # as region ids (regions.schema.yaml)
@@ -72,7 +71,6 @@ def read_areas(path: str | Path) -> list[Area]:
         ValueError,
         KeyError,
         OSError,
-        sqlite3.Error,
         CRSError,
         shapely.errors.ShapelyError,
     ) as err:
@@ -175,43 +173,22 @@ def _check_antimeridian(where: str, geometry: BaseGeometry, crs: CRS) -> None:
 
 
 def _read_gpkg(path: Path) -> tuple[list[dict], CRS]:
-    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
-        rows = db.execute(
-            "SELECT c.table_name, g.column_name, g.srs_id FROM gpkg_contents c JOIN "
-            "gpkg_geometry_columns g ON c.table_name = g.table_name "
-            "WHERE c.data_type = 'features' ORDER BY c.table_name"
-        ).fetchall()
-        if not rows:
-            raise AreasError(f"{path}: a GeoPackage without a features table")
-        table, column, srs_id = rows[0]
-        crs = _gpkg_crs(db, srs_id)
-        cursor = db.execute(f'SELECT * FROM "{table}"')
-        names = [d[0] for d in cursor.description]
-        records = []
-        for values in cursor:
-            rec = dict(zip(names, values, strict=True))
-            blob = rec.pop(column)
-            try:
-                rec["geometry"] = shapely.from_wkb(gpkg_wkb(blob)) if blob else None
-            except shapely.errors.ShapelyError as err:
-                where = _feature(len(records) + 1, rec)
-                raise AreasError(f"{path}: {where}: cannot read its geometry: {err}") from None
-            records.append(rec)
+    """The first feature layer (by name), through GDAL; its declared CRS, never a guess."""
+    layer = read_gpkg(path)
+    if layer.crs is None:
+        raise AreasError(
+            f"{path}: layer {layer.name!r} declares no CRS: expected one (e.g. EPSG:4326 for "
+            "longitude/latitude, EPSG:32615 for UTM metres), found none"
+        )
+    crs = CRS.from_user_input(layer.crs)
+    records = layer.table.to_pylist()
+    for i, (rec, blob) in enumerate(zip(records, layer.wkb, strict=True), start=1):
+        try:
+            rec["geometry"] = shapely.from_wkb(blob) if blob else None
+        except shapely.errors.ShapelyError as err:
+            where = f"layer {layer.name!r}: {_feature(i, rec)}"
+            raise AreasError(f"{path}: {where}: cannot read its geometry: {err}") from None
     return records, crs
-
-
-def _gpkg_crs(db: sqlite3.Connection, srs_id: int) -> CRS:
-    row = db.execute(
-        "SELECT organization, organization_coordsys_id, definition FROM gpkg_spatial_ref_sys "
-        "WHERE srs_id = ?",
-        (srs_id,),
-    ).fetchone()
-    if row is None:
-        raise AreasError(f"srs_id {srs_id} is not in gpkg_spatial_ref_sys")
-    organization, code, definition = row
-    if organization and organization.upper() == "EPSG" and code and code > 0:
-        return CRS.from_epsg(code)
-    return CRS.from_user_input(definition)
 
 
 def _read_geojson(path: Path) -> tuple[list[dict], CRS]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 import re
-import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,7 +23,7 @@ from rasterio.errors import RasterioIOError
 
 from emb.areas import AreasError
 from emb.areas.tiffhead import Header, read_header
-from emb.geo import gpkg_wkb
+from emb.geo import read_gpkg
 
 AEF_COLUMNS = (
     "path",
@@ -126,7 +125,7 @@ def read_aef_index(file: str | Path) -> AefIndex:
             )
     except AreasError:
         raise
-    except (OSError, ValueError, sqlite3.Error, KeyError) as err:
+    except (OSError, ValueError, KeyError) as err:
         raise AreasError(f"{file}: cannot read the AEF index: {err}") from None
     missing = [c for c in AEF_COLUMNS if c not in frame.columns]
     if missing:
@@ -167,17 +166,8 @@ def _aef_parquet(file: Path) -> tuple[pd.DataFrame, np.ndarray | None]:
 
 
 def _aef_gpkg(file: Path) -> tuple[pd.DataFrame, np.ndarray | None]:
-    with sqlite3.connect(f"file:{file}?mode=ro", uri=True) as db:
-        row = db.execute(
-            "SELECT c.table_name, g.column_name FROM gpkg_contents c JOIN gpkg_geometry_columns"
-            " g ON c.table_name = g.table_name WHERE c.data_type = 'features'"
-        ).fetchone()
-        if row is None:
-            raise AreasError(f"{file}: a GeoPackage without a features table")
-        table, column = row
-        frame = pd.read_sql_query(f'SELECT * FROM "{table}"', db)
-    blobs = frame.pop(column)
-    return frame, np.array([gpkg_wkb(b) for b in blobs], dtype=object)
+    layer = read_gpkg(file)
+    return layer.table.to_pandas(), layer.wkb
 
 
 def aef_local_path(folder: Path, path: str) -> tuple[Path, str]:
