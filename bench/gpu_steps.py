@@ -109,7 +109,7 @@ def trainer_step(
     """``Trainer.train_step`` as emb.training.loop builds and feeds it: the model prepared by
     its runtime (channels_last, flat tensors unless compiled), EMA on, grad clip 1.0, host
     batches in pinned memory (on a GPU) copied one step ahead."""
-    runtime = Runtime(device, precision, channels_last, compile)
+    runtime = Runtime(device, precision, channels_last, compile, None)
     plain = runtime.prepare(make_model(arch, bands, size, tiny, device), training=True)
     model = wrap_model(plain, 1, runtime)
     opt = optimizer_for(model, device)

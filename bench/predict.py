@@ -127,7 +127,7 @@ def old_job(old: types.ModuleType, run: TrainedRun, raster: Path, spec: PredictS
     """The map and its COG as emb 0dcd26c made them (``predict_block`` + ``classify``)."""
     model, dequantize = run.model(run.selected).eval(), run.dequantize()
     old_spec = old.PredictSpec(spec.tile, spec.overlap, spec.block, spec.batch_size)
-    on = Runtime(torch.device("cpu"), "fp32")
+    on = Runtime(torch.device("cpu"), "fp32", False, False, None)
 
     def run_old() -> None:
         tmp = tmp_sibling(out, "map")
@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None) -> None:
     size, repeats = (512, 1) if args.quick else (args.size, args.repeats)
     results: dict = {"size": size, "tile": args.tile, "threads": torch.get_num_threads()}
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    on = Runtime(device, "bf16" if device.type == "cuda" else "fp32")
+    on = Runtime(device, "bf16" if device.type == "cuda" else "fp32", False, False, None)
     old = None if args.no_old or device.type == "cuda" else old_module()
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)

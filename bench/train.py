@@ -90,7 +90,7 @@ def trainer_step(model: nn.Module, batch: dict, cmap: ClassMap, ema: bool) -> St
     opt, sched = optimizer_and_schedule(model)
     trainer = Trainer(
         model, MultiHeadLoss(WEIGHTS, 0.05), HierarchyTargets(cmap), Dequantize("aef"), opt, sched,
-        Runtime(torch.device("cpu"), "fp32"), LoopConfig(precision="fp32"),
+        Runtime(torch.device("cpu"), "fp32", False, False, None), LoopConfig(precision="fp32"),
         ModelEma(model, 0.999, warmup=True) if ema else None,
     )  # fmt: skip
 

@@ -42,7 +42,7 @@ def main(ckpt: Path, out: Path, as_trained: bool = False) -> None:
         model, MultiHeadLoss(cfg.loss.weights, cfg.loss.label_smoothing),
         HierarchyTargets(load_class_map(cfg.data.classes)), Dequantize(cfg.data.source),
         opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0),
-        Runtime(torch.device("cpu"), "fp32"), cfg.train, None,
+        Runtime(torch.device("cpu"), "fp32", False, False, None), cfg.train, None,
     )  # fmt: skip
     val = json.loads(Path(cfg.data.manifest).read_text())["splits"]["val"]
     batch = cfg.train.batch_size if as_trained else 3
@@ -53,7 +53,8 @@ def main(ckpt: Path, out: Path, as_trained: bool = False) -> None:
         loop = cfg.train
         figures = trainer.validate(batches, models, loop.val_bn_batch_stats, loop.val_min_batch)
     else:
-        figures = trainer.validate(batches, {"raw": model})
+        # without the BatchNorm guards: running statistics, every batch scored
+        figures = trainer.validate(batches, {"raw": model}, bn_batch_stats=False, min_batch=1)
     if rank == 0:
         out.write_text(json.dumps(figures))
     dist.destroy_process_group()

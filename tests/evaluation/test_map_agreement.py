@@ -206,9 +206,9 @@ def test_every_block_is_read_once_and_no_window_is_computed_twice(
     model = run.model(run.selected).eval()
     seen: list[int] = []
     model.register_forward_pre_hook(lambda _m, args: seen.append(args[0].shape[0]))
+    on = Runtime(torch.device("cpu"), "fp32", False, False, None)
     with rasterio.open(raster) as src:
-        mapped = list(map_blocks(model, run.dequantize(), src, source, spec,
-                                 Runtime(torch.device("cpu"), "fp32"), 61, False))  # fmt: skip
+        mapped = list(map_blocks(model, run.dequantize(), src, source, spec, on, 61, False))
         height, width = src.height, src.width
     side = spec.grid_block
     assert len(mapped) == math.ceil(height / side) * math.ceil(width / side) > 1

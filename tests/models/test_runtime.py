@@ -87,7 +87,7 @@ def test_default_is_auto_and_other_words_refused() -> None:
     with pytest.raises(ValueError, match=r"train.precision: expected one of .*'fp8'"):
         Runtime.resolve(LoopConfig(precision="fp8"), "deeplab", CPU_HOST, training=True)
     with pytest.raises(ValueError, match=r"channels_last: expected the resolved true or false"):
-        Runtime(CPU, "fp32", "auto")  # type: ignore[arg-type]
+        Runtime(CPU, "fp32", "auto", False, None)  # type: ignore[arg-type]
 
 
 TINY_DEEPLAB = ModelConfig(
@@ -108,7 +108,7 @@ def is_channels_last(model: torch.nn.Module) -> bool:
 def test_prepare_applies_it_to_the_model_and_inputs(channels_last: bool, compile: bool) -> None:
     """Memory format of weights and inputs; training: one flat tensor per dtype unless the
     model will be compiled (never flattened for evaluation), train mode kept; else eval."""
-    runtime = Runtime(CPU, "fp32", channels_last, compile)
+    runtime = Runtime(CPU, "fp32", channels_last, compile, None)
     trained = runtime.prepare(build_model(TINY_DEEPLAB), training=True)
     assert is_channels_last(trained) is channels_last and trained.training
     flat = flats_of(list(trained.parameters())) is not None
@@ -125,7 +125,7 @@ def test_prepare_applies_it_to_the_model_and_inputs(channels_last: bool, compile
 @pytest.mark.parametrize(("precision", "dtype"), [("bf16", torch.bfloat16), ("fp32", None)])
 def test_autocast_is_the_resolved_precision(precision: str, dtype: torch.dtype | None) -> None:
     layer = torch.nn.Linear(4, 4)
-    with Runtime(CPU, precision).autocast():
+    with Runtime(CPU, precision, False, False, None).autocast():
         out = layer(torch.ones(2, 4))
     assert out.dtype == (dtype or torch.float32)
 
@@ -142,7 +142,7 @@ GRAD_SCALER = {
 def test_the_grad_scaler_is_the_runtimes_rule_at_the_resolved_precision(
     precision: str, setting: bool | None
 ) -> None:
-    scaler = Runtime(CPU, precision).grad_scaler(setting)
+    scaler = Runtime(CPU, precision, False, False, None).grad_scaler(setting)
     assert (scaler is not None) is GRAD_SCALER[precision, setting]
     assert scaler is None or isinstance(scaler, torch.amp.GradScaler)
 
@@ -154,6 +154,13 @@ def test_a_runtime_states_no_precision_of_its_own() -> None:
         Runtime(CPU)  # type: ignore[call-arg]
 
 
+def test_a_runtime_states_no_setting_of_its_own() -> None:
+    """Nor channels_last, compile or its memory budget: a channels_last=False default had
+    posed as train.channels_last, whose default is auto (issue 56)."""
+    with pytest.raises(TypeError, match="'channels_last', 'compile', and 'compile_memory_budget'"):
+        Runtime(CPU, "fp32")  # type: ignore[call-arg]
+
+
 def test_a_misspelt_precision_is_refused_where_the_setting_enters() -> None:
     """One check, in resolve_precision: on a CPU the setting resolves to fp32, so a misspelt
     one would otherwise run unseen."""
@@ -163,7 +170,7 @@ def test_a_misspelt_precision_is_refused_where_the_setting_enters() -> None:
 
 
 def test_record_names_what_ran() -> None:
-    assert Runtime(CUDA, "bf16", True, False).record() == {
+    assert Runtime(CUDA, "bf16", True, False, None).record() == {
         "device_type": "cuda", "precision": "bf16", "channels_last": "true", "compile": "false",
     }  # fmt: skip
 
@@ -196,9 +203,9 @@ def test_the_host_is_read_from_the_environment_it_is_given() -> None:
 def test_a_cpu_process_runs_on_the_threads_its_rule_gave_it() -> None:
     before = torch.get_num_threads()
     try:
-        Runtime(CPU, "fp32").occupy(threads=3)
+        Runtime(CPU, "fp32", False, False, None).occupy(threads=3)
         assert torch.get_num_threads() == 3
-        Runtime(CPU, "fp32").occupy(threads=0)
+        Runtime(CPU, "fp32", False, False, None).occupy(threads=0)
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
@@ -228,7 +235,7 @@ def test_training_evaluate_and_predict_resolve_the_same(
     cfg = load(channels_last_run / "config.yaml")
     plan = build_plan(cfg, tiny_demo.manifest("aef")["splits"]["train"], 1)
     trainer, _ = build_trainer(cfg, plan, [1] * 61, 1, cpu_runtime(cfg))
-    expected = Runtime(CPU, "fp32", True, False)  # bf16 and channels_last asked, on a CPU
+    expected = Runtime(CPU, "fp32", True, False, None)  # bf16 and channels_last asked, on a CPU
     assert trainer.runtime == expected and is_channels_last(trainer.model)
 
     summary = json.loads((channels_last_run / "summary.json").read_text())
@@ -342,7 +349,7 @@ def test_wrap_model_compiles_with_the_runtimes_memory_budget() -> None:
         wrapped = wrap_model(torch.nn.Linear(2, 2), 1, runtime)
         assert functorch_config.activation_memory_budget == 0.25
         assert wrapped is not None and hasattr(wrapped, "_orig_mod")  # compiled, lazily
-        eager = wrap_model(torch.nn.Linear(2, 2), 1, Runtime(CPU, "fp32"))
+        eager = wrap_model(torch.nn.Linear(2, 2), 1, Runtime(CPU, "fp32", False, False, None))
         assert not hasattr(eager, "_orig_mod")
     finally:
         functorch_config.activation_memory_budget = before

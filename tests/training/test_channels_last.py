@@ -53,7 +53,7 @@ def test_trainer_feeds_the_resolved_format(class_map: ClassMap, channels_last: b
     """A Trainer given the resolved format (the model prepared in it by the runtime) feeds its
     inputs, and so takes its steps, in that format."""
     torch.manual_seed(0)
-    runtime = Runtime(CPU, "fp32", channels_last=channels_last)
+    runtime = Runtime(CPU, "fp32", channels_last, False, None)
     model = runtime.prepare(build_model(TINY_DEEPLAB), training=True)
     assert model_is_channels_last(model) is channels_last
     trainer = tiny_trainer(model, class_map, runtime)
@@ -71,7 +71,7 @@ def test_trainer_feeds_the_resolved_format(class_map: ClassMap, channels_last: b
 def test_a_runtime_takes_no_auto() -> None:
     """Nothing resolves the setting a second time: a Runtime holds the resolved value only."""
     with pytest.raises(ValueError, match=r"channels_last: expected the resolved true or false"):
-        Runtime(CPU, "fp32", channels_last="auto")  # type: ignore[arg-type]
+        Runtime(CPU, "fp32", "auto", False, None)  # type: ignore[arg-type]
 
 
 def train_json_format(config: Path, host: Host) -> tuple[str, bool]:

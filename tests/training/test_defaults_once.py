@@ -119,8 +119,6 @@ NOT_SETTINGS = {
     ("emb/models/deeplab.py", "drop_path"): "a block's own rate (from drop_path_rates), not "
     "model.drop_path, the rate of the deepest block, which the model's builder passes on",
     ("emb/models/segformer.py", "drop_path"): "a block's own rate, as in deeplab.py",
-    ("emb/models/runtime.py", "compile"): "a plain CPU runtime's defaults (fp32, no "
-    "channels_last, no compile: evaluate's and predict's); training resolves train.compile",
 }
 # Config schema leaves the code uses as plain words for other things (a raster's block, a
 # confidence level, a count, a tile's size, a process's threads): a literal under one of these

@@ -31,7 +31,7 @@ def fp16_run(demo: TinyDemo, run_dir: Path, scale: float) -> tuple[Trainer, list
         "train.max_updates=20",
     )  # fmt: skip
     # fp16 on a CPU, which the runtime's rule (a CPU runs fp32) would not pick: set it here
-    cpu_fp16 = Runtime(torch.device("cpu"), "fp16")
+    cpu_fp16 = Runtime(torch.device("cpu"), "fp16", False, False, None)
     loop = build_loop(load(config), run_dir, 0, 1, cpu_fp16, StopRequest())
     loop.log.close()
     trainer = loop.trainer

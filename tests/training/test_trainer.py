@@ -69,7 +69,7 @@ def make_trainer(model: nn.Module, class_map, lr: float = 1e-2, total: int = 50,
     optimizer = kw.pop("optimizer", partial(torch.optim.AdamW, fused=True))
     opt = optimizer(model.parameters(), lr=lr)
     sched = warmup_cosine(opt, 3, total, lr, 1e-4, kw.pop("cooldown", 0))
-    runtime = Runtime(torch.device("cpu"), kw.pop("precision", "fp32"))
+    runtime = Runtime(torch.device("cpu"), kw.pop("precision", "fp32"), False, False, None)
     ema = kw.pop("ema", None)  # the rest: train: settings, the schema's defaults where not given
     return Trainer(
         model, MultiHeadLoss(WEIGHTS, 0.05), HierarchyTargets(class_map), Dequantize("aef"),
@@ -187,7 +187,8 @@ def test_an_fp16_config_on_a_cpu_runs_fp32_without_a_grad_scaler(class_map) -> N
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     trainer = Trainer(
         model, MultiHeadLoss(WEIGHTS, 0.05), HierarchyTargets(class_map), Dequantize("aef"), opt,
-        warmup_cosine(opt, 1, 10, 0.1, 0.01, 0), Runtime(torch.device("cpu"), "fp32"),
+        warmup_cosine(opt, 1, 10, 0.1, 0.01, 0),
+        Runtime(torch.device("cpu"), "fp32", False, False, None),
         LoopConfig(precision="fp16"), None,
     )  # fmt: skip
     assert trainer.scaler is None and trainer.precision == "fp32"
@@ -293,7 +294,8 @@ def test_validation_refuses_a_model_with_nan_in_bn_statistics(class_map) -> None
     next(m for m in model.modules() if isinstance(m, nn.BatchNorm2d)).running_var[0] = float("nan")
     trainer = make_trainer(model, class_map)
     with pytest.raises(TrainingDiverged, match="running_var"):
-        trainer.validate([compact_batch(2, seed=0, size=16)], {"raw": model})
+        trainer.validate([compact_batch(2, seed=0, size=16)], {"raw": model},
+                         bn_batch_stats=False, min_batch=1)  # fmt: skip
 
 
 def test_class_weights_are_inverse_frequency_with_mean_one_over_present_classes() -> None:

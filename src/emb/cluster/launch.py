@@ -58,6 +58,7 @@ from emb.cluster.retries import earlier_failure, errors_file, record_failure
 from emb.cluster.slurm import SlurmError, first_node, job_end_time, node_address
 from emb.cluster.supervise import EX_TEMPFAIL, LaunchError, resumable_exit, supervise
 from emb.cluster.torchrun_output import TorchrunOutput
+from emb.config_schema import config_default, config_option
 from emb.stage_runner import ERROR_FILE_ENV
 
 RENDEZVOUS = ("auto", "standalone", "c10d")
@@ -73,8 +74,12 @@ class Launch:
     """How to start one command on ``nodes`` x ``nproc_per_node`` processes."""
 
     nodes: int = 1
-    nproc_per_node: int = 1
-    threads: int = 1  # CPU threads per process (OMP_NUM_THREADS, srun's cpus per task)
+    # config launch.nproc_per_node and launch.threads: the schema's defaults, read when made
+    nproc_per_node: int = field(
+        default_factory=lambda: int(config_default("launch.nproc_per_node"))
+    )
+    # CPU threads per process (OMP_NUM_THREADS, srun's cpus per task)
+    threads: int = field(default_factory=lambda: int(config_default("launch.threads")))
     srun: bool = False  # wrap in srun, one task per node (inside a SLURM allocation)
     rendezvous: str = "auto"  # auto: standalone on one node, c10d across nodes
     per_node: bool = False  # one plain process per node, no torchrun (checks)
@@ -242,8 +247,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         usage="python -m emb.cluster.launch [options] -- MODULE [ARGS...]",
     )
     parser.add_argument("--nodes", type=int, default=1)
-    parser.add_argument("--nproc-per-node", type=int, default=1, help="processes (GPUs) per node")
-    parser.add_argument("--threads", type=int, default=1, help="CPU threads per process")
+    parser.add_argument(
+        "--nproc-per-node", type=int,
+        **config_option("launch.nproc_per_node", "processes (GPUs) per node"),
+    )  # fmt: skip
+    parser.add_argument(
+        "--threads", type=int, **config_option("launch.threads", "CPU threads per process")
+    )
     parser.add_argument("--srun", action="store_true", help="one srun task per node (SLURM)")
     parser.add_argument("--rendezvous", choices=RENDEZVOUS, default="auto")
     parser.add_argument(

@@ -122,11 +122,13 @@ class Runtime:
     """A device and the resolved numerics a model runs with there (see the module's rules)."""
 
     device: torch.device
-    precision: str  # bf16 | fp16 | fp32 (PRECISIONS), as resolved (a CPU: fp32); no default
-    # of its own: train.precision's is the schema's, and resolve_precision checks the setting
-    channels_last: bool = False
-    compile: bool = False  # torch.compile inside DDP (training only)
-    compile_memory_budget: float | None = None  # activation memory budget of compiled graphs
+    # No field has a default of its own: each is a train: setting's resolved value, whose
+    # default is the schema's (train.channels_last's is auto, not false); a caller building a
+    # Runtime without Runtime.resolve states every one.
+    precision: str  # bf16 | fp16 | fp32 (PRECISIONS), as resolved (a CPU: fp32)
+    channels_last: bool  # as resolved (resolve_channels_last): true or false, never auto
+    compile: bool  # torch.compile inside DDP (training only)
+    compile_memory_budget: float | None  # activation memory budget of compiled graphs
 
     def __post_init__(self) -> None:
         if not isinstance(self.channels_last, bool):  # "auto" is resolved before, never here

@@ -225,12 +225,14 @@ class Trainer:
         self,
         batches: Iterable,
         models: dict[str, nn.Module],
-        bn_batch_stats: bool = False,
-        min_batch: int = 1,
+        bn_batch_stats: bool,
+        min_batch: int,
     ) -> dict[str, float]:
         """Loss and per-level metrics of each of ``models`` in one pass, summed over ranks
         (:func:`emb.training.validation_pass.validation_pass`); the figures are those of the
-        test evaluation (:mod:`emb.metrics`, one definition)."""
+        test evaluation (:mod:`emb.metrics`, one definition). ``bn_batch_stats`` and
+        ``min_batch`` are the run's ``train.val_bn_batch_stats`` and ``train.val_min_batch``
+        (:class:`emb.training.validation_policy.Validator` passes them); no default of their own."""
 
         def forward(model: nn.Module, x: torch.Tensor, targets: dict):
             logits, (loss, _) = self.forward(model, x, targets)

@@ -26,15 +26,16 @@ def validation_pass(
     inputs: Callable,
     forward: Callable,
     device: torch.device,
-    bn_batch_stats: bool = False,
-    min_batch: int = 1,
+    bn_batch_stats: bool,
+    min_batch: int,
 ) -> dict[str, float]:
     """Loss and per-level metrics of each of ``models``, summed over ranks.
 
     ``inputs(batch) -> (x, targets)`` and ``forward(model, x, targets) -> (logits, loss)``
     come from the trainer. Keys: ``val_loss``, ``val_miou_l3``, ... for the first model,
     ``val_{name}_...`` for every model. ``bn_batch_stats`` runs BatchNorm on batch statistics
-    without changing its running statistics; batches smaller than ``min_batch`` are skipped.
+    without changing its running statistics; batches smaller than ``min_batch`` are skipped
+    (the run's ``train.val_bn_batch_stats`` and ``train.val_min_batch``, given by the caller).
     """
     for name, model in models.items():
         check_finite_buffers(model, name)
