@@ -53,7 +53,8 @@ SLOW_FILES: dict[str, str | dict[str, str]] = {
     "tests/training/test_ddp.py": TORCHRUN,
     "tests/cluster/test_torchrun_failures.py": TORCHRUN,
     "tests/workflow/test_parse_refusals.py": {
-        "test_snakemake_prints_the_refusal_in_one_line": SNAKEMAKE
+        "test_snakemake_prints_the_refusal_in_one_line": SNAKEMAKE,
+        "test_a_bad_labelled_sample_is_refused_before_any_job_and_results_stay": SNAKEMAKE,
     },
     "tests/areas/test_refetch.py": "Snakemake runs over a served collection: fetch, refetch",
     "tests/prep/test_manifest_validation.py": {

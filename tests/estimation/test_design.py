@@ -316,6 +316,26 @@ def test_two_maps_of_one_region_are_refused(tmp_path: Path, class_map: ClassMap)
         draw_points([a, b], 1, class_map, n=10, min_per_class=1, seed=0)
 
 
+def test_maps_without_a_mapped_pixel_are_named_with_their_regions(
+    tmp_path: Path, class_map: ClassMap, caplog: pytest.LogCaptureFixture
+) -> None:
+    """All nodata (predict on an embedding without data): the regions and files, not only
+    "every stratum is empty"; one such region beside others is warned of."""
+    a = write_map(tmp_path / "a.tif", np.full((32, 32), NODATA, np.uint8))
+    b = write_map(tmp_path / "b.tif", np.full((32, 32), NODATA, np.uint8))
+    with pytest.raises(SampleDesignError) as err:
+        draw_points([a, b], 1, class_map, n=10, min_per_class=1, seed=0)
+    assert str(err.value).startswith(
+        f"no mapped pixels in the maps of regions ['a', 'b'] ({a}, {b}): every pixel is nodata "
+        "(predict mapped an all-nodata raster"
+    )
+    c = write_map(tmp_path / "c.tif", random_map((32, 32), 1))
+    with caplog.at_level("WARNING", logger="emb.estimation.design"):
+        design = draw_points([a, c], 1, class_map, n=10, min_per_class=1, seed=0)
+    assert set(design.points.region) == {"c"}
+    assert f"region a: map {a} has no mapped pixel" in caplog.text
+
+
 # --- the files ------------------------------------------------------------------------------
 
 

@@ -19,7 +19,7 @@ from emb.classes import IGNORE, load_class_map
 from emb.estimation import area_estimates
 from emb.estimation.design import draw_points
 from emb.estimation.estimators import olofsson
-from emb.estimation.labelled_estimates import coarser, estimate_sample
+from emb.estimation.labelled_estimates import coarser, designed_on, estimate_sample
 from emb.estimation.sample_files import read_labelled, write_sample
 
 CLASSES = REPO / "config" / "classes.csv"
@@ -113,6 +113,30 @@ def test_on_another_map_the_strata_stay_the_designs_and_the_estimate_is_stehmans
     mapped_px = {c.cls: c.mapped_px for c in found[0].estimates.classes}
     counts = np.bincount(CMAP.l3_to_l2[other[other != IGNORE]], minlength=7)
     assert all(mapped_px.get(k, 0) == v for k, v in enumerate(counts) if v)
+
+
+def test_the_design_map_only_when_every_regions_map_is_the_designs(tmp_path: Path) -> None:
+    """A design over r1 and r2 assessed on the design's r1 and another r2 (one pixel changed):
+    not its maps, so Stehman's estimator, not Olofsson's on a map it was not drawn on."""
+    maps = tmp_path / "maps"
+    maps.mkdir()
+    r1, r2 = write_map(maps / "r1.tif", scene(0)[1]), write_map(maps / "r2.tif", scene(1)[1])
+    design = draw_points([r1, r2], 2, CMAP, n=80, min_per_class=5, seed=2)
+    paths = write_sample(design, tmp_path / "sample")
+    rows = list(csv.DictReader(paths.csv.open()))
+    with paths.csv.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows([{**r, "reference": r["map_name"]} for r in rows])
+    sample = read_labelled(paths.csv, paths.record, CMAP)
+    changed = scene(1)[1]
+    changed[50, 50] = 1 if changed[50, 50] != 1 else 2
+    other_r2 = write_map(tmp_path / "r2_other.tif", changed)
+    assert designed_on(sample, {"r1": r1, "r2": r2})
+    assert not designed_on(sample, {"r1": r1, "r2": other_r2})
+    assert not designed_on(sample, {"r1": r1})
+    found = estimate_sample(sample, {"r1": r1, "r2": other_r2}, CMAP)
+    assert not any(f.same_maps for f in found)
 
 
 def test_coarser_ids_follow_the_class_table() -> None:

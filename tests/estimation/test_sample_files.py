@@ -22,6 +22,7 @@ from emb.estimation.sample_files import (
     LabelledSample,
     ReferenceSampleError,
     SamplePaths,
+    check_labelled,
     read_labelled,
     write_sample,
 )
@@ -252,3 +253,84 @@ def test_a_point_on_another_maps_nodata_is_refused_naming_id_and_map(
     corn = write_map(tmp_path / "a4.tif", np.zeros((80, 70), np.uint8))
     with pytest.raises(PointError, match=r"no map of region 'b' \(point id \d+\)"):
         map_classes_at(sample.points, {"a": corn}, LEVEL, class_map)
+
+
+WORKBOOKS = {
+    "xlsx": b"PK\x03\x04\x14\x00\x06\x00\x08\x00\x00\x00!\x00\x8d",  # a zip's first header
+    "xls": bytes.fromhex("d0cf11e0a1b11ae1") + bytes(24),  # an OLE2 compound file
+}
+
+
+@pytest.mark.parametrize("kind", ["xlsx", "xls"])
+def test_a_workbook_renamed_csv_is_refused_as_one(
+    design: SamplePaths, class_map: ClassMap, kind: str
+) -> None:
+    path = design.csv.with_name("labelled.csv")
+    path.write_bytes(WORKBOOKS[kind])
+    with pytest.raises(ReferenceSampleError, match=rf"^{path}: a spreadsheet workbook, not a CSV"):
+        read_labelled(path, design.record, class_map)
+
+
+def with_notes(rows: list[dict[str, str]], notes: dict[int, str]) -> list[dict[str, str]]:
+    """A free-text column ``notes`` added, filled for the rows of ``notes`` (index -> text)."""
+    return [{**r, "notes": notes.get(i, "")} for i, r in enumerate(rows)]
+
+
+def test_a_csv_in_a_legacy_code_page_is_refused_naming_its_line_and_byte(
+    design: SamplePaths, class_map: ClassMap
+) -> None:
+    """Excel's plain "CSV" outside the US: latin-1, here in a free-text column of row id 4."""
+    rows = with_notes(label_all(read_rows(design.csv), class_map), {3: "naïve"})
+    path = design.csv.with_name("latin1.csv")
+    with open(path, "w", newline="", encoding="latin-1") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    with pytest.raises(ReferenceSampleError) as err:
+        read_labelled(path, design.record, class_map)
+    assert str(err.value) == (
+        f'{path}: line 5: not UTF-8 text (byte 0xef); save it from the spreadsheet as "CSV '
+        f'UTF-8 (Comma delimited)"'
+    )
+
+
+def test_a_semicolon_separated_csv_is_refused_naming_both_delimiters(
+    design: SamplePaths, class_map: ClassMap
+) -> None:
+    """Excel's export where "," is the decimal separator: refused, not read, as its x, y
+    would then hold decimal commas; before, "missing columns" for a header holding them all."""
+    rows = label_all(read_rows(design.csv), class_map)
+    path = design.csv.with_name("semicolons.csv")
+    with open(path, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]), delimiter=";")
+        writer.writeheader()
+        writer.writerows([{**r, "x": r["x"].replace(".", ",")} for r in rows])
+    with pytest.raises(
+        ReferenceSampleError, match=rf"^{path}: line 1: columns separated by ';', expected ','; "
+    ):  # fmt: skip
+        read_labelled(path, design.record, class_map)
+
+
+def test_a_quoted_line_break_does_not_shift_the_lines_named_after_it(
+    design: SamplePaths, class_map: ClassMap
+) -> None:
+    """id 2's note holds a line break (lines 3-4): id 5 is on line 7, not 6."""
+    rows = with_notes(label_all(read_rows(design.csv), class_map), {1: "two\nlines"})
+    rows[4]["reference"] = "banana"
+    path = write_rows(design.csv.with_name("notes.csv"), rows)
+    assert path.read_text().splitlines()[6].startswith("5,")
+    with pytest.raises(ReferenceSampleError, match=rf"^{path}: line 7: id 5: reference 'banana'"):
+        read_labelled(path, design.record, class_map)
+
+
+@pytest.mark.parametrize("change", ["cdl code", "name", "empty id", "duplicate id", "stratum"])
+def test_the_checks_that_need_no_map_run_without_the_maps(
+    design: SamplePaths, class_map: ClassMap, tmp_path: Path, change: str
+) -> None:
+    """What the workflow checks at parse time, when the design's maps may not exist."""
+    (tmp_path / "a.tif").unlink()
+    (tmp_path / "b.tif").unlink()
+    assert check_labelled(labelled(design, class_map), design.record, class_map).n_drawn == 40
+    path, said = broken(design, class_map, change)
+    with pytest.raises(ReferenceSampleError, match=rf"^{path}: {said}"):
+        check_labelled(path, design.record, class_map)

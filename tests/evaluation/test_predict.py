@@ -280,3 +280,26 @@ def test_raster_band_count_not_matching_in_dim_is_an_error_naming_both(
     message = run_cli(cli_args(trained, tessera, out))
     assert str(tessera) in message and "in_dim is 64" in message and "in_dim 128" in message
     assert not out.exists() and not list(tmp_path.glob(".*"))
+
+
+def test_a_map_without_a_mapped_pixel_is_warned_of_naming_region_and_rasters(
+    trained: Path, tiny_demo: TinyDemo, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An embedding of nodata only maps to nodata only: said when the map is written, as a
+    sample designed over it later can only name the map (issue 59, item 5)."""
+    source = tiny_demo.rasters["demo_a"]["aef"]
+    empty = tmp_path / "empty_aef.tif"
+    with rasterio.open(source) as src:
+        profile, shape, nodata = src.profile, (src.count, src.height, src.width), src.nodata
+    with rasterio.open(empty, "w", **profile) as dst:
+        dst.write(np.full(shape, nodata, profile["dtype"]))
+    out = tmp_path / "map.tif"
+    with caplog.at_level("WARNING", logger="emb.evaluation.predict"):
+        predict_main(cli_args(trained, empty, out))
+    with rasterio.open(out) as src:
+        assert (src.read(1) == 255).all()
+    assert f"region demo_a: map {out} has no mapped pixel: its input {empty}" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="emb.evaluation.predict"):
+        predict_main(cli_args(trained, source, tmp_path / "full.tif"))
+    assert "no mapped pixel" not in caplog.text

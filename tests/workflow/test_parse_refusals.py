@@ -6,17 +6,25 @@ splits ['train'])")."""
 
 from __future__ import annotations
 
+import csv
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
+import rasterio
 import yaml
 from affine import Affine
 from conftest import CLASSES_CSV, REPO, venv_env
 from rasterio.crs import CRS
+from rasterio.transform import from_origin
 from snakemake.utils import validate
+from workflow_runs import make_workdir, snakemake
 
+from emb.classes import load_class_map
+from emb.estimation.design import draw_points
+from emb.estimation.sample_files import SamplePaths, write_sample
 from emb.evaluation.windows import PredictSettingsError
 from emb.prep.demo_region import DEMO_REGIONS, write_region
 from emb.prep.footprints import Footprint
@@ -205,3 +213,73 @@ def test_snakemake_prints_the_refusal_in_one_line(own_work: Path, overlay: dict,
     assert done.returncode == 1, printed[-3000:]
     assert len([s for s in printed.splitlines() if line in s]) == 1, printed[-3000:]
     assert "MemoryError" not in printed and "Traceback" not in printed, printed[-3000:]
+
+
+# A labelled sample is read while the workflow parses (issue 59, items 1, 3, 4): refused inside
+# rule area_estimates' job, it failed the job and Snakemake deleted the run's good area table.
+
+
+def bad_sample(design: SamplePaths, path: Path, bad: str) -> str:
+    """The design's CSV, labelled, written to ``path`` with one thing wrong; what is said."""
+    with open(design.csv, newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    for r in rows:
+        r["reference"] = r["map_name"]
+    if bad == "row":
+        rows[2]["reference"] = "999"
+    with open(path, "w", newline="", encoding="latin-1" if bad == "latin-1" else "utf-8") as fh:
+        writer = csv.DictWriter(fh, [*rows[0], "notes"], delimiter=";" if bad == ";" else ",")
+        writer.writeheader()
+        writer.writerows([{**r, "notes": "naïve"} for r in rows])
+    if bad == "workbook":
+        path.write_bytes(b"PK\x03\x04" + bytes(40))
+    return {
+        "row": "line 4: id 3: reference '999' is no CDL code",
+        "latin-1": "line 2: not UTF-8 text (byte 0xef)",
+        ";": "line 1: columns separated by ';', expected ','",
+        "workbook": "a spreadsheet workbook, not a CSV",
+    }[bad]
+
+
+@pytest.fixture(scope="module")
+def sample_work(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh checkout of the demo with a design drawn on a small map beside it, in
+    ``mysample/`` (its maps are never read at parse time), and an earlier run's results."""
+    work = make_workdir(tmp_path_factory.mktemp("sample"))
+    ids = np.random.default_rng(3).integers(0, 61, (40, 40), dtype=np.uint8)
+    profile = {"driver": "GTiff", "height": 40, "width": 40, "count": 1, "dtype": "uint8",
+               "crs": "EPSG:32615", "nodata": 255,
+               "transform": from_origin(400_000, 4_500_000, 10, 10)}  # fmt: skip
+    with rasterio.open(work / "design_map.tif", "w", **profile) as dst:
+        dst.write(ids, 1)
+    drawn = draw_points([work / "design_map.tif"], 2, load_class_map(CLASSES_CSV), n=30,
+                        min_per_class=2, seed=1)  # fmt: skip
+    write_sample(drawn, work / "mysample")
+    for name in ("area_estimates/aef_segformer.csv", "area_estimates/aef_segformer.png",
+                 "maps/aef_segformer/demo_a.tif"):  # fmt: skip
+        (work / "results" / name).parent.mkdir(parents=True, exist_ok=True)
+        (work / "results" / name).write_bytes(name.encode() * 3)
+    overlay = {"area_estimates": {"labelled": "mysample/labelled.csv"}}
+    (work / "sample.yaml").write_text(yaml.safe_dump(overlay))
+    return work
+
+
+@pytest.mark.parametrize("bad", ["row", "latin-1", ";", "workbook"])
+def test_a_bad_labelled_sample_is_refused_before_any_job_and_results_stay(
+    sample_work: Path, bad: str
+) -> None:
+    """``snakemake -n`` refuses it in one line: the refusal comes while the workflow parses,
+    where a run would refuse it too, before any job starts; every file under results/ (an
+    earlier run's area table and figure, its map) stays byte for byte."""
+    said = bad_sample(SamplePaths.in_folder(sample_work / "mysample"),
+                      sample_work / "mysample/labelled.csv", bad)  # fmt: skip
+    results = sample_work / "results"
+    before = {p: p.read_bytes() for p in results.rglob("*") if p.is_file()}
+    done = snakemake(sample_work, "-n", "--configfile", ".test/config.yaml", "sample.yaml",
+                     timeout=300)  # fmt: skip
+    printed = done.stdout + done.stderr
+    assert done.returncode == 1, printed[-3000:]
+    line = f"mysample/labelled.csv: {said}"
+    assert len([s for s in printed.splitlines() if line in s]) == 1, printed[-3000:]
+    assert "Traceback" not in printed, printed[-3000:]
+    assert {p: p.read_bytes() for p in results.rglob("*") if p.is_file()} == before

@@ -61,3 +61,18 @@ def test_a_region_one_source_lacks_refuses_only_that_runs_sample() -> None:
 def test_a_labelled_sample_inside_results_is_refused_before_a_rerun_overwrites_it() -> None:
     with pytest.raises(SampleSettingsError, match="expected a copy of the sample outside results"):
         labelled_inputs("results/samples/aef_segformer/sample.csv")
+
+
+def test_a_labelled_sample_is_checked_at_parse_time_with_errors_the_rules_catch(
+    tmp_path: Path,
+) -> None:
+    from conftest import CLASSES_CSV
+
+    from emb.workflow.samples import ERRORS, check_labelled_sample
+
+    check_labelled_sample([], str(CLASSES_CSV))  # no labelled sample: nothing to check
+    csv = tmp_path / "labelled.csv"
+    csv.write_bytes(b"PK\x03\x04")
+    (tmp_path / "sample.json").write_text("{}")
+    with pytest.raises(ERRORS, match=r"sample\.json: the record lacks keys"):
+        check_labelled_sample(labelled_inputs(str(csv)), str(CLASSES_CSV))

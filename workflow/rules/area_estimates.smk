@@ -4,10 +4,12 @@ from emb.workflow import samples
 
 # A user's sample: drawn by `snakemake results/samples/{run}/sample.csv` (not in `all`), and
 # once labelled (area_estimates.labelled) estimated for every run.
-with as_workflow_error((samples.SampleSettingsError, samples.AreaSettingsError)):
+with as_workflow_error(samples.ERRORS):
     # the stages' settings, checked once here and passed whole (JSON) to both rules and summary
     AREA_SETTINGS = samples.area_settings(config["area_estimates"])
     LABELLED = samples.labelled_inputs(config["area_estimates"]["labelled"])
+    # its rows now, not in the job: a refusal there would delete the runs' area tables
+    samples.check_labelled_sample(LABELLED, config["classes"])
     SAMPLE_REGIONS = samples.regions_per_run(
         config["area_estimates"]["design_regions"],
         {run: TABLE.mapped_regions(RUN_SOURCE[run]) for run in RUNS},

@@ -12,6 +12,7 @@ same points, and a JSON record of the design beside them, which the estimate nee
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +39,7 @@ from emb.estimation.sample_record import MapRecord, SampleRecord
 from emb.io import reading
 from emb.provenance import digest_file
 
+log = logging.getLogger(__name__)
 PIXEL_AREA_RTOL = 1e-6  # maps' pixel areas that differ by less are one pixel size
 
 
@@ -148,6 +150,23 @@ def _check_maps(maps: list[Path], records: list[MapRecord]) -> float:
     return first
 
 
+def _check_mapped(records: list[MapRecord]) -> None:
+    """Refuse maps without a mapped pixel, naming their regions and files (``allocate`` sees
+    only the strata's sums); a region of no pixel beside others is only warned of, as the
+    sample then covers the others alone. Predict writes such a map where its input embedding
+    is nodata everywhere (and warns of it)."""
+    empty = {r.region: r.path for r in records if r.pixels == 0}
+    why = "every pixel is nodata (predict mapped an all-nodata raster: see its log)"
+    if len(empty) == len(records):
+        raise SampleDesignError(
+            f"no mapped pixels in the maps of regions {list(empty)} ({', '.join(empty.values())})"
+            f": {why}; draw the sample over regions whose embedding has data"
+        )
+    for region, path in empty.items():
+        log.warning("region %s: map %s has no mapped pixel: %s; the sample covers the other "
+                    "regions only", region, path, why)  # fmt: skip
+
+
 def draw_points(
     maps: list[Path], level: int, cmap: ClassMap, n: int, min_per_class: int, seed: int
 ) -> Design:
@@ -159,6 +178,7 @@ def draw_points(
     records = [r for r, _ in pairs]
     pixel_ha = _check_maps(maps, records)
     strata_px = np.sum([c for _, c in pairs], axis=0).astype(np.int64)
+    _check_mapped(records)
     allocation = allocate(strata_px, n, min_per_class)
     rng = np.random.default_rng(seed)
     ranks = [np.sort(rng.choice(int(px), int(k), replace=False)) for px, k in

@@ -56,7 +56,8 @@ class SampleEstimate:
 
 
 def designed_on(sample: LabelledSample, maps: Mapping[str, Path]) -> bool:
-    """Whether ``maps`` (region -> file) are, byte for byte, the maps of the sample's design."""
+    """Whether ``maps`` (region -> file) are, byte for byte, the maps of the sample's design:
+    every region's (one region's match alone would put Olofsson's estimator on another map)."""
     return all(
         m.region in maps and Path(maps[m.region]).is_file()
         and digest_file(Path(maps[m.region])) == m.sha256

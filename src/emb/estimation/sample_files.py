@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import io
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
+from typing import NamedTuple, NoReturn
 
 import numpy as np
 import pyogrio.raw
@@ -42,6 +43,9 @@ REQUIRED_COLUMNS = ("id", "region", "x", "y", "map_class", "reference")
 
 
 LAYER = "sample"  # the GeoPackage's layer
+WORKBOOK_MAGIC = (b"PK\x03\x04", b"\xd0\xcf\x11\xe0")  # .xlsx (a zip), .xls (OLE2)
+OTHER_DELIMITERS = (";", "\t")  # Excel's "CSV" where "," is the decimal separator; text export
+SAVE_AS = 'save it from the spreadsheet as "CSV UTF-8 (Comma delimited)"'
 
 
 class ReferenceSampleError(ValueError):
@@ -196,9 +200,22 @@ def _integer(text: str) -> int | None:
     return int(number) if number.is_integer() else None
 
 
+class _ParsedRow(NamedTuple):
+    """One row of the CSV as parsed: ``line`` its first physical line."""
+
+    line: int
+    id: int
+    region: str
+    x: float
+    y: float
+    stratum: int
+    reference: int | None
+
+
 @dataclass
 class _Rows:
-    """The CSV's rows as parsed, before they are split into labelled and unlabelled."""
+    """The CSV's rows as parsed (one list per column of :class:`_ParsedRow`), before they are
+    split into labelled and unlabelled."""
 
     lines: list[int]
     ids: list[int]
@@ -209,71 +226,108 @@ class _Rows:
     reference: list[int | None]
 
 
-def _read_rows(csv_path: Path, record: SampleRecord, cmap: ClassMap) -> _Rows:
-    """Every row parsed and checked on its own (ids, region, numbers, classes, reference)."""
+def _text(csv_path: Path) -> str:
+    """The file's text. A workbook renamed .csv, or a CSV saved in a legacy code page (Excel's
+    plain "CSV" outside the US), is refused by name, not as a UnicodeDecodeError."""
     try:
-        text = csv_path.read_text(encoding="utf-8-sig")
+        data = csv_path.read_bytes()
     except FileNotFoundError as err:
         raise ReferenceSampleError(f"{csv_path}: no such labelled sample") from err
-    lines = csv.reader(text.splitlines())
-    header = [h.strip() for h in next(lines, [])]
-    missing = [c for c in REQUIRED_COLUMNS if c not in header]
-    if missing:
+    if data.startswith(WORKBOOK_MAGIC):
         raise ReferenceSampleError(
-            f"{csv_path}: line 1: missing columns {missing}; expected the design's columns "
-            f"{list(REQUIRED_COLUMNS)} (and others)"
+            f"{csv_path}: a spreadsheet workbook, not a CSV: expected comma-separated text; "
+            f"{SAVE_AS}"
         )
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        raise ReferenceSampleError(
+            f"{csv_path}: line {line}: not UTF-8 text (byte 0x{data[err.start]:02x}); {SAVE_AS}"
+        ) from None
+
+
+def _header(csv_path: Path, header: list[str], text: str) -> list[str]:
+    """The header's names, refused when a required column is missing; a header that holds
+    them all split by another delimiter (Excel's export where the decimal separator is a
+    comma) is refused as that, naming both delimiters: read as it is, its x, y would carry
+    decimal commas."""
+    names = [h.strip() for h in header]
+    missing = [c for c in REQUIRED_COLUMNS if c not in names]
+    if not missing:
+        return names
+    first = text.split("\n", 1)[0]
+    for found in OTHER_DELIMITERS:
+        if set(REQUIRED_COLUMNS) <= {h.strip() for h in first.split(found)}:
+            raise ReferenceSampleError(
+                f"{csv_path}: line 1: columns separated by {found!r}, expected ','; {SAVE_AS}"
+            )
+    raise ReferenceSampleError(
+        f"{csv_path}: line 1: missing columns {missing}; expected the design's columns "
+        f"{list(REQUIRED_COLUMNS)} (and others)"
+    )
+
+
+def _read_rows(csv_path: Path, record: SampleRecord, cmap: ClassMap) -> _Rows:
+    """Every row parsed and checked on its own (:func:`_row`) and for an id given twice. A
+    row's line is its first physical line: the reader counts them, so a quoted cell holding a
+    line break does not shift the lines named after it."""
+    text = _text(csv_path)
+    reader = csv.reader(io.StringIO(text, newline=""))
+    header = _header(csv_path, next(reader, []), text)
     col = {name: header.index(name) for name in REQUIRED_COLUMNS}
-    regions = {m.region for m in record.maps}
-    n_classes = len(record.class_names)
-    rows = _Rows([], [], [], [], [], [], [])
+    parsed: list[_ParsedRow] = []
     first_line: dict[int, int] = {}
-    for line, fields in enumerate(lines, start=2):
-        if not any(f.strip() for f in fields):
-            continue
-        if len(fields) != len(header):
-            _refuse(csv_path, line, f"{len(fields)} fields, the header has {len(header)}")
-        cell = {name: fields[i].strip() for name, i in col.items()}
-        if not cell["id"]:
-            _refuse(csv_path, line, "empty id")
-        unit = _integer(cell["id"])
-        if unit is None or not 1 <= unit <= record.n_drawn:
-            _refuse(
-                csv_path, line, f"id {cell['id']!r} is none of the design's 1..{record.n_drawn}"
-            )
-        if unit in first_line:
-            _refuse(csv_path, line, f"id {unit} is also on line {first_line[unit]}")
-        first_line[unit] = line
-        where = f"id {unit}: "
-        if cell["region"] not in regions:
-            _refuse(
-                csv_path, line, f"{where}region {cell['region']!r} is none of {sorted(regions)}"
-            )
-        try:
-            x, y = float(cell["x"]), float(cell["y"])
-        except ValueError:
-            _refuse(
-                csv_path, line, f"{where}x, y must be numbers, found {cell['x']!r}, {cell['y']!r}"
-            )
-        stratum = _integer(cell["map_class"])
-        if stratum is None or not 0 <= stratum < n_classes:
-            _refuse(
-                csv_path, line,
-                f"{where}map_class {cell['map_class']!r} is no class id 0..{n_classes - 1} of "
-                f"level {record.level}",
-            )  # fmt: skip
-        try:
-            reference = reference_class(cell["reference"], record.level, cmap)
-        except ValueError as err:
-            _refuse(csv_path, line, f"{where}{err}")
-        rows.lines.append(line)
-        rows.ids.append(unit)
-        rows.region.append(cell["region"])
-        rows.x.append(x)
-        rows.y.append(y)
-        rows.stratum.append(stratum)
-        rows.reference.append(reference)
-    return rows
+    start = reader.line_num + 1
+    try:
+        for fields in reader:
+            line, start = start, reader.line_num + 1
+            if not any(f.strip() for f in fields):
+                continue
+            if len(fields) != len(header):
+                _refuse(csv_path, line, f"{len(fields)} fields, the header has {len(header)}")
+            row = _row(csv_path, line, {n: fields[i].strip() for n, i in col.items()}, record,
+                       cmap)  # fmt: skip
+            if row.id in first_line:
+                _refuse(csv_path, line, f"id {row.id} is also on line {first_line[row.id]}")
+            first_line[row.id] = line
+            parsed.append(row)
+    except csv.Error as err:
+        _refuse(csv_path, reader.line_num, f"not CSV ({err})")
+    columns = list(zip(*parsed, strict=True)) or [()] * len(_ParsedRow._fields)
+    return _Rows(*(list(column) for column in columns))
+
+
+def _row(
+    csv_path: Path, line: int, cell: dict[str, str], record: SampleRecord, cmap: ClassMap
+) -> _ParsedRow:
+    """One row's cells checked against the record: an id of the design, one of its regions,
+    numbers x, y, a class id of its level, a reference code or name (or none)."""
+    if not cell["id"]:
+        _refuse(csv_path, line, "empty id")
+    unit = _integer(cell["id"])
+    if unit is None or not 1 <= unit <= record.n_drawn:
+        _refuse(csv_path, line, f"id {cell['id']!r} is none of the design's 1..{record.n_drawn}")
+    where = f"id {unit}: "
+    regions = sorted(m.region for m in record.maps)
+    if cell["region"] not in regions:
+        _refuse(csv_path, line, f"{where}region {cell['region']!r} is none of {regions}")
+    try:
+        x, y = float(cell["x"]), float(cell["y"])
+    except ValueError:
+        _refuse(csv_path, line, f"{where}x, y must be numbers, found {cell['x']!r}, {cell['y']!r}")
+    stratum, n_classes = _integer(cell["map_class"]), len(record.class_names)
+    if stratum is None or not 0 <= stratum < n_classes:
+        _refuse(
+            csv_path, line,
+            f"{where}map_class {cell['map_class']!r} is no class id 0..{n_classes - 1} of "
+            f"level {record.level}",
+        )  # fmt: skip
+    try:
+        reference = reference_class(cell["reference"], record.level, cmap)
+    except ValueError as err:
+        _refuse(csv_path, line, f"{where}{err}")
+    return _ParsedRow(line, unit, cell["region"], x, y, stratum, reference)
 
 
 def _refuse(csv_path: Path, line: int, why: str) -> NoReturn:
@@ -319,15 +373,21 @@ def _check_on_maps(
     return tuple(checked), unchecked
 
 
-def read_labelled(csv_path: Path | str, design_path: Path | str, cmap: ClassMap) -> LabelledSample:
-    """The labelled units of the sample at ``csv_path`` with the design of ``design_path``.
-    Refuses (:class:`ReferenceSampleError`, one line naming the file and the row or stratum)
-    a missing or incomplete record, a bad row, a point outside its map or on nodata, and a
-    stratum with pixels and no labelled unit."""
+def check_labelled(csv_path: Path | str, design_path: Path | str, cmap: ClassMap) -> SampleRecord:
+    """The record of the labelled sample at ``csv_path``, after every check of
+    :func:`read_labelled` that needs no map: the record, each row, the strata's counts. The
+    workflow runs it at parse time, so that a bad sample is refused before any job starts
+    (a job that failed on it would have its good outputs deleted); the points' checks against
+    the design's maps stay in the job, where the maps exist."""
     csv_path = Path(csv_path)
     record = read_record(design_path, cmap, sample=csv_path)
-    rows = _read_rows(csv_path, record, cmap)
-    checked, unchecked = _check_on_maps(csv_path, record, rows, cmap)
+    _check_strata(csv_path, record, _read_rows(csv_path, record, cmap))
+    return record
+
+
+def _check_strata(csv_path: Path, record: SampleRecord, rows: _Rows) -> None:
+    """Refuse a stratum with more rows than the design allocated, and one with pixels and no
+    labelled unit (its area could not be estimated)."""
     k = len(record.class_names)
     stratum = np.array(rows.stratum, np.int64)
     per_stratum = np.bincount(stratum, minlength=k)
@@ -339,7 +399,6 @@ def read_labelled(csv_path: Path | str, design_path: Path | str, cmap: ClassMap)
             f"the design allocated {record.allocation[h]} (a map_class changed?)"
         )
     labelled = np.array([r is not None for r in rows.reference], bool)
-    reference = np.array([r for r in rows.reference if r is not None], np.int64)
     labelled_per = np.bincount(stratum[labelled], minlength=k)
     empty = np.flatnonzero((record.strata_px > 0) & (labelled_per == 0))
     if empty.size:
@@ -349,6 +408,23 @@ def read_labelled(csv_path: Path | str, design_path: Path | str, cmap: ClassMap)
             f"pixels, {record.allocation[h]} allocated) has no labelled unit: label at least "
             f"one of its rows"
         )
+
+
+def read_labelled(csv_path: Path | str, design_path: Path | str, cmap: ClassMap) -> LabelledSample:
+    """The labelled units of the sample at ``csv_path`` with the design of ``design_path``.
+    Refuses (:class:`ReferenceSampleError`, one line naming the file and the row or stratum)
+    a missing or incomplete record, a bad row, a point outside its map or on nodata (the maps
+    first: a map_class edited by hand is named by its row there), and a stratum with pixels
+    and no labelled unit."""
+    csv_path = Path(csv_path)
+    record = read_record(design_path, cmap, sample=csv_path)
+    rows = _read_rows(csv_path, record, cmap)
+    checked, unchecked = _check_on_maps(csv_path, record, rows, cmap)
+    _check_strata(csv_path, record, rows)
+    stratum = np.array(rows.stratum, np.int64)
+    labelled = np.array([r is not None for r in rows.reference], bool)
+    reference = np.array([r for r in rows.reference if r is not None], np.int64)
+    labelled_per = np.bincount(stratum[labelled], minlength=len(record.class_names))
     ids = np.array(rows.ids, np.int64)
     crs_of = {m.region: m.crs for m in record.maps}
     region = np.array(rows.region, dtype=object)[labelled]

@@ -36,6 +36,7 @@ from emb.cluster.launch import LAUNCH_ID_ENV
 from emb.colours import cdl_palette, l3_colours
 from emb.config_schema import config_option
 from emb.evaluation.map_files import (
+    NODATA,
     describe_map,
     describe_probabilities,
     map_profile,
@@ -97,22 +98,27 @@ def predict_raster(
             writer = stack.enter_context(ThreadPoolExecutor(1, thread_name_prefix="emb-write"))
             total = sum(1 for _ in blocks(src.height, src.width, spec.grid_block))
             progress = Progress(total, "blocks", f"{raster.name} map", log)
-            pending: deque[Future] = deque()
+            pending: deque[Future[int]] = deque()
+            mapped_px = 0  # pixels not nodata, summed as the blocks are written
             mapped = map_blocks(model, dequantize, src, run.cfg.data.source, spec, run_on,
                                 len(names), prob is not None)  # fmt: skip
             for block in mapped:
                 pending.append(writer.submit(write_block, dst, prob, block))
                 while len(pending) > 2:  # bounded: at most two blocks wait for the disk
-                    pending.popleft().result()
+                    mapped_px += pending.popleft().result()
                 progress.advance()
             while pending:
-                pending.popleft().result()
+                mapped_px += pending.popleft().result()
             progress.done()
             colours = l3_colours(cmap) if colours is None else colours
             describe_map(dst, cmap, tags, colours)
             if prob is not None:
                 describe_probabilities(prob, names, tags)
         to_cog(tmp_map, out, "MODE")
+        if mapped_px == 0:  # said here: a sample design over it can only name the map
+            log.warning("region %s: map %s has no mapped pixel: its input %s is nodata "
+                        "everywhere (an area estimate or a sample cannot use it)",
+                        tags.get("REGION", "?"), out, raster)  # fmt: skip
         if probabilities is not None and tmp_prob is not None:
             to_cog(tmp_prob, probabilities, "AVERAGE")
     finally:
@@ -129,15 +135,17 @@ def decode_threads() -> int:
 
 def write_block(
     dst: rasterio.io.DatasetWriter, prob: rasterio.io.DatasetWriter | None, block: MapBlock
-) -> None:
+) -> int:
     """One mapped block into the temporary map (and probabilities), once its bytes are on
-    the host."""
+    the host; returns its mapped (not nodata) pixels, counted once they are there."""
     block.wait()
-    dst.write(block.ids.numpy(), 1, window=block.window)
+    ids = block.ids.numpy()
+    dst.write(ids, 1, window=block.window)
     if prob is not None:
         if block.probs is None:
             raise ValueError(f"block {block.window}: probabilities asked for but not mapped")
         prob.write(block.probs.numpy(), window=block.window)
+    return int(np.count_nonzero(ids != NODATA))
 
 
 def provenance_tags(run: TrainedRun, run_on: Runtime) -> dict[str, str]:

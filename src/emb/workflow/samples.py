@@ -7,14 +7,20 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from emb.estimation.settings import AreaSettingsError as AreaSettingsError  # the rules catch it
-from emb.estimation.settings import from_config
+from emb.classes import load_class_map
+from emb.estimation.sample_files import ReferenceSampleError, check_labelled
+from emb.estimation.sample_record import SampleRecordError
+from emb.estimation.settings import AreaSettingsError, from_config
 
 KEY = "area_estimates.design_regions"
 
 
 class SampleSettingsError(ValueError):
     """``area_estimates`` names a region, area or file that is not there."""
+
+
+# what the rules turn into one line (as_workflow_error): settings, and a labelled sample
+ERRORS = (SampleSettingsError, AreaSettingsError, ReferenceSampleError, SampleRecordError)
 
 
 def area_settings(section: Mapping[str, Any]) -> str:
@@ -59,6 +65,15 @@ def labelled_inputs(labelled: str | None) -> list[str]:
         )
     own = csv.with_suffix(".json")
     return [str(csv), str(own if own.exists() else csv.with_name("sample.json"))]
+
+
+def check_labelled_sample(inputs: Sequence[str], classes: str) -> None:
+    """Check the labelled sample of :func:`labelled_inputs` (its CSV, its record) with every
+    check that needs no map, at parse time: a bad row refused inside rule area_estimates'
+    job would fail it, and Snakemake would delete that run's good area table and figure.
+    Nothing to check without a labelled sample."""
+    if inputs:
+        check_labelled(inputs[0], inputs[1], load_class_map(classes))
 
 
 def check_inputs(regions: Sequence[str], source: str) -> dict[str, list[str]]:
