@@ -18,8 +18,13 @@ matplotlib.use("Agg")  # no display on clusters or CI
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+from matplotlib.collections import PathCollection  # noqa: E402
+from matplotlib.colors import Normalize  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
+from matplotlib.path import Path as MplPath  # noqa: E402
+from shapely import point_on_surface  # noqa: E402
+from shapely.geometry.polygon import orient  # noqa: E402
 
 from emb.io import atomic_path  # noqa: E402
 
@@ -430,5 +435,62 @@ def area_figure(panels: list[tuple[str, pd.DataFrame]], title: str, level: str) 
         ax.set_title(name, fontsize=9)
         ax.legend(fontsize=7, loc="lower right")
     fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def _polygon_path(geometry: object) -> MplPath:
+    """One compound path of a polygon or multipolygon, its holes wound against its shell so
+    either fill rule leaves them empty."""
+    parts = getattr(geometry, "geoms", [geometry])
+    rings = []
+    for part in parts:
+        part = orient(part, 1.0)  # shell counter-clockwise, holes clockwise
+        rings += [np.asarray(part.exterior.coords)[:, :2]]
+        rings += [np.asarray(r.coords)[:, :2] for r in part.interiors]
+    codes = [np.r_[MplPath.MOVETO, [MplPath.LINETO] * (len(r) - 2), MplPath.CLOSEPOLY]
+             for r in rings]  # fmt: skip
+    return MplPath(np.concatenate(rings), np.concatenate(codes).astype(np.uint8))
+
+
+def district_figure(
+    geometries: list | tuple, names: list[str] | tuple[str, ...], values: np.ndarray | list,
+    title: str, label: str, geographic: bool = False,
+) -> Figure:  # fmt: skip
+    """A choropleth of districts: each polygon (shapely, any CRS; holes and multipolygons as
+    they are) filled by its value (e.g. the headline class's estimated hectares), a colour bar
+    saying ``label``, each district named at a point inside it. A district without a value
+    (NaN: no map reaches it) is hatched grey, not coloured as 0. ``geographic``: coordinates
+    are degrees, drawn with a degree of longitude shortened to its length at the mid
+    latitude."""
+    values = np.asarray(values, np.float64)
+    paths = [_polygon_path(g) for g in geometries]
+    known = np.isfinite(values)
+    norm = Normalize(*(np.nanmin(values), np.nanmax(values)) if known.any() else (0.0, 1.0))
+    fig, ax = plt.subplots(figsize=(7.5, 6))
+    shaded = PathCollection([p for p, k in zip(paths, known, strict=True) if k], cmap="YlGn",
+                            norm=norm, edgecolor="black", linewidth=0.6)  # fmt: skip
+    shaded.set_array(values[known])
+    ax.add_collection(shaded)
+    if (~known).any():
+        ax.add_collection(PathCollection(
+            [p for p, k in zip(paths, known, strict=True) if not k], facecolor="lightgrey",
+            edgecolor="black", linewidth=0.6, hatch="//"))  # fmt: skip
+        gap = Patch(facecolor="lightgrey", edgecolor="black", hatch="//", label="no estimate")
+        ax.legend(handles=[gap], loc="upper left", bbox_to_anchor=(0.0, 0.0), fontsize=8)
+    for geometry, name in zip(geometries, names, strict=True):
+        at = point_on_surface(geometry)
+        box = {"boxstyle": "round,pad=0.2", "fc": "white", "alpha": 0.7, "lw": 0}
+        ax.annotate(str(name), (at.x, at.y), ha="center", va="center", fontsize=8, bbox=box)
+    ax.autoscale_view()
+    if geographic:
+        mid = np.mean(ax.get_ylim())
+        ax.set_aspect(1.0 / max(np.cos(np.radians(mid)), 1e-6))
+    else:
+        ax.set_aspect("equal")
+    ax.set_xticks([])
+    ax.set_yticks([])
+    fig.colorbar(shaded, ax=ax, label=label, shrink=0.8)
+    ax.set_title(title, fontsize=9)
     fig.tight_layout()
     return fig
