@@ -11,7 +11,22 @@ alternating the sizes so both see the same machine, and keeps each one's best ti
 - dry_run_s_{cluster}_{n}: seconds of the whole dry run (goal for 1,000: < 30 s). 2026-11-28,
   this shared 2-core machine, --repeats 1: lumi 25.0 -> 22.3 s, betzy 28.8 -> 22.5 s once the
   regions check read its rasters in threads (each opened once) and the resource functions
-  became lookups (issue 52; the bench's CPU time 69 -> 56 s).
+  became lookups (issue 52; the bench's CPU time 69 -> 56 s). 2026-12-06 (issue 58), the same
+  machine under a load of 4-9, so CPU seconds of the snakemake process, before/after
+  alternated: the parse alone (``--list-rules``, 1,000 regions, lumi; median of 3) 22.1 ->
+  19.1 s once YAML went through libyaml and the footprints were reprojected one CRS at a time;
+  whole dry runs, two alternated rounds: lumi 100: 9.8 -> 9.2, 14.6 -> 14.6; lumi 1,000:
+  34.0 -> 41.5, 59.9 -> 59.2; betzy 100: 12.4 -> 11.6, 12.7 -> 11.8; betzy 1,000: 50.3 ->
+  43.7, 49.0 -> 40.2 s: the load's noise is larger than the change (~1 s). Where a
+  1,000-region dry run goes (pyinstrument, lumi): the parse 30% (the regions check 15%, of
+  it reading 3,000 rasters in threads 8%; torch and matplotlib imported through
+  emb.evaluation.windows 8%; the 8 train-config resolutions 4%), Snakemake building the DAG
+  26% (input functions, params, needrun), its ready check of group jobs 7% (quadratic in a
+  group's 100 members), printing the jobs 27% (resources evaluated per job, each callable's
+  ``inspect.signature`` 8% over the run, the profile's string resources ``eval``-ed per job;
+  the log handler's flush per line 8%). At 100 regions the fixed cost: the windows import
+  25%, the train-config resolutions 14%, Snakemake's imports 11%, the regions table's
+  row-by-row validation 8%.
 - growth_{cluster}: time for the large table / time for the small one; ~10 for 10x the
   regions is linear, more means something quadratic in the DAG is back.
 - group_{cluster}_{n}: the widest group job as Snakemake submits it (its side-by-side members

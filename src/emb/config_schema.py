@@ -16,6 +16,8 @@ from typing import Any
 
 import yaml
 
+from emb.io import parse_yaml
+
 SCHEMA = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "config.schema.yaml"
 
 
@@ -28,7 +30,7 @@ def read_schema(path: Path) -> dict:
     """A schema of workflow/schemas/ (config or train), read once; :class:`SchemaError` naming
     the file when it cannot be read."""
     try:
-        return yaml.safe_load(path.read_text(encoding="utf-8"))
+        return parse_yaml(path.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError) as err:
         raise SchemaError(
             f"{path}: the schema (every setting's default) cannot be read: {err}"

@@ -19,7 +19,7 @@ from pathlib import Path
 import yaml
 
 from emb import stage_runner
-from emb.io import atomic_path, read_yaml
+from emb.io import atomic_path, parse_yaml, read_yaml
 from emb.training.run_config import ConfigError, TrainConfig
 
 log = logging.getLogger(__name__)
@@ -101,7 +101,7 @@ def resolve(files: list[Path], overrides: list[str], schema: Path) -> dict:
     """Merge the YAML ``files`` in order, apply ``overrides``, validate and fill defaults."""
     from snakemake.utils import validate  # the workflow's validator, defaults included
 
-    rules = yaml.safe_load(Path(schema).read_text())
+    rules = parse_yaml(Path(schema).read_text())
     per_file = _without_required(rules)
     config: dict = {}
     for path in files:
