@@ -172,7 +172,7 @@ def olofsson(
     )
     # a user's accuracy draws on its own stratum only: the others hold no pixel mapped as it
     own = np.eye(k, dtype=bool)
-    counts = _StrataCounts(
+    counts = intervals.StrataCounts(
         hits=matrix.T, right=matrix.T * own, wrong=(n_i - matrix.T) * own,
         omitted=matrix.T * ~own, agree=np.diagonal(matrix), holds=own, only=own,
     )  # fmt: skip
@@ -246,40 +246,13 @@ def stehman(
         diagonal = np.einsum("hkk->hk", per)
         only = (np.zeros((h, k), bool) if strata_mapped_px is None
                 else np.asarray(strata_mapped_px) == big_n[:, None])  # fmt: skip
-        counts = _StrataCounts(
+        counts = intervals.StrataCounts(
             hits=per.sum(1).T, right=diagonal.T, wrong=(per.sum(2) - diagonal).T,
             omitted=(per.sum(1) - diagonal).T, agree=diagonal.sum(1), holds=holds.T,
             only=only.T,
         )  # fmt: skip
         bounds = counts.bounds(big_n, n_h, confidence)
     return _result(big_n, n_h, mapped_px, n_mapped, n_ref, figures, holds, bounds)
-
-
-@dataclass(frozen=True)
-class _StrataCounts:
-    """A sample's units per class k and stratum h, (K, H) arrays: ``hits`` of reference k;
-    ``right`` mapped and of reference k; ``wrong`` mapped k of another reference; ``omitted``
-    of reference k mapped otherwise; ``agree`` (H,) map = reference; ``holds``/``only``: whether
-    stratum h holds pixels mapped k / only such pixels (:mod:`emb.estimation.intervals`)."""
-
-    hits: np.ndarray
-    right: np.ndarray
-    wrong: np.ndarray
-    omitted: np.ndarray
-    agree: np.ndarray
-    holds: np.ndarray
-    only: np.ndarray
-
-    def bounds(self, big_n: np.ndarray, n_h: np.ndarray, confidence: float) -> dict:
-        """Every figure's interval that holds: (K,) lo and hi per figure, scalars for overall."""
-        return {
-            "proportion": intervals.area(big_n, n_h, self.hits, confidence),
-            "users": intervals.users(big_n, n_h, self.right, self.wrong, confidence,
-                                     holds=self.holds, only=self.only),
-            "producers": intervals.producers(big_n, n_h, self.right, self.omitted, confidence,
-                                             holds=self.holds, only=self.only),
-            "overall": intervals.overall(big_n, n_h, self.agree, confidence),
-        }  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -306,8 +279,9 @@ def _result(
     users_strata: np.ndarray,
     bounds: dict | None = None,
 ) -> AreaEstimates:
-    """The figures as estimates, each SE withheld where a stratum of 1 unit enters it, each
-    with its interval from ``bounds`` (:meth:`_StrataCounts.bounds`) where one is given.
+    """The figures as estimates, each SE withheld where a stratum of 1 unit enters it, each with its
+    interval from ``bounds`` (:meth:`emb.estimation.intervals.StrataCounts.bounds`) where one is
+    given.
 
     users_strata: (H, K) bool, whether stratum h enters the SE of class k's user's accuracy
     (every stratum enters the areas', the producer's and the overall accuracy's).

@@ -39,6 +39,7 @@ Every function is vectorised: counts of shape (..., H) (H strata) give bounds of
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from statistics import NormalDist
 from typing import NamedTuple
 
@@ -52,6 +53,33 @@ class Bounds(NamedTuple):
 
     lo: np.ndarray
     hi: np.ndarray
+
+
+@dataclass(frozen=True)
+class StrataCounts:
+    """A sample's units per class k and stratum h, (K, H) arrays: ``hits`` of reference k;
+    ``right`` mapped and of reference k; ``wrong`` mapped k of another reference; ``omitted``
+    of reference k mapped otherwise; ``agree`` (H,) map = reference; ``holds``/``only``: whether
+    stratum h holds pixels mapped k / only such pixels. What the estimators hand over."""
+
+    hits: np.ndarray
+    right: np.ndarray
+    wrong: np.ndarray
+    omitted: np.ndarray
+    agree: np.ndarray
+    holds: np.ndarray
+    only: np.ndarray
+
+    def bounds(self, big_n: np.ndarray, n_h: np.ndarray, confidence: float) -> dict[str, Bounds]:
+        """Every figure's interval that holds: (K,) lo and hi per figure, scalars for overall."""
+        return {
+            "proportion": area(big_n, n_h, self.hits, confidence),
+            "users": users(big_n, n_h, self.right, self.wrong, confidence,
+                                     holds=self.holds, only=self.only),
+            "producers": producers(big_n, n_h, self.right, self.omitted, confidence,
+                                             holds=self.holds, only=self.only),
+            "overall": overall(big_n, n_h, self.agree, confidence),
+        }  # fmt: skip
 
 
 def area(strata_px: np.ndarray, units: np.ndarray, hits: np.ndarray, confidence: float) -> Bounds:
