@@ -21,6 +21,7 @@ from test_holdout_check import (
     write_raster,
 )  # fmt: skip
 
+from emb.estimation import holdout_check
 from emb.estimation.holdout_check import (
     AreaCheckError,
     TestSplitCounts,
@@ -51,14 +52,17 @@ def test_a_value_neither_an_l3_id_nor_nodata_is_refused_naming_the_file(tmp_path
     mapped, labels, paths = region_files(tmp_path)
     mapped[20, 20] = 70
     odd = write_raster(tmp_path / "odd.tif", mapped)
-    with pytest.raises(AreaCheckError, match=r"odd.tif: map values \[70\] are neither L3"):
+    with pytest.raises(AreaCheckError, match=r"odd.tif.*: map values \[70\] are neither L3"):
         read_population({"r1": odd}, {"r1": paths["labels"]}, {"r1": paths["index"]})
 
 
-def test_the_population_is_read_without_arrays_of_its_pixels(tmp_path: Path) -> None:
+def test_the_population_is_read_without_arrays_of_its_pixels(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """4 Mpx of test tiles: per-pixel vectors (and a mask of the raster) would take 16 MB or
-    more; streamed, numpy's allocations stay near 5 MB (a band, a chunk's bincount), whatever
-    the pixels."""
+    more; streamed in strips of 1 MB, numpy's allocations stay near 5 MB (a strip of each
+    raster, a chunk's bincount), whatever the pixels."""
+    monkeypatch.setattr(holdout_check, "STRIP_BYTES", 1 << 20)
     side = 2048
     data = np.random.default_rng(0).integers(0, 61, (side, side), dtype=np.uint8)
     maps = write_raster(tmp_path / "big.tif", data)

@@ -97,14 +97,28 @@ def _collapse(l3_px: np.ndarray, level: int, cmap: ClassMap) -> np.ndarray:
 
 def _pair_counts(mapped: np.ndarray, reference: np.ndarray, where: str) -> np.ndarray:
     """(N_L3, N_L3) int64 pixels per (map, CDL) L3 pair of two aligned uint8 arrays, 255 on
-    either side left out, counted in chunks (bincount copies its input as int64); a value that
-    is neither an L3 id nor 255 is refused naming ``where``."""
+    either side left out; a value that is neither an L3 id nor 255 is refused naming
+    ``where``."""
     pairs = np.zeros(PAIRS, np.int64)
+    _add_pairs(pairs, mapped, reference)
+    return _joint_of(pairs, where)
+
+
+def _add_pairs(pairs: np.ndarray, mapped: np.ndarray, reference: np.ndarray) -> None:
+    """Add to ``pairs`` (PAIRS,) the pixels per code ``map << 8 | CDL``: the two bytes side by
+    side read as one little-endian uint16 (one copy, not three passes), bincounted in chunks
+    (bincount copies its input as int64)."""
     m, r = mapped.ravel(), reference.ravel()
+    both = np.empty((min(CHUNK, m.size), 2), np.uint8)
     for start in range(0, m.size, CHUNK):
-        code = m[start : start + CHUNK].astype(np.uint16) << 8
-        code |= r[start : start + CHUNK]
-        pairs += np.bincount(code, minlength=PAIRS)
+        part = both[: min(CHUNK, m.size - start)]
+        part[:, 0], part[:, 1] = r[start : start + len(part)], m[start : start + len(part)]
+        pairs += np.bincount(part.view("<u2").ravel(), minlength=PAIRS)
+
+
+def _joint_of(pairs: np.ndarray, where: str) -> np.ndarray:
+    """(N_L3, N_L3) int64 of the (PAIRS,) counts, the pairs with 255 left out; values that
+    are neither an L3 id nor 255 are refused naming ``where``."""
     grid = pairs.reshape(256, 256)
     for axis, side in ((1, "map"), (0, "CDL")):
         found = np.flatnonzero(grid.sum(axis)[N_L3:IGNORE]) + N_L3
@@ -120,23 +134,30 @@ def bands(windows: Sequence[Window], height: int, width: int) -> Iterator[tuple[
     """The union of ``windows`` (clipped to a height x width raster) as disjoint pieces, top
     to bottom: (row0, row1, [(col0, col1), ...]) for each band of rows between two tile edges,
     its columns the merged spans of the tiles that cross it. Each pixel of the union lies in
-    exactly one piece, so overlapping tiles count it once, with no mask of the raster."""
+    exactly one piece, so overlapping tiles count it once, with no mask of the raster; bands
+    next to each other with the same spans are one (tiles in rows of a grid: one read)."""
     boxes = np.array([(max(int(w.row_off), 0), min(int(w.row_off + w.height), height),
                        max(int(w.col_off), 0), min(int(w.col_off + w.width), width))
                       for w in windows], np.int64).reshape(-1, 4)  # fmt: skip
     boxes = boxes[(boxes[:, 1] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 2])]
     edges = np.unique(boxes[:, :2])
-    for row0, row1 in zip(edges[:-1], edges[1:], strict=True):
+    held: tuple[int, int, list] | None = None  # a band grown while the next has its spans
+    for row0, row1 in zip(edges[:-1].tolist(), edges[1:].tolist(), strict=True):
         cross = boxes[(boxes[:, 0] <= row0) & (boxes[:, 1] >= row1)]
-        if not len(cross):
-            continue
         spans: list[list[int]] = []
         for c0, c1 in sorted(cross[:, 2:].tolist()):
             if spans and c0 <= spans[-1][1]:
                 spans[-1][1] = max(spans[-1][1], c1)
             else:
                 spans.append([c0, c1])
-        yield int(row0), int(row1), [(a, b) for a, b in spans]
+        if held and held[1] == row0 and held[2] == spans:
+            held = (held[0], row1, spans)  # one read for rows of tiles side by side
+            continue
+        if held:
+            yield held[0], held[1], [(a, b) for a, b in held[2]]
+        held = (row0, row1, spans) if spans else None
+    if held:
+        yield held[0], held[1], [(a, b) for a, b in held[2]]
 
 
 def _region_counts(map_path: Path, label_path: Path, windows: Sequence[Window]) -> np.ndarray:
@@ -152,7 +173,7 @@ def _region_counts(map_path: Path, label_path: Path, windows: Sequence[Window]) 
                 f"({lab.width} x {lab.height}, {tuple(lab.transform)[:6]}), found "
                 f"{mp.width} x {mp.height}, {tuple(mp.transform)[:6]}"
             )
-        joint = np.zeros((N_L3, N_L3), np.int64)
+        pairs = np.zeros(PAIRS, np.int64)
         with rasterio.Env(GDAL_CACHEMAX=cache_bytes(mp) + cache_bytes(lab)):
             for row0, row1, spans in bands(windows, mp.height, mp.width):
                 col0, col1 = spans[0][0], spans[-1][1]  # one read per band, then the spans
@@ -161,9 +182,8 @@ def _region_counts(map_path: Path, label_path: Path, windows: Sequence[Window]) 
                     win = Window(col0, top, col1 - col0, min(step, row1 - top))
                     m, r = mp.read(1, window=win), lab.read(1, window=win)
                     for a, b in spans:
-                        joint += _pair_counts(m[:, a - col0 : b - col0],
-                                              r[:, a - col0 : b - col0], str(map_path))  # fmt: skip
-    return joint
+                        _add_pairs(pairs, m[:, a - col0 : b - col0], r[:, a - col0 : b - col0])
+    return _joint_of(pairs, f"{map_path} or its labels {label_path}")
 
 
 def read_population(
