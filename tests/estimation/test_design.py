@@ -401,3 +401,55 @@ def test_a_failed_rename_takes_back_the_files_renamed_before_it(
         write_sample(design, paths)
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["sample.csv"]
     assert paths.csv.is_dir()
+
+
+def test_the_second_pass_reads_only_strips_that_hold_a_drawn_pixel(
+    tmp_path: Path, class_map: ClassMap, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At a state's scale the second pass must not read every map again: with strips of one
+    row, 6 units read at most 6 of the 240 strips, and pick the points a full read picks."""
+    maps = two_maps(tmp_path)
+    whole = draw_points(maps, 1, class_map, n=6, min_per_class=1, seed=5)
+    monkeypatch.setattr(population, "STRIP_BYTES", 100)  # one row per strip
+    opened = design_module.streaming
+    reads = []
+
+    class Counted:
+        def __init__(self, src: rasterio.DatasetReader) -> None:
+            self.src = src
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self.src, name)
+
+        def read(self, *args: object, **kwargs: object) -> np.ndarray:
+            reads.append(1)
+            return self.src.read(*args, **kwargs)
+
+    from contextlib import contextmanager
+
+    @contextmanager
+    def counted(path: Path):  # noqa: ANN202 - a stand-in for population.streaming
+        with opened(path) as src:
+            yield Counted(src)
+
+    monkeypatch.setattr(design_module, "streaming", counted)
+    thin = draw_points(maps, 1, class_map, n=6, min_per_class=1, seed=5)
+    assert points_of(thin) == points_of(whole)
+    assert 0 < len(reads) <= 6
+
+
+def test_a_strip_changed_between_the_passes_is_refused(
+    tmp_path: Path, class_map: ClassMap, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    maps = two_maps(tmp_path)
+    counts = design_module.count_l3_strips
+
+    def moved(path: Path) -> np.ndarray:  # one pixel of class 3 counted as class 4
+        per_strip = counts(path).copy()
+        per_strip[0, 3] -= 1
+        per_strip[0, 4] += 1
+        return per_strip
+
+    monkeypatch.setattr(design_module, "count_l3_strips", moved)
+    with pytest.raises(SampleDesignError, match=r"a.tif changed while the sample was drawn"):
+        draw_points(maps, 3, class_map, n=80, min_per_class=1, seed=3)

@@ -22,8 +22,7 @@ from test_holdout_check import (
 from emb.estimation.design import allocate
 from emb.estimation.holdout_check import (
     AreaCheckError,
-    StratifiedSampler,
-    TestSplitPixels,
+    TestSplitCounts,
     check,
     read_population,
 )
@@ -36,7 +35,11 @@ def test_a_pixel_the_cdl_leaves_unlabelled_is_left_out_where_the_map_has_a_class
     mapped[:5] = 1  # the map has a class where the CDL is 255: no reference there
     full = write_raster(tmp_path / "full.tif", mapped)
     pop = read_population({"r1": full}, {"r1": paths["labels"]}, {"r1": paths["index"]})
-    assert (pop.reference != IGNORE).all() and (pop.mapped != IGNORE).all()
+    inside = np.zeros((SIZE, SIZE), bool)
+    inside[0:48, 0:48] = inside[80:, 80:] = True
+    inside[0:16, 32:48] = inside[32:48, 0:16] = False  # the two tiles' L-shaped union
+    assert pop.pixels == (inside & (mapped != IGNORE) & (labels != IGNORE)).sum()
+    assert pop.joint[1].sum() < (inside & (mapped == 1)).sum()  # 1 over 255: left out
 
 
 def test_a_tile_before_the_first_row_and_column_is_clipped_to_the_raster(tmp_path: Path) -> None:
@@ -45,8 +48,8 @@ def test_a_tile_before_the_first_row_and_column_is_clipped_to_the_raster(tmp_pat
     pop = read_population({"r1": paths["map"]}, {"r1": paths["labels"]}, {"r1": index})
     m, r = mapped[:16, :16], labels[:16, :16]
     keep = (m != IGNORE) & (r != IGNORE)
-    assert len(pop.mapped) == keep.sum()
-    assert np.array_equal(np.sort(pop.reference), np.sort(r[keep]))
+    assert pop.pixels == keep.sum()
+    assert np.array_equal(pop.joint.sum(0), np.bincount(r[keep], minlength=61))
 
 
 def test_a_map_shifted_off_its_labels_grid_is_refused(tmp_path: Path) -> None:
@@ -92,21 +95,14 @@ def test_regions_of_unequal_pixel_areas_no_region_or_no_pixel_are_refused(tmp_pa
         read_population({"r1": blank}, {"r1": paths["labels"]}, {"r1": paths["index"]})
 
 
-def test_a_draw_takes_its_units_from_each_stratum_wherever_its_pixels_lie() -> None:
-    strata = np.random.default_rng(1).permutation(np.repeat(np.arange(4), [500, 300, 30, 3]))
-    sampler = StratifiedSampler(strata, 61, 100, 10)
-    units = sampler.draw(np.random.default_rng(0))
-    assert np.array_equal(np.bincount(strata[units], minlength=61), sampler.allocation)
-
-
-def rare_error_population() -> TestSplitPixels:
+def rare_error_population() -> TestSplitCounts:
     """Class 1 mapped over 200 px, all right; class 0 over 2000 px, one of them truly class 1:
     a sample of 20 units of class 0 almost never meets it, so class 1's estimate is W_1 with a
     Wald standard error of 0 (no Wald interval) while the interval that holds reaches above."""
     mapped = np.r_[np.zeros(2000, np.uint8), np.ones(200, np.uint8)]
     reference = mapped.copy()
     reference[7] = 1
-    return TestSplitPixels(mapped, reference, 0.01, ("rare",))
+    return TestSplitCounts.from_pixels(mapped, reference, 0.01, ("rare",))
 
 
 def test_an_interval_covers_only_when_the_truth_lies_between_both_ends() -> None:
@@ -133,7 +129,7 @@ def test_a_class_the_map_omits_entirely_is_tallied_from_the_cdl() -> None:
     mapped = np.r_[np.zeros(1000, np.uint8), np.ones(500, np.uint8)]
     reference = mapped.copy()
     reference[:300] = 5  # class 5: in the CDL, never in the map
-    pop = TestSplitPixels(mapped, reference, 0.01, ("omit",))
+    pop = TestSplitCounts.from_pixels(mapped, reference, 0.01, ("omit",))
     l3 = check(pop, CMAP, settings(n=200, min_per_class=20, level=3, seed=0, draws=20))[-1]
     assert 5 in l3.coverage and l3.coverage[5].units_reference > 0
 
@@ -144,7 +140,7 @@ def test_the_strata_are_the_maps_classes_at_the_design_level() -> None:
     pop = clustered_population()
     design = settings(n=300, min_per_class=20, level=2, seed=0, draws=2)
     l2 = next(c for c in check(pop, CMAP, design) if c.level == 2)
-    sizes = np.bincount(CMAP.l3_to_l2[pop.mapped], minlength=7)
+    sizes = np.bincount(CMAP.l3_to_l2[:61], weights=pop.joint.sum(1), minlength=7).astype(int)
     want = allocate(sizes, 300, 20)
     got = np.zeros(7, np.int64)
     for c in l2.estimates.classes:

@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> None:
         dict(zip(regions, args.indexes, strict=True)),
     )
     log.info("%s: test split of %s: %d labelled pixels (%.1f ha)", args.run, ", ".join(regions),
-             len(population.mapped), len(population.mapped) * population.pixel_ha)  # fmt: skip
+             population.pixels, population.pixels * population.pixel_ha)  # fmt: skip
     settings = args.settings
     checks = check(population, cmap, settings)
     where = f"test split of {' + '.join(regions)}"

@@ -5,9 +5,13 @@ uniformly without replacement.
 
 Reproducible from the seed: the strata are counted by streaming the maps, each stratum's drawn
 ranks come from one generator in class order, and a second streaming pass picks the pixels of
-those ranks in a fixed scan order (maps in the order given, each row-major). Memory stays flat
-in the maps' size. The points go out as a CSV to fill in (``reference``), a GeoPackage of the
-same points, and a JSON record of the design beside them, which the estimate needs.
+those ranks in a fixed scan order (maps in the order given, each row-major). The first pass keeps
+each strip's counts (256 per strip of a few MB: about 0.5 MB a Gpx), so the second reads only
+the strips that hold a drawn rank: n units touch at most n strips, and the design takes little
+more than one read of the maps at the scale of a state (``bench/state_scale.py``). Memory stays
+flat in the maps' size but for those counts. The points go out as a CSV to fill in
+(``reference``), a GeoPackage of the same points, and a JSON record of the design beside them,
+which the estimate needs.
 """
 
 from __future__ import annotations
@@ -21,13 +25,13 @@ import rasterio
 from pyproj import CRS
 
 from emb import geo
-from emb.classes import ClassMap
+from emb.classes import N_L3, ClassMap
 from emb.estimation.population import (
     CHUNK,
     Points,
     check_map,
     collapse_counts,
-    count_l3,
+    count_l3_strips,
     crs_text,
     level_names,
     level_table,
@@ -118,18 +122,24 @@ def _largest_remainder(total: int, weights: list[int]) -> list[int]:
     return shares
 
 
-def _map_record(path: Path, level: int, cmap: ClassMap) -> tuple[MapRecord, np.ndarray]:
-    """A map's record and (K,) pixels per class at ``level`` (first streaming pass)."""
+def _map_record(path: Path, level: int, cmap: ClassMap) -> tuple[MapRecord, np.ndarray, np.ndarray]:
+    """A map's record, (K,) pixels per class at ``level`` and (S, K) per strip (the first
+    streaming pass)."""
     with reading(path), rasterio.open(path) as src:
         check_map(src, path)
         pixel_ha = map_pixel_ha(src, path)
         crs, width, height = crs_text(src.crs), src.width, src.height
-    counts = collapse_counts(count_l3(path), level, cmap)
+    per_strip = count_l3_strips(path)
+    table = level_table(level, cmap)[:N_L3]
+    onehot = np.zeros((256, len(level_names(level, cmap))), np.int64)
+    onehot[np.arange(N_L3), table] = 1  # L3 value -> its class at the level; nodata: none
+    strata_strips = per_strip @ onehot
+    counts = collapse_counts(per_strip.sum(0), level, cmap)
     record = MapRecord(
         region=path.stem, path=str(path), sha256=digest_file(path), crs=crs,
         pixel_ha=pixel_ha, width=width, height=height, pixels=int(counts.sum()),
     )  # fmt: skip
-    return record, counts
+    return record, counts, strata_strips
 
 
 def _check_maps(maps: list[Path], records: list[MapRecord]) -> float:
@@ -174,16 +184,16 @@ def draw_points(
     the stratum of a pixel its map class at ``level``); never on nodata."""
     maps = [Path(m) for m in maps]
     table, names = level_table(level, cmap), level_names(level, cmap)
-    pairs = [_map_record(m, level, cmap) for m in maps]
-    records = [r for r, _ in pairs]
+    firsts = [_map_record(m, level, cmap) for m in maps]
+    records = [r for r, _, _ in firsts]
     pixel_ha = _check_maps(maps, records)
-    strata_px = np.sum([c for _, c in pairs], axis=0).astype(np.int64)
+    strata_px = np.sum([c for _, c, _ in firsts], axis=0).astype(np.int64)
     _check_mapped(records)
     allocation = allocate(strata_px, n, min_per_class)
     rng = np.random.default_rng(seed)
     ranks = [np.sort(rng.choice(int(px), int(k), replace=False)) for px, k in
              zip(strata_px, allocation, strict=True)]  # fmt: skip
-    found = _pick_ranked(maps, table, ranks, strata_px)
+    found = _pick_ranked(maps, table, ranks, strata_px, [s for _, _, s in firsts])
     region = np.concatenate([np.full(len(rows), m.stem) for m, (rows, _, _) in
                              zip(maps, found, strict=True)])  # fmt: skip
     xs, ys, crs, lon, lat = [], [], [], [], []
@@ -214,20 +224,29 @@ def draw_points(
 
 
 def _pick_ranked(
-    maps: list[Path], table: np.ndarray, ranks: list[np.ndarray], strata_px: np.ndarray
-) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    maps: list[Path], table: np.ndarray, ranks: list[np.ndarray], strata_px: np.ndarray,
+    strata_strips: list[np.ndarray],
+) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:  # fmt: skip
     """Second streaming pass: per map, (rows, cols, class) of the pixels whose rank within
-    their stratum (in scan order) was drawn, sorted row-major."""
+    their stratum (in scan order) was drawn, sorted row-major. A strip that holds no drawn
+    rank (its first pass counts, ``strata_strips``: (S, K) per map, say so) is not read; a
+    strip that is read is counted again and refused if it changed since."""
     k = len(ranks)
     seen = np.zeros(k, np.int64)  # pixels of each stratum passed so far
     taken = np.zeros(k, np.int64)  # drawn ranks of each stratum found so far
     sentinel = np.iinfo(np.int64).max
     out = []
-    for path in maps:
+    for path, per_strip in zip(maps, strata_strips, strict=True):
         rows, cols, classes = [], [], []
         with streaming(path) as src:
-            for win in strips(src):
+            for win, strip_px in zip(strips(src), per_strip, strict=True):
+                nxt = np.array([r[t] if t < len(r) else sentinel for r, t in
+                                zip(ranks, taken, strict=True)])  # fmt: skip
+                if not (nxt < seen + strip_px).any():
+                    seen += strip_px
+                    continue
                 flat = table[src.read(1, window=win)].ravel()
+                before = seen.copy()
                 for start in range(0, flat.size, CHUNK):
                     part = flat[start : start + CHUNK]
                     counts = np.bincount(part, minlength=256)[:k]
@@ -242,11 +261,20 @@ def _pick_ranked(
                         classes.append(np.full(len(want), h, np.int64))
                         taken[h] = end
                     seen += counts
+                if not np.array_equal(seen - before, strip_px):
+                    raise SampleDesignError(
+                        f"{path} changed while the sample was drawn: pixels per class of rows "
+                        f"{win.row_off}..{win.row_off + win.height - 1} "
+                        f"{(seen - before).tolist()} on the second pass, {strip_px.tolist()} "
+                        "on the first"
+                    )
         rows_a, cols_a, cls_a = (np.concatenate(v) if v else np.zeros(0, np.int64)
                                  for v in (rows, cols, classes))  # fmt: skip
         order = np.lexsort((cols_a, rows_a))
         out.append((rows_a[order], cols_a[order], cls_a[order]))
-    if not np.array_equal(seen, strata_px):
+    if not np.array_equal(seen, strata_px) or any(
+        t != len(r) for r, t in zip(ranks, taken, strict=True)
+    ):
         raise SampleDesignError(
             f"maps {[str(m) for m in maps]} changed while the sample was drawn: pixels per "
             f"class {seen.tolist()} on the second pass, {strata_px.tolist()} on the first"

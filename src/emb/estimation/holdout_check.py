@@ -14,12 +14,24 @@ run trains on, where the map gives a class and the CDL is labelled (255 on eithe
 out: an unlabelled pixel has no reference). The CDL is the reference as it is: its own errors
 are not corrected. Error rates of the test split must never be applied to the train blocks
 (the map is far better there).
+
+At the scale of a state (issue 58, item 5): a sample's estimates depend only on how many of its
+units fall in each (map L3, CDL L3) cell (the stratum is the map's class at the design level, a
+function of the map's L3), so the population is held as that joint histogram, 61 x 61 counts,
+streamed from each region's test tiles a band of tile rows at a time: memory is a few strips
+whatever the number of regions, time linear in the pixels (``bench/state_scale.py``). A draw
+is a simple random sample without replacement within each stratum, taken as ranks into the
+stratum's cells (so its cell counts are multivariate hypergeometric, with no bound on the
+stratum's size: numpy's ``multivariate_hypergeometric`` needs fewer than 10**9 pixels), then
+expanded into its ~n units for the estimators. The draws' distribution is the one of sampling
+pixels; the draws themselves differ from those before this change (which sampled pixel indices)
+for one seed.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,12 +42,13 @@ from rasterio.windows import Window
 from emb.classes import IGNORE, N_L1, N_L2, N_L3, ClassMap
 from emb.estimation.design import allocate
 from emb.estimation.estimators import AreaEstimates, Estimate, olofsson, stehman
-from emb.estimation.population import pixel_hectares
+from emb.estimation.population import CHUNK, STRIP_BYTES, cache_bytes, level_table, pixel_hectares
 from emb.estimation.settings import AreaSettings
 from emb.io import reading
 from emb.prep.region_index import read_index, windows_of_test_tiles
 
 LEVEL_CLASSES = {1: N_L1, 2: N_L2, 3: N_L3}
+PAIRS = 256 * 256  # (map value, CDL value) codes of two uint8 pixels
 
 
 class AreaCheckError(ValueError):
@@ -43,24 +56,115 @@ class AreaCheckError(ValueError):
 
 
 @dataclass(frozen=True)
-class TestSplitPixels:
-    """The test split's pixels as two aligned L3 vectors (the map's class, the CDL's)."""
+class TestSplitCounts:
+    """The test split as its joint histogram: ``joint[i, j]`` pixels the map gives L3 class i
+    and the CDL L3 class j (every estimate of a stratified sample needs no more)."""
 
-    mapped: np.ndarray  # (P,) uint8 L3 ids of the map
-    reference: np.ndarray  # (P,) uint8 L3 ids of the CDL
+    __test__ = False  # its name starts with Test: pytest must not collect it where imported
+
+    joint: np.ndarray  # (N_L3, N_L3) int64
     pixel_ha: float
     regions: tuple[str, ...]
 
-    def at(self, level: int, cmap: ClassMap) -> tuple[np.ndarray, np.ndarray]:
-        """Both vectors at ``level`` (1, 2 or 3), through config/classes.csv."""
-        key = f"l{level}"
-        return cmap.levels(self.mapped)[key], cmap.levels(self.reference)[key]
+    @classmethod
+    def from_pixels(
+        cls, mapped: np.ndarray, reference: np.ndarray, pixel_ha: float, regions: tuple[str, ...]
+    ) -> TestSplitCounts:
+        """The population of aligned per-pixel L3 vectors (map, CDL), e.g. a synthetic scene
+        in a test; pixels with 255 on either side are left out, as the rasters' are."""
+        return cls(_pair_counts(np.asarray(mapped), np.asarray(reference), "pixels"),
+                   pixel_ha, regions)  # fmt: skip
+
+    @property
+    def pixels(self) -> int:
+        """The population's size: test pixels that both the map and the CDL label."""
+        return int(self.joint.sum())
+
+    def mapped_px(self, level: int, cmap: ClassMap) -> np.ndarray:
+        """(K,) int64 the map's pixels per class at ``level``."""
+        return _collapse(self.joint.sum(1), level, cmap)
+
+    def cdl_px(self, level: int, cmap: ClassMap) -> np.ndarray:
+        """(K,) int64 the CDL's pixels per class at ``level``."""
+        return _collapse(self.joint.sum(0), level, cmap)
 
 
-def _region_pixels(
-    map_path: Path, label_path: Path, windows: Sequence[Window]
-) -> tuple[np.ndarray, np.ndarray, float]:
-    """The (map, CDL) L3 pairs of one region's test tiles, each pixel once."""
+def _collapse(l3_px: np.ndarray, level: int, cmap: ClassMap) -> np.ndarray:
+    """(K,) int64 pixels per class at ``level`` from (N_L3,) pixels per L3 class."""
+    table = level_table(level, cmap)[:N_L3]
+    return np.bincount(table, weights=l3_px, minlength=LEVEL_CLASSES[level]).astype(np.int64)
+
+
+def _pair_counts(mapped: np.ndarray, reference: np.ndarray, where: str) -> np.ndarray:
+    """(N_L3, N_L3) int64 pixels per (map, CDL) L3 pair of two aligned uint8 arrays, 255 on
+    either side left out; a value that is neither an L3 id nor 255 is refused naming
+    ``where``."""
+    pairs = np.zeros(PAIRS, np.int64)
+    _add_pairs(pairs, mapped, reference)
+    return _joint_of(pairs, where)
+
+
+def _add_pairs(pairs: np.ndarray, mapped: np.ndarray, reference: np.ndarray) -> None:
+    """Add to ``pairs`` (PAIRS,) the pixels per code ``map << 8 | CDL``: the two bytes side by
+    side read as one little-endian uint16 (one copy, not three passes), bincounted in chunks
+    (bincount copies its input as int64)."""
+    m, r = mapped.ravel(), reference.ravel()
+    both = np.empty((min(CHUNK, m.size), 2), np.uint8)
+    for start in range(0, m.size, CHUNK):
+        part = both[: min(CHUNK, m.size - start)]
+        part[:, 0], part[:, 1] = r[start : start + len(part)], m[start : start + len(part)]
+        pairs += np.bincount(part.view("<u2").ravel(), minlength=PAIRS)
+
+
+def _joint_of(pairs: np.ndarray, where: str) -> np.ndarray:
+    """(N_L3, N_L3) int64 of the (PAIRS,) counts, the pairs with 255 left out; values that
+    are neither an L3 id nor 255 are refused naming ``where``."""
+    grid = pairs.reshape(256, 256)
+    for axis, side in ((1, "map"), (0, "CDL")):
+        found = np.flatnonzero(grid.sum(axis)[N_L3:IGNORE]) + N_L3
+        if found.size:
+            raise AreaCheckError(
+                f"{where}: {side} values {found.tolist()} are neither L3 class ids "
+                f"(0..{N_L3 - 1}) nor {IGNORE}"
+            )
+    return grid[:N_L3, :N_L3].copy()
+
+
+def bands(windows: Sequence[Window], height: int, width: int) -> Iterator[tuple[int, int, list]]:
+    """The union of ``windows`` (clipped to a height x width raster) as disjoint pieces, top
+    to bottom: (row0, row1, [(col0, col1), ...]) for each band of rows between two tile edges,
+    its columns the merged spans of the tiles that cross it. Each pixel of the union lies in
+    exactly one piece, so overlapping tiles count it once, with no mask of the raster; bands
+    next to each other with the same spans are one (tiles in rows of a grid: one read)."""
+    boxes = np.array([(max(int(w.row_off), 0), min(int(w.row_off + w.height), height),
+                       max(int(w.col_off), 0), min(int(w.col_off + w.width), width))
+                      for w in windows], np.int64).reshape(-1, 4)  # fmt: skip
+    boxes = boxes[(boxes[:, 1] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 2])]
+    edges = np.unique(boxes[:, :2])
+    held: tuple[int, int, list] | None = None  # a band grown while the next has its spans
+    for row0, row1 in zip(edges[:-1].tolist(), edges[1:].tolist(), strict=True):
+        cross = boxes[(boxes[:, 0] <= row0) & (boxes[:, 1] >= row1)]
+        spans: list[list[int]] = []
+        for c0, c1 in sorted(cross[:, 2:].tolist()):
+            if spans and c0 <= spans[-1][1]:
+                spans[-1][1] = max(spans[-1][1], c1)
+            else:
+                spans.append([c0, c1])
+        if held and held[1] == row0 and held[2] == spans:
+            held = (held[0], row1, spans)  # one read for rows of tiles side by side
+            continue
+        if held:
+            yield held[0], held[1], [(a, b) for a, b in held[2]]
+        held = (row0, row1, spans) if spans else None
+    if held:
+        yield held[0], held[1], [(a, b) for a, b in held[2]]
+
+
+def _region_counts(map_path: Path, label_path: Path, windows: Sequence[Window]) -> np.ndarray:
+    """(N_L3, N_L3) pixels per (map, CDL) pair of one region's test tiles, each pixel once,
+    read a band of tile rows at a time (in strips of at most STRIP_BYTES per raster) under a
+    GDAL block cache of two block rows per raster: a block is decoded once, memory is flat in
+    the number of tiles and regions."""
     opened = (reading(map_path), reading(label_path))
     with opened[0], opened[1], rasterio.open(map_path) as mp, rasterio.open(label_path) as lab:
         if (mp.height, mp.width) != (lab.height, lab.width) or mp.transform != lab.transform:
@@ -69,38 +173,29 @@ def _region_pixels(
                 f"({lab.width} x {lab.height}, {tuple(lab.transform)[:6]}), found "
                 f"{mp.width} x {mp.height}, {tuple(mp.transform)[:6]}"
             )
-        seen = np.zeros((mp.height, mp.width), bool)
-        mapped, reference = [], []
-        for win in windows:  # tiles may reach past the edge: clip to the raster
-            r0, c0 = max(win.row_off, 0), max(win.col_off, 0)
-            r1 = min(win.row_off + win.height, mp.height)
-            c1 = min(win.col_off + win.width, mp.width)
-            if r1 <= r0 or c1 <= c0:
-                continue
-            clip = Window(c0, r0, c1 - c0, r1 - r0)
-            new = ~seen[r0:r1, c0:c1]
-            seen[r0:r1, c0:c1] = True
-            m, r = mp.read(1, window=clip)[new], lab.read(1, window=clip)[new]
-            keep = (m != IGNORE) & (r != IGNORE)
-            mapped.append(m[keep])
-            reference.append(r[keep])
-    pixel_ha = pixel_hectares(map_path)
-    empty = np.zeros(0, np.uint8)
-    return np.concatenate(mapped or [empty]), np.concatenate(reference or [empty]), pixel_ha
+        pairs = np.zeros(PAIRS, np.int64)
+        with rasterio.Env(GDAL_CACHEMAX=cache_bytes(mp) + cache_bytes(lab)):
+            for row0, row1, spans in bands(windows, mp.height, mp.width):
+                col0, col1 = spans[0][0], spans[-1][1]  # one read per band, then the spans
+                step = max(1, STRIP_BYTES // (col1 - col0))
+                for top in range(row0, row1, step):
+                    win = Window(col0, top, col1 - col0, min(step, row1 - top))
+                    m, r = mp.read(1, window=win), lab.read(1, window=win)
+                    for a, b in spans:
+                        _add_pairs(pairs, m[:, a - col0 : b - col0], r[:, a - col0 : b - col0])
+    return _joint_of(pairs, f"{map_path} or its labels {label_path}")
 
 
 def read_population(
     maps: Mapping[str, Path], labels: Mapping[str, Path], indexes: Mapping[str, Path]
-) -> TestSplitPixels:
+) -> TestSplitCounts:
     """The test split of the regions named in ``indexes`` (region -> its ``index.json``), from
-    each region's map and aligned labels (region -> path)."""
-    mapped, reference, areas = [], [], {}
+    each region's map and aligned labels (region -> path), as its joint histogram."""
+    joint, areas = np.zeros((N_L3, N_L3), np.int64), {}
     for region, index_path in indexes.items():
         windows = windows_of_test_tiles(read_index(index_path, ()), index_path)
-        m, r, pixel_ha = _region_pixels(Path(maps[region]), Path(labels[region]), windows)
-        mapped.append(m)
-        reference.append(r)
-        areas[region] = pixel_ha
+        joint += _region_counts(Path(maps[region]), Path(labels[region]), windows)
+        areas[region] = pixel_hectares(maps[region])
     if not areas:
         raise AreaCheckError("no region to check: the run trains on no region with test tiles")
     first = next(iter(areas.values()))
@@ -108,9 +203,8 @@ def read_population(
         raise AreaCheckError(
             f"expected one pixel area over the run's maps, found {areas} (hectares per pixel)"
         )
-    population = TestSplitPixels(np.concatenate(mapped), np.concatenate(reference), first,
-                            tuple(areas))  # fmt: skip
-    if not len(population.mapped):
+    population = TestSplitCounts(joint, first, tuple(areas))
+    if not population.pixels:
         raise AreaCheckError(
             f"regions {list(areas)}: their test tiles hold no pixel that both the map and the "
             "CDL label"
@@ -119,22 +213,32 @@ def read_population(
 
 
 class StratifiedSampler:
-    """Stratified random samples of a population's pixels, without replacement per stratum."""
+    """Stratified random samples of a population held as cell counts (``joint``, cells of any
+    shape; ``strata``: the stratum of each cell), without replacement per stratum: a draw is
+    how many units fall in each cell."""
 
-    def __init__(self, strata: np.ndarray, n_strata: int, n: int, min_per_class: int) -> None:
-        self.sizes = np.bincount(strata, minlength=n_strata).astype(np.int64)
+    def __init__(
+        self, joint: np.ndarray, strata: np.ndarray, n_strata: int, n: int, min_per_class: int
+    ) -> None:
+        self.shape = joint.shape
+        cells, of = np.asarray(joint, np.int64).ravel(), np.asarray(strata, np.int64).ravel()
+        self.sizes = np.bincount(of, weights=cells, minlength=n_strata).astype(np.int64)
         self.allocation = np.asarray(allocate(self.sizes, n, min_per_class), np.int64)
-        self.order = np.argsort(strata, kind="stable")
-        self.starts = np.concatenate([[0], np.cumsum(self.sizes)[:-1]])
+        # per stratum: its cells with pixels, and their pixels' cumulative counts (the ranks'
+        # boundaries: rank u of the stratum lies in the first cell whose bound exceeds it)
+        self.cells = [np.flatnonzero((of == h) & (cells > 0)) for h in range(n_strata)]
+        self.bounds = [np.cumsum(cells[c]) for c in self.cells]
 
     def draw(self, rng: np.random.Generator) -> np.ndarray:
-        """Indices into the population: ``allocation[h]`` pixels of each stratum h."""
-        picks = [
-            self.order[start + rng.choice(size, count, replace=False)]
-            for start, size, count in zip(self.starts, self.sizes, self.allocation, strict=True)
-            if count
-        ]
-        return np.concatenate(picks) if picks else np.zeros(0, np.int64)
+        """Units per cell, of ``joint``'s shape: ``allocation[h]`` distinct pixels of each
+        stratum h, drawn as ranks uniformly without replacement (any size of stratum)."""
+        out = np.zeros(int(np.prod(self.shape)), np.int64)
+        for h, count in enumerate(self.allocation):
+            if count:
+                ranks = rng.choice(int(self.sizes[h]), int(count), replace=False)
+                hit = np.searchsorted(self.bounds[h], ranks, side="right")
+                out[self.cells[h]] += np.bincount(hit, minlength=len(self.cells[h]))
+        return out.reshape(self.shape)
 
 
 def estimate_at(
@@ -183,29 +287,34 @@ class LevelCheck:
     draws: int
 
 
-def check(population: TestSplitPixels, cmap: ClassMap, design: AreaSettings) -> list[LevelCheck]:
+def check(population: TestSplitCounts, cmap: ClassMap, design: AreaSettings) -> list[LevelCheck]:
     """The check at L1, L2 and L3: ``design.draws`` seeded stratified samples (draw d from
     ``default_rng([design.seed, d])``), each estimated at every level and its intervals (at
     ``design.confidence``) compared with the CDL's area of the population. A draw without an
     interval (none the sample can give; Wald's with a standard error of 0; a census's, of no
     width, as the table shows none) counts as not covering."""
-    strata = population.at(design.level, cmap)[0].astype(np.int64)
-    sampler = StratifiedSampler(strata, LEVEL_CLASSES[design.level], design.n,
-                                design.min_per_class)  # fmt: skip
+    strata = level_table(design.level, cmap)[:N_L3].astype(np.int64)  # map L3 -> stratum
+    n_strata = LEVEL_CLASSES[design.level]
+    sampler = StratifiedSampler(population.joint, np.broadcast_to(strata[:, None], (N_L3, N_L3)),
+                                n_strata, design.n, design.min_per_class)  # fmt: skip
+    mapped_l3, reference_l3 = (a.ravel() for a in np.indices((N_L3, N_L3)))
+    l3_px = population.joint.sum(1)
     levels, joint = {}, {}
     for level in (1, 2, 3):
-        m, r = (a.astype(np.int64) for a in population.at(level, cmap))
-        k = LEVEL_CLASSES[level]
-        levels[level] = (m, r, np.bincount(m, minlength=k), np.bincount(r, minlength=k))
-        joint[level] = np.bincount(strata * k + m, minlength=len(sampler.sizes) * k).reshape(-1, k)
-    total, z = len(population.mapped), design.z
+        table = level_table(level, cmap)[:N_L3].astype(np.int64)
+        levels[level] = (table, population.mapped_px(level, cmap), population.cdl_px(level, cmap))
+        joint[level] = np.zeros((n_strata, LEVEL_CLASSES[level]), np.int64)
+        np.add.at(joint[level], (strata, table), l3_px)  # the map's pixels per stratum, class
+    total, z = population.pixels, design.z
     first: dict[int, AreaEstimates] = {}
     coverage: dict[int, dict[int, ClassCoverage]] = {lv: {} for lv in levels}
     for draw in range(design.draws):
-        units = sampler.draw(np.random.default_rng([design.seed, draw]))
-        for level, (m, r, mapped_px, cdl_px) in levels.items():
-            est = estimate_at(level, design.level, sampler.sizes, strata[units], m[units],
-                              r[units], mapped_px, joint[level], design.confidence)  # fmt: skip
+        sample = sampler.draw(np.random.default_rng([design.seed, draw])).ravel()
+        units = np.repeat(np.arange(sample.size), sample)  # each unit's cell, ~n of them
+        m3, r3 = mapped_l3[units], reference_l3[units]
+        for level, (table, mapped_px, cdl_px) in levels.items():
+            est = estimate_at(level, design.level, sampler.sizes, strata[m3], table[m3],
+                              table[r3], mapped_px, joint[level], design.confidence)  # fmt: skip
             first.setdefault(level, est)
             found = {c.cls: c for c in est.classes}
             for cls in np.flatnonzero(cdl_px):  # an area of 0 has no interval to cover it
@@ -217,7 +326,7 @@ def check(population: TestSplitPixels, cmap: ClassMap, design: AreaSettings) -> 
                 _tally(tally, got.proportion, cdl_px[cls] / total, z)
     return [
         LevelCheck(
-            level, first[level], levels[level][2], levels[level][3], coverage[level], design.draws
+            level, first[level], levels[level][1], levels[level][2], coverage[level], design.draws
         )  # fmt: skip
         for level in levels
     ]

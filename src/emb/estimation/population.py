@@ -168,13 +168,29 @@ def count_l3(path: Path | str, mask_window: Window | None = None) -> np.ndarray:
     with streaming(path) as src:
         for win in strips(src, mask_window):
             counts += histogram(src.read(1, window=win))
+    _refuse_foreign(path, counts)
+    return counts
+
+
+def count_l3_strips(path: Path | str) -> np.ndarray:
+    """(S, 256) int64 pixels per map value of each of the map's S strips (:func:`strips`
+    order), refused as :func:`count_l3` refuses: the sample design's first pass, whose
+    per-strip counts let the second read only the strips that hold a drawn pixel."""
+    with streaming(path) as src:
+        rows = [histogram(src.read(1, window=win)) for win in strips(src)]
+    counts = np.array(rows, np.int64).reshape(-1, 256)
+    _refuse_foreign(path, counts.sum(0))
+    return counts
+
+
+def _refuse_foreign(path: Path | str, counts: np.ndarray) -> None:
+    """Refuse (256,) counts of a map with values that are neither L3 ids nor nodata."""
     foreign = np.flatnonzero(counts[N_L3:IGNORE]) + N_L3
     if foreign.size:
         raise MapFileError(
             f"{path}: values {foreign.tolist()} are neither L3 class ids (0..{N_L3 - 1}) nor "
             f"nodata {IGNORE}"
         )
-    return counts
 
 
 def collapse_counts(l3_counts: np.ndarray, level: int, cmap: ClassMap) -> np.ndarray:

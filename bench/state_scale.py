@@ -1,0 +1,263 @@
+"""The area stages at the scale of a state (issue 58, item 5): the sample design and the test
+split's check over 1,000 regions of 1024 x 1024 px maps (1.05 Gpx), against reading the maps once.
+
+Writes a synthetic collection into a temporary folder: per region a class map (L3 ids, fields
+of 32 px in 40 classes, 5% speckle, a nodata border; tiled GeoTIFF, 512 px blocks, DEFLATE, as
+predict writes the full resolution of its COGs), its CDL labels (the map with a fifth of its fields
+given another class, and an unlabelled border) and an ``index.json`` whose test tiles (64 px,
+stride 64, as ``config/config.yaml``) cover ``--test-share`` of the region (default all of it:
+the check's worst case, a test split of 1.05 Gpx, which the check before issue 58 held as
+per-pixel arrays: about 20 GB). To save time and disk, the regions share ``--distinct`` (4)
+rasters, hard-linked under each region's name; a region's files are still opened, decoded and
+counted as its own. Then, each in a fresh process (so one peak cannot hide another), timed from
+its first read (imports excluded) and its peak RSS measured by the parent of that one process
+(``getrusage(RUSAGE_CHILDREN).ru_maxrss``, interpreter and imports included):
+
+- read: every map read once, block by block (rasterio), the yardstick;
+- check: ``holdout_check.read_population`` over every region's test tiles (map and labels) and
+  ``check`` with 200 draws (the schema's other settings);
+- design: ``design.draw_points`` over every map (two streaming passes and a SHA-256 each).
+
+The files are fresh in the page cache for all three (hot reads). Goals: RSS < 2 GiB, design
+and check each within 3x the read.
+
+Districts (100 of 10 regions each) are written to ``districts.json`` but not measured yet: the
+per-district estimates are another engineer's part; they enter as a third contender beside the
+check and the design (``child_districts``, to come), over the same collection.
+
+Usage: ``python bench/state_scale.py [--regions 1000] [--size 1024] [--test-share 1.0]
+[--draws 200] [--distinct 4] [--json PATH] [--workdir DIR] [--keep]``; the default path in its
+smallest mode (tests/bench): ``--regions 4 --size 256``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import rasterio
+from rasterio.crs import CRS
+from rasterio.transform import from_origin
+
+REPO = Path(__file__).resolve().parents[1]
+CLASSES = REPO / "config" / "classes.csv"
+FIELD, NOISE, WRONG = 32, 0.05, 0.2  # field side (px), speckle, share of fields the map errs on
+CLASSES_USED = 40  # L3 ids 0..39: 40 strata x the minimum of 20 fit the default n of 1000
+TILE = 64  # test tile side and stride (config/config.yaml: tiles)
+DISTRICTS = 100
+GOALS = {"rss_mib": 2048.0, "ratio": 3.0}
+
+
+def raster(path: Path, data: np.ndarray) -> None:
+    """A uint8 GeoTIFF as predict writes a map's full resolution (512 px blocks, DEFLATE)."""
+    block = min(512, max(16, data.shape[0] // 16 * 16))
+    profile = {
+        "driver": "GTiff", "width": data.shape[1], "height": data.shape[0], "count": 1,
+        "dtype": "uint8", "crs": CRS.from_epsg(32615), "nodata": 255, "tiled": True,
+        "transform": from_origin(300_000, 4_500_000, 10, 10), "compress": "deflate",
+        "blockxsize": block, "blockysize": block,
+    }  # fmt: skip
+    with rasterio.open(path, "w", **profile) as dst:
+        dst.write(data, 1)
+
+
+def scene(size: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(map, labels) of one region: fields of L3 classes, errors by whole fields, speckle."""
+    rng = np.random.default_rng(seed)
+    fields = -(-size // FIELD)
+    grow = np.ones((FIELD, FIELD), np.uint8)
+    truth = np.kron(rng.integers(0, CLASSES_USED, (fields, fields), dtype=np.uint8), grow)[
+        :size, :size
+    ]
+    wrong = np.kron(rng.random((fields, fields)) < WRONG, grow)[:size, :size].astype(bool)
+    other = np.kron(rng.integers(0, CLASSES_USED, (fields, fields), dtype=np.uint8), grow)[
+        :size, :size
+    ]
+    mapped = np.where(wrong, other, truth)
+    speckle = rng.random((size, size)) < NOISE
+    mapped = np.where(speckle, rng.integers(0, CLASSES_USED, (size, size), dtype=np.uint8), mapped)
+    border = max(1, size // 32)
+    mapped[:border], truth[:, :border] = 255, 255  # the map's nodata, the CDL's unlabelled
+    return mapped.astype(np.uint8), truth.astype(np.uint8)
+
+
+def write_collection(root: Path, regions: int, size: int, share: float, distinct: int) -> dict:
+    """Maps, labels and indexes of ``regions`` regions (``distinct`` rasters hard-linked)."""
+    rng = np.random.default_rng(0)
+    (root / "distinct").mkdir(parents=True)
+    for d in range(min(distinct, regions)):
+        mapped, labels = scene(size, d)
+        raster(root / "distinct" / f"map{d}.tif", mapped)
+        raster(root / "distinct" / f"labels{d}.tif", labels)
+    files: dict[str, dict[str, str]] = {"maps": {}, "labels": {}, "indexes": {}}
+    grid = [(r, c) for r in range(0, size, TILE) for c in range(0, size, TILE)]
+    for i in range(regions):
+        region, d = f"r{i:04d}", i % distinct
+        folder = root / region
+        folder.mkdir()
+        for kind, name in (("maps", f"{region}.tif"), ("labels", "labels.tif")):
+            source = root / "distinct" / f"{'map' if kind == 'maps' else 'labels'}{d}.tif"
+            os.link(source, folder / name)
+            files[kind][region] = str(folder / name)
+        test = [grid[j] for j in np.flatnonzero(rng.random(len(grid)) < share)] or grid[:1]
+        index = {"region": region, "tile_size": TILE,
+                 "splits": {"test": {"blocks": {f"{region}_{r}_{c}": f"{region}:{r},{c}"
+                                                for r, c in test}}}}  # fmt: skip
+        (folder / "index.json").write_text(json.dumps(index))
+        files["indexes"][region] = str(folder / "index.json")
+    # where districts enter: 100 of them, each a run of regions (not measured yet)
+    names = sorted(files["maps"])
+    per = -(-len(names) // DISTRICTS)
+    districts = {n: f"d{j // per:03d}" for j, n in enumerate(names)}
+    (root / "districts.json").write_text(json.dumps(districts))
+    (root / "files.json").write_text(json.dumps(files))
+    return files
+
+
+# --- the contenders, each in a child process (``--child NAME FILES DRAWS``) ---------------
+
+
+def child_read(files: dict, draws: int) -> dict:
+    """Every map read once, block by block: the yardstick."""
+    start, pixels = time.perf_counter(), 0
+    for path in files["maps"].values():
+        with rasterio.open(path) as src:
+            for _, win in src.block_windows(1):
+                pixels += src.read(1, window=win).size
+    return {"s": time.perf_counter() - start, "pixels": pixels}
+
+
+def child_check(files: dict, draws: int) -> dict:
+    """The test split's check as the stage runs it: the population, then the draws."""
+    from emb.classes import load_class_map  # noqa: PLC0415 - imports are not the stage's time
+    from emb.estimation.holdout_check import check, read_population  # noqa: PLC0415
+    from emb.estimation.settings import from_json  # noqa: PLC0415
+
+    cmap, settings = load_class_map(CLASSES), from_json(json.dumps({"draws": draws}))
+    start = time.perf_counter()
+    population = read_population(files["maps"], files["labels"], files["indexes"])
+    read_s = time.perf_counter() - start
+    checks = check(population, cmap, settings)
+    return {"s": time.perf_counter() - start, "population_s": read_s,
+            "draws_s": time.perf_counter() - start - read_s, "test_px": population.pixels,
+            "levels": len(checks)}  # fmt: skip
+
+
+def child_design(files: dict, draws: int) -> dict:
+    """The sample design over every map, with the schema's settings."""
+    from emb.classes import load_class_map  # noqa: PLC0415
+    from emb.estimation.design import draw_points  # noqa: PLC0415
+    from emb.estimation.settings import from_json  # noqa: PLC0415
+
+    cmap, settings = load_class_map(CLASSES), from_json("{}")
+    maps = [Path(p) for p in files["maps"].values()]
+    start = time.perf_counter()
+    design = draw_points(maps, settings.level, cmap, settings.n, settings.min_per_class,
+                         settings.seed)  # fmt: skip
+    return {"s": time.perf_counter() - start, "units": int(design.record.n_drawn)}
+
+
+CHILDREN = {"read": child_read, "check": child_check, "design": child_design}
+
+
+def measure(name: str, files_json: Path, draws: int) -> dict:
+    """One contender in a fresh process: its own figures, its wall time from start to exit,
+    and its peak RSS (the only child this process has waited for, so RUSAGE_CHILDREN is its)."""
+    cmd = [sys.executable, __file__, "--child", name, str(files_json), str(draws)]
+    start = time.perf_counter()
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"{name}: exit {done.returncode}\n{done.stderr[-3000:]}")
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    figures["wall_s"] = time.perf_counter() - start
+    figures["rss_mib"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    return figures
+
+
+def run(work: Path, args: argparse.Namespace) -> dict:
+    start = time.perf_counter()
+    write_collection(work, args.regions, args.size, args.test_share, args.distinct)
+    figures: dict = {"regions": args.regions, "size": args.size, "test_share": args.test_share,
+                     "gpx": args.regions * args.size**2 / 1e9, "draws": args.draws,
+                     "generate_s": time.perf_counter() - start}  # fmt: skip
+    for name in CHILDREN:  # each measured by a process of its own (a fresh RUSAGE_CHILDREN)
+        cmd = [sys.executable, __file__, "--measure", name, str(work / "files.json"),
+               str(args.draws)]  # fmt: skip
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode:
+            raise SystemExit(f"{name}: exit {done.returncode}\n{done.stderr[-3000:]}")
+        figures[name] = json.loads(done.stdout.strip().splitlines()[-1])
+    for name in ("check", "design"):
+        figures[name]["ratio"] = figures[name]["s"] / figures["read"]["s"]
+    return figures
+
+
+def report(figures: dict) -> None:
+    print(f"{figures['regions']} regions of {figures['size']} px ({figures['gpx']:.3f} Gpx), "
+          f"test share {figures['test_share']:g}, {figures['draws']} draws; generated in "
+          f"{figures['generate_s']:.1f} s")  # fmt: skip
+    print(f"{'part':8s} {'s':>8s} {'wall_s':>8s} {'rss_mib':>8s} {'x read':>7s}  goals")
+    for name in CHILDREN:
+        f = figures[name]
+        ratio = f.get("ratio")
+        met = (
+            ""
+            if ratio is None
+            else (f"x read < {GOALS['ratio']:g}: {'met' if ratio < GOALS['ratio'] else 'MISSED'}; ")
+        )
+        met += (
+            f"rss < {GOALS['rss_mib']:g}: {'met' if f['rss_mib'] < GOALS['rss_mib'] else 'MISSED'}"
+        )
+        shown = "" if ratio is None else f"{ratio:7.2f}"
+        print(f"{name:8s} {f['s']:8.2f} {f['wall_s']:8.2f} {f['rss_mib']:8.1f} {shown:>7s}  {met}")
+    check = figures["check"]
+    print(
+        f"check: population {check['population_s']:.2f} s ({check['test_px']} test px), "
+        f"{figures['draws']} draws {check['draws_s']:.2f} s"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--regions", type=int, default=1000)
+    parser.add_argument("--size", type=int, default=1024, help="pixels per side of a region")
+    parser.add_argument("--test-share", type=float, default=1.0,
+                        help="share of a region's tiles in the test split")  # fmt: skip
+    parser.add_argument("--draws", type=int, default=200)
+    parser.add_argument("--distinct", type=int, default=4, help="distinct rasters, hard-linked")
+    parser.add_argument("--json", type=Path, help="write all figures as one JSON object")
+    parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument("--keep", action="store_true")
+    parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--measure", nargs=3, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child or args.measure:
+        name, files_json, draws = args.child or args.measure
+        if args.measure:
+            print(json.dumps(measure(name, Path(files_json), int(draws))))
+        else:
+            files = json.loads(Path(files_json).read_text())
+            print(json.dumps(CHILDREN[name](files, int(draws))))
+        return
+    work = Path(tempfile.mkdtemp(prefix="emb-state-", dir=args.workdir))
+    try:
+        figures = run(work, args)
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    report(figures)
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2))
+
+
+if __name__ == "__main__":
+    main()
