@@ -41,6 +41,8 @@ rule area_estimates:
             "Crop areas",
             "mapped vs estimated area",
         ),
+        # the recommended n and its pilot (the test split's error matrix); sample_design's n: auto
+        sample_size="results/area_estimates/{run}_sample_size.json",
     log:
         "logs/area_estimates/{run}.log",
     benchmark:
@@ -63,11 +65,14 @@ rule area_estimates:
         "python -m emb.estimation.area_estimates --run={wildcards.run:q} --maps={input.maps:q}"
         " --indexes {input.indexes:q} --labels {input.labels:q} --classes={input.classes:q}"
         " --settings={params.settings:q} {params.labelled:q}"
-        " --csv={output.csv:q} --png={output.png:q} > {log:q} 2>&1"
+        " --csv={output.csv:q} --png={output.png:q} --sample-size={output.sample_size:q}"
+        " > {log:q} 2>&1"
 
 
 rule sample_design:
     input:
+        unpack(lambda w: samples.sample_size_inputs(config["area_estimates"], w.run)),
+        # with n: auto, area_estimates' recommendation (sample_size)
         maps="results/maps/{run}",
         classes=config["classes"],
     output:
@@ -90,7 +95,13 @@ rule sample_design:
         ),
         out_dir=lambda wildcards, output: Path(output.csv).parent,
         settings=AREA_SETTINGS,
+        # ["--sample-size", json] with n: auto, else none; each word quoted by :q
+        sample_size=lambda wildcards, input: (
+            ["--sample-size", input.sample_size]
+            if "sample_size" in input.keys()
+            else []
+        ),
     shell:
         "python -m emb.estimation.sample_design --maps {params.maps:q}"
         " --classes={input.classes:q} --settings={params.settings:q}"
-        " --out-dir={params.out_dir:q} > {log:q} 2>&1"
+        " {params.sample_size:q} --out-dir={params.out_dir:q} > {log:q} 2>&1"

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 from emb import stage_runner
@@ -28,16 +29,18 @@ from emb.estimation.estimates_table import (
     largest,
     table,
 )
-from emb.estimation.holdout_check import check, read_population
+from emb.estimation.holdout_check import check, error_matrix, read_population
 from emb.estimation.labelled_estimates import estimate_sample
 from emb.estimation.sample_design import SETTINGS_HELP
 from emb.estimation.sample_files import read_labelled
+from emb.estimation.sample_size import allocation, write_sample_size
 from emb.estimation.settings import AreaSettings, AreaSettingsError, from_json
 from emb.io import atomic_path
 from emb.plots import area_figure, save
 
 log = logging.getLogger(__name__)
 TOP_CLASSES = 12  # the figure's rows per panel
+SIZED_DRAWS = 100  # draws of the recommended size on the test split (what it delivers)
 
 
 def region_of(index_path: Path) -> str:
@@ -68,6 +71,7 @@ def main_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--labelled", type=Path, help="a user's labelled sample.csv (optional)")
     p.add_argument("--record", type=Path, help="its design record (default: sample.json beside)")
     p.add_argument("--csv", type=Path, required=True, help="results/area_estimates/{run}.csv")
+    p.add_argument("--sample-size", type=Path, help="{run}_sample_size.json: the recommended n")
     p.add_argument("--png", type=Path, required=True, help="results/area_estimates/{run}.png")
     args = p.parse_args(argv)  # fmt: skip
     if len(args.indexes) != len(args.labels):
@@ -126,9 +130,21 @@ def main(argv: list[str] | None = None) -> None:
     log.info("%s: test split of %s: %d labelled pixels (%.1f ha)", args.run, ", ".join(regions),
              population.pixels, population.pixels * population.pixel_ha)  # fmt: skip
     settings = args.settings
-    checks = check(population, cmap, settings)
+    pilot = error_matrix(population, settings.level, cmap)
+    size = allocation(pilot.sum(1), pilot, settings.target, settings.min_share,
+                      settings.min_per_class, settings.confidence)  # fmt: skip
+    checks = check(population, cmap, settings, size.units if settings.auto else None)
+    sized = checks if settings.auto else check(
+        population, cmap, replace(settings, draws=min(settings.draws, SIZED_DRAWS)), size.units
+    )  # fmt: skip
     where = f"test split of {' + '.join(regions)}"
-    rows = check_rows(args.run, checks, cmap, population.pixel_ha, settings, where)
+    rows = check_rows(args.run, checks, cmap, population.pixel_ha, settings, where, size, sized)
+    if args.sample_size:
+        write_sample_size(args.sample_size, size, pilot, settings)
+    log.info("%s: %d units give each class of >= %s of the map a %s interval of relative "
+             "half-width <= %s on the test split (per stratum %s)", args.run, size.total,
+             settings.min_share, settings.percent, settings.target,
+             size.units.tolist())  # fmt: skip
     if args.labelled:
         rows += sample_rows(args, cmap, settings)
     frame = table(rows)

@@ -17,6 +17,7 @@ which the estimate needs.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +41,7 @@ from emb.estimation.population import (
     strips,
 )
 from emb.estimation.sample_record import MapRecord, SampleRecord
+from emb.estimation.sample_size import SampleSize
 from emb.io import reading
 from emb.provenance import digest_file
 
@@ -178,10 +180,12 @@ def _check_mapped(records: list[MapRecord]) -> None:
 
 
 def draw_points(
-    maps: list[Path], level: int, cmap: ClassMap, n: int, min_per_class: int, seed: int
-) -> Design:
+    maps: list[Path], level: int, cmap: ClassMap, n: int | str, min_per_class: int, seed: int,
+    sized: Callable[[np.ndarray], SampleSize] | None = None,
+) -> Design:  # fmt: skip
     """Draw a stratified random sample of ``n`` pixel centres over ``maps`` (one per region,
-    the stratum of a pixel its map class at ``level``); never on nodata."""
+    the stratum of a pixel its map class at ``level``); never on nodata. ``sized``: the units
+    per stratum for these strata's pixels instead (``n: auto``, the recommended size)."""
     maps = [Path(m) for m in maps]
     table, names = level_table(level, cmap), level_names(level, cmap)
     firsts = [_map_record(m, level, cmap) for m in maps]
@@ -189,7 +193,8 @@ def draw_points(
     pixel_ha = _check_maps(maps, records)
     strata_px = np.sum([c for _, c, _ in firsts], axis=0).astype(np.int64)
     _check_mapped(records)
-    allocation = allocate(strata_px, n, min_per_class)
+    size = sized(strata_px) if sized is not None else None
+    allocation = size.units if size is not None else allocate(strata_px, n, min_per_class)
     rng = np.random.default_rng(seed)
     ranks = [np.sort(rng.choice(int(px), int(k), replace=False)) for px, k in
              zip(strata_px, allocation, strict=True)]  # fmt: skip
@@ -214,8 +219,10 @@ def draw_points(
     )  # fmt: skip
     record = SampleRecord(
         level=level, class_names=names, maps=tuple(records), strata_px=strata_px,
-        allocation=allocation, n=int(n), n_drawn=m, min_per_class=int(min_per_class),
-        seed=int(seed), pixel_ha=pixel_ha,
+        allocation=allocation, n=n if size is not None else int(n), n_drawn=m,
+        min_per_class=int(min_per_class), seed=int(seed), pixel_ha=pixel_ha,
+        target=None if size is None else size.target,
+        expected_half_width=None if size is None else size.expected_where_targeted(),
     )  # fmt: skip
     return Design(
         record=record, points=points, lon=np.concatenate(lon), lat=np.concatenate(lat),

@@ -19,6 +19,7 @@ import pandas as pd
 from emb.classes import ClassMap
 from emb.estimation.estimators import AreaEstimates, Estimate
 from emb.estimation.holdout_check import ClassCoverage, LevelCheck
+from emb.estimation.sample_size import SampleSize
 from emb.estimation.settings import AreaSettings
 
 CHECK = "test split, CDL reference"
@@ -29,7 +30,7 @@ COLUMNS = [
     "wald_coverage", "draws", "users", "users_lo", "users_hi", "users_wald_lo", "users_wald_hi",
     "producers", "producers_lo", "producers_hi", "producers_wald_lo", "producers_wald_hi",
     "overall", "overall_lo", "overall_hi", "overall_wald_lo", "overall_wald_hi", "units_mapped",
-    "units_reference", "note",
+    "units_reference", "recommended_units", "expected_half_width", "delivered_half_width", "note",
 ]  # fmt: skip
 HECTARES = ("mapped_ha", "estimated_ha", "se_ha", "lo_ha", "hi_ha", "wald_lo_ha", "wald_hi_ha",
             "cdl_ha")  # fmt: skip
@@ -149,11 +150,15 @@ def _coverage_notes(tally: ClassCoverage | None, draws: int, settings: AreaSetti
 
 def check_rows(
     run: str, checks: Sequence[LevelCheck], cmap: ClassMap, pixel_ha: float,
-    settings: AreaSettings, where: str,
+    settings: AreaSettings, where: str, size: SampleSize | None = None,
+    sized: Sequence[LevelCheck] = (),
 ) -> list[dict]:  # fmt: skip
     """The test split's check: the first draw's estimates beside the CDL's area and the
-    coverage of both intervals (the one that holds, Wald's) over every draw."""
+    coverage of both intervals (the one that holds, Wald's) over every draw; at the design's
+    level, ``size``'s recommended units per stratum (the class's) with each reported class's
+    expected relative half-width, and what samples of that size delivered (``sized``)."""
     rows = []
+    delivered = {c.level: c for c in sized}
     for chk in checks:
         common = {"run": run, "method": CHECK, "where": where, "draws": chk.draws}
         shown = estimate_rows(chk.estimates, chk.level, cmap, pixel_ha, settings, common)
@@ -174,6 +179,13 @@ def check_rows(
             row["wald_coverage"] = (tally.wald_covered / chk.draws if tally and tally.wald_with
                                     else None)  # fmt: skip
             extra = _coverage_notes(tally, chk.draws, settings)
+            if size is not None and chk.level == settings.level and cls < len(size.units):
+                row["recommended_units"] = int(size.units[cls])
+                if size.targeted[cls]:
+                    row["expected_half_width"] = float(size.expected[cls])
+                    got = delivered.get(chk.level)
+                    tally = got.coverage.get(cls) if got else None
+                    row["delivered_half_width"] = tally.mean_half_width if tally else None
             row["note"] = "; ".join(filter(None, [row.get("note"), *extra]))
             rows.append(row)
     return rows
@@ -186,7 +198,7 @@ def table(rows: list[dict]) -> pd.DataFrame:
     if frame.empty:
         return frame
     shares = [c for c in COLUMNS if c.startswith(("users", "producers", "overall"))]
-    shares += ["coverage", "wald_coverage"]
+    shares += ["coverage", "wald_coverage", "expected_half_width", "delivered_half_width"]
     frame[list(HECTARES)] = frame[list(HECTARES)].astype(float).round(HA_DECIMALS)
     frame[shares] = frame[shares].astype(float).round(SHARE_DECIMALS)
     frame = frame.sort_values(["method", "level", "estimated_ha"], ascending=[True, True, False],

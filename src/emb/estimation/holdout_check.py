@@ -218,12 +218,18 @@ class StratifiedSampler:
     how many units fall in each cell."""
 
     def __init__(
-        self, joint: np.ndarray, strata: np.ndarray, n_strata: int, n: int, min_per_class: int
-    ) -> None:
+        self, joint: np.ndarray, strata: np.ndarray, n_strata: int, n: int | str,
+        min_per_class: int, allocation: np.ndarray | None = None,
+    ) -> None:  # fmt: skip
         self.shape = joint.shape
         cells, of = np.asarray(joint, np.int64).ravel(), np.asarray(strata, np.int64).ravel()
         self.sizes = np.bincount(of, weights=cells, minlength=n_strata).astype(np.int64)
-        self.allocation = np.asarray(allocate(self.sizes, n, min_per_class), np.int64)
+        if allocation is None and not isinstance(n, int):
+            raise AreaCheckError(f"sample n {n!r}: expected the allocation it stands for")
+        self.allocation = np.asarray(
+            allocate(self.sizes, n, min_per_class) if allocation is None
+            else np.minimum(allocation, self.sizes), np.int64,
+        )  # fmt: skip
         # per stratum: its cells with pixels, and their pixels' cumulative counts (the ranks'
         # boundaries: rank u of the stratum lies in the first cell whose bound exceeds it)
         self.cells = [np.flatnonzero((of == h) & (cells > 0)) for h in range(n_strata)]
@@ -272,6 +278,12 @@ class ClassCoverage:
     wald_covered: int = 0
     wald_with: int = 0
     units_reference: int = 0  # summed over the draws (a mean per draw when divided)
+    half_width: float = 0.0  # relative half-widths of the intervals, summed over the draws
+
+    @property
+    def mean_half_width(self) -> float | None:
+        """The mean relative half-width of the draws' intervals (None without one)."""
+        return self.half_width / self.with_interval if self.with_interval else None
 
 
 @dataclass(frozen=True)
@@ -287,16 +299,30 @@ class LevelCheck:
     draws: int
 
 
-def check(population: TestSplitCounts, cmap: ClassMap, design: AreaSettings) -> list[LevelCheck]:
+def error_matrix(population: TestSplitCounts, level: int, cmap: ClassMap) -> np.ndarray:
+    """(K, K) int64 the test split's pixels by the map's class (row) and the CDL's at
+    ``level``: the pilot the recommended sample size is drawn from."""
+    table = level_table(level, cmap)[:N_L3].astype(np.int64)
+    k = LEVEL_CLASSES[level]
+    out = np.zeros((k, k), np.int64)
+    np.add.at(out, (table[:, None], table[None, :]), population.joint)
+    return out
+
+
+def check(
+    population: TestSplitCounts, cmap: ClassMap, design: AreaSettings,
+    units: np.ndarray | None = None,
+) -> list[LevelCheck]:  # fmt: skip
     """The check at L1, L2 and L3: ``design.draws`` seeded stratified samples (draw d from
     ``default_rng([design.seed, d])``), each estimated at every level and its intervals (at
     ``design.confidence``) compared with the CDL's area of the population. A draw without an
     interval (none the sample can give; Wald's with a standard error of 0; a census's, of no
-    width, as the table shows none) counts as not covering."""
+    width, as the table shows none) counts as not covering. ``units``: the units per stratum
+    (the recommended allocation), instead of ``design.n``'s."""
     strata = level_table(design.level, cmap)[:N_L3].astype(np.int64)  # map L3 -> stratum
     n_strata = LEVEL_CLASSES[design.level]
     sampler = StratifiedSampler(population.joint, np.broadcast_to(strata[:, None], (N_L3, N_L3)),
-                                n_strata, design.n, design.min_per_class)  # fmt: skip
+                                n_strata, design.n, design.min_per_class, units)  # fmt: skip
     mapped_l3, reference_l3 = (a.ravel() for a in np.indices((N_L3, N_L3)))
     l3_px = population.joint.sum(1)
     levels, joint = {}, {}
@@ -340,6 +366,7 @@ def _tally(tally: ClassCoverage, est: Estimate, truth: float, z: float) -> None:
     elif bounds is not None:
         tally.with_interval += 1
         tally.covered += bounds[0] <= truth <= bounds[1]
+        tally.half_width += (bounds[1] - bounds[0]) / 2 / est.value if est.value > 0 else 0.0
     wald = est.interval(z) if est.se else None  # a standard error of 0: no Wald interval
     if wald is not None:
         tally.wald_with += 1

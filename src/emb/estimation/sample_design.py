@@ -17,10 +17,13 @@ import argparse
 import logging
 from pathlib import Path
 
+import numpy as np
+
 from emb import stage_runner
 from emb.classes import load_class_map
 from emb.estimation.design import draw_points
 from emb.estimation.sample_files import write_sample
+from emb.estimation.sample_size import SampleSize, allocation, read_pilot
 from emb.estimation.settings import AreaSettingsError, from_json
 
 log = logging.getLogger(__name__)
@@ -41,14 +44,25 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument("--classes", type=Path, required=True, help="classes.csv")
     p.add_argument("--settings", default="{}", help=SETTINGS_HELP)
+    p.add_argument("--sample-size", type=Path, help="{run}_sample_size.json (with n: auto)")
     p.add_argument("--out-dir", type=Path, required=True, help="results/samples/{run}")
     args = p.parse_args(argv)
     try:
         settings = from_json(args.settings)
     except AreaSettingsError as err:
         p.error(str(err))
+    sized = None
+    if settings.auto:
+        if args.sample_size is None:
+            p.error("--sample-size: expected area_estimates' {run}_sample_size.json with n: auto")
+        pilot = read_pilot(args.sample_size, settings.level)
+
+        def sized(strata_px: np.ndarray) -> SampleSize:
+            return allocation(strata_px, pilot, settings.target, settings.min_share,
+                              settings.min_per_class, settings.confidence)  # fmt: skip
+
     design = draw_points(args.maps, settings.level, load_class_map(args.classes), settings.n,
-                         settings.min_per_class, settings.seed)  # fmt: skip
+                         settings.min_per_class, settings.seed, sized)  # fmt: skip
     args.out_dir.mkdir(parents=True, exist_ok=True)
     paths = write_sample(design, args.out_dir)
     record = design.record

@@ -61,12 +61,14 @@ class SampleRecord:
     maps: tuple[MapRecord, ...]
     strata_px: np.ndarray
     allocation: np.ndarray
-    n: int
+    n: int | str
     n_drawn: int
     min_per_class: int
     seed: int
     pixel_ha: float
     path: Path | None = None
+    target: float | None = None  # n "auto": the relative half-width aimed at
+    expected_half_width: tuple[float | None, ...] | None = None  # per class, where targeted
 
     def to_json(self) -> dict:
         """The record's JSON object, keys in the file's order."""
@@ -91,7 +93,10 @@ class SampleRecord:
             "scan_order": SCAN_ORDER,
             "numpy": np.__version__,
             "columns": list(COLUMNS),
-        }
+            **({} if self.target is None else {
+                "target": self.target, "expected_half_width": list(self.expected_half_width or ())
+            }),
+        }  # fmt: skip
 
     def text(self) -> str:
         """The file's text (indented JSON, one newline at the end)."""
@@ -149,11 +154,12 @@ def read_record(path: Path | str, cmap: ClassMap, sample: Path | str | None = No
         for m in data["maps"]
     )
     n_drawn = int(data["n_drawn"])
+    n = data.get("n", n_drawn)
     return SampleRecord(
         level=level, class_names=names, maps=maps,
         strata_px=np.array([s["pixels"] for s in data["strata"]], np.int64),
         allocation=np.array([s["allocated"] for s in data["strata"]], np.int64),
-        n=int(data.get("n", n_drawn)), n_drawn=n_drawn,
+        n=n if n == "auto" else int(n), n_drawn=n_drawn,
         min_per_class=int(data.get("min_per_class", 0)), seed=int(data["seed"]),
         pixel_ha=float(data["pixel_ha"]), path=path,
     )  # fmt: skip

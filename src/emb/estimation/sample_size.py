@@ -26,10 +26,13 @@ round after round, until it no longer changes.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from emb.estimation.intervals import z_of
+from emb.estimation.settings import AreaSettings
+from emb.io import read_json, write_json
 
 MAX_ROUNDS = 30  # rounds of Neyman's allocation on the pseudo-counted shares (a fixed point)
 
@@ -55,6 +58,11 @@ class SampleSize:
     @property
     def total(self) -> int:
         return int(self.units.sum())
+
+    def expected_where_targeted(self) -> tuple[float | None, ...]:
+        """Each class's expected relative half-width where it is targeted, else None."""
+        return tuple(float(e) if t else None for e, t in zip(self.expected, self.targeted,
+                                                              strict=True))  # fmt: skip
 
 
 def pilot_shares(error_matrix: np.ndarray, confidence: float) -> np.ndarray:
@@ -141,3 +149,31 @@ def expected_half_width(
     fpc = np.maximum(np.divide(1.0, n, out=np.zeros(n.shape), where=n > 0) - 1 / big_n[:, None], 0)
     var = (w[:, None] ** 2 * seen * (1 - seen) * fpc).sum(0)
     return np.divide(z * np.sqrt(var), share, out=np.full(len(share), np.nan), where=share > 0)
+
+
+def write_sample_size(
+    path: Path, size: SampleSize, pilot: np.ndarray, settings: AreaSettings
+) -> None:
+    """``{run}_sample_size.json``: the pilot (the test split's error matrix at the design's
+    level, rows = strata), the target, and the recommendation over the test split's strata;
+    ``sample_design`` with ``n: auto`` allocates on its own strata from the same pilot."""
+    record = {
+        "level": settings.level, "confidence": settings.confidence, "target": size.target,
+        "min_share": settings.min_share, "min_per_class": settings.min_per_class,
+        "pilot": np.asarray(pilot).tolist(), "units": size.units.tolist(),
+        "targeted": size.targeted.tolist(), "share": size.share.tolist(),
+        "expected_half_width": [None if np.isnan(v) else float(v) for v in size.expected],
+    }  # fmt: skip
+    write_json(path, record)
+
+
+def read_pilot(path: Path, level: int) -> np.ndarray:
+    """The pilot error matrix of a ``{run}_sample_size.json`` written at ``level``."""
+    data = read_json(path, "sample size record", "rerun area_estimates")
+    if not isinstance(data, dict) or "pilot" not in data or data.get("level") != level:
+        found = data.get("level") if isinstance(data, dict) else type(data).__name__
+        raise SampleSizeError(
+            f"{path}: expected a sample size record at level {level} with its pilot, found "
+            f"level {found!r}"
+        )
+    return np.asarray(data["pilot"], np.int64)

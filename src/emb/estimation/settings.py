@@ -23,6 +23,7 @@ from emb.estimation.estimators import z_of
 
 SECTION = "area_estimates"
 TRAVELS = ("confidence", "sample", "draws")  # the keys a stage reads
+AUTO = "auto"  # sample.n: the recommended units
 
 
 class AreaSettingsError(ValueError):
@@ -33,14 +34,22 @@ class AreaSettingsError(ValueError):
 class AreaSettings:
     """``confidence``: the two-sided level of every interval; the sample design (``n`` units,
     at least ``min_per_class`` per stratum, strata = the map's classes at ``level``, drawn from
-    ``seed``); ``draws``: the test split's check's seeded samples."""
+    ``seed``; ``n`` "auto": as many as give each class with ``min_share`` of the mapped area a
+    relative half-width of ``target``); ``draws``: the test split's check's seeded samples."""
 
     confidence: float
-    n: int
+    n: int | str
     min_per_class: int
     level: int
     seed: int
     draws: int
+    target: float
+    min_share: float
+
+    @property
+    def auto(self) -> bool:
+        """``n: auto``: the units :mod:`emb.estimation.sample_size` recommends."""
+        return self.n == AUTO
 
     @property
     def z(self) -> float:
@@ -55,7 +64,8 @@ class AreaSettings:
     def to_json(self) -> str:
         """The settings as the config section holds them (what a rule passes as --settings)."""
         sample = {"n": self.n, "min_per_class": self.min_per_class, "level": self.level,
-                  "seed": self.seed}  # fmt: skip
+                  "seed": self.seed, "target": self.target,
+                  "min_share": self.min_share}  # fmt: skip
         return json.dumps(
             {"confidence": self.confidence, "sample": sample, "draws": self.draws},
             sort_keys=True,
@@ -77,12 +87,16 @@ def _build(data: dict, where: str) -> AreaSettings:
     error = jsonschema.exceptions.best_match(jsonschema.Draft7Validator(wanted).iter_errors(data))
     if error is not None:
         key = ".".join([SECTION, *map(str, error.absolute_path)])
-        raise AreaSettingsError(f"{where}: {key}: {error.message}")
+        message = error.message
+        if error.validator == "oneOf":  # name what would do, not "under any of the schemas"
+            allowed = " or ".join(json.dumps(option) for option in error.validator_value)
+            message = f"expected {allowed}, found {error.instance!r}"
+        raise AreaSettingsError(f"{where}: {key}: {message}")
     sample = data["sample"]
     return AreaSettings(
         confidence=float(data["confidence"]), n=sample["n"],
         min_per_class=sample["min_per_class"], level=sample["level"], seed=sample["seed"],
-        draws=data["draws"],
+        draws=data["draws"], target=float(sample["target"]), min_share=float(sample["min_share"]),
     )  # fmt: skip
 
 

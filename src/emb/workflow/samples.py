@@ -29,6 +29,14 @@ def area_settings(section: Mapping[str, Any]) -> str:
     return from_config(section, "config").to_json()
 
 
+def sample_size_inputs(section: Mapping[str, Any], run: str) -> dict[str, str]:
+    """Rule sample_design's input with ``sample.n: auto``: the run's recommended size (its
+    pilot), which rule area_estimates writes; none with a number."""
+    if section.get("sample", {}).get("n") != "auto":
+        return {}
+    return {"sample_size": f"results/area_estimates/{run}_sample_size.json"}
+
+
 def design_regions(wanted: Sequence[str], mapped: Sequence[str], run: str) -> list[str]:
     """The regions of run ``run``'s sample: every mapped region when ``wanted`` is empty; a
     name is a region, or an area of the areas file (its regions ``{area}_{zone}``)."""
