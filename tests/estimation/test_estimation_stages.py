@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from test_holdout_check import CLASSES, region_files, settings_arg
-from test_labelled_estimates import labelled_sample, scene, write_map
+from test_labelled_estimates import labelled_sample, scene, stage_on_sample, write_map
 
 from emb.classes import load_class_map
 from emb.estimation import area_estimates, sample_design
@@ -77,17 +77,7 @@ def test_a_design_record_given_apart_from_the_sample_is_used(tmp_path: Path) -> 
     apart = tmp_path / "records" / "design.json"
     apart.parent.mkdir()
     record.rename(apart)
-    labels = write_map(tmp_path / "labels.tif", truth)
-    index = tmp_path / "r1" / "index.json"
-    index.parent.mkdir()
-    index.write_text('{"tile_size": 40, "splits": {"test": {"blocks": {"r1_40_40": "b"}}}}')
-    out = tmp_path / "run.csv"
-    area_estimates.main(["--run", "a", "--maps", str(tmp_path / "maps"), "--indexes", str(index),
-                         "--labels", str(labels), "--classes", str(CLASSES),
-                         settings_arg(n=50, min_per_class=5, draws=2),
-                         "--labelled", str(sample_csv),
-                         "--record", str(apart), "--csv", str(out),
-                         "--png", str(tmp_path / "run.png")])  # fmt: skip
+    out = stage_on_sample(tmp_path, truth, sample_csv, 2, "--record", str(apart))
     assert (pd.read_csv(out)["method"] == "user sample").any()
 
 

@@ -147,11 +147,11 @@ def test_coarser_ids_follow_the_class_table() -> None:
         coarser(l3, 2, 3, CMAP)
 
 
-def test_the_stage_adds_the_user_sample_rows_and_counts_the_unlabelled(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    truth, mapped = scene(0)
-    sample_csv, record = labelled_sample(tmp_path, truth, mapped, level=2, unlabel=3)
+def stage_on_sample(
+    tmp_path: Path, truth: np.ndarray, sample_csv: Path, draws: int, *extra: str
+) -> Path:
+    """Run the area_estimates stage on run "a"'s maps (``tmp_path/maps``) with a test split of
+    one tile labelled by ``truth`` and the labelled sample; its CSV."""
     labels = write_map(tmp_path / "labels.tif", truth)
     index = tmp_path / "r1" / "index.json"
     index.parent.mkdir()
@@ -159,10 +159,18 @@ def test_the_stage_adds_the_user_sample_rows_and_counts_the_unlabelled(
     out = tmp_path / "run.csv"
     area_estimates.main(["--run", "a", "--maps", str(tmp_path / "maps"), "--indexes", str(index),
                          "--labels", str(labels), "--classes", str(CLASSES),
-                         settings_arg(n=50, min_per_class=5, draws=5),
-                         "--labelled", str(sample_csv),
-                         "--csv", str(out), "--png", str(tmp_path / "run.png")])  # fmt: skip
-    frame = pd.read_csv(out)
+                         settings_arg(n=50, min_per_class=5, draws=draws),
+                         "--labelled", str(sample_csv), "--csv", str(out),
+                         "--png", str(tmp_path / "run.png"), *extra])  # fmt: skip
+    return out
+
+
+def test_the_stage_adds_the_user_sample_rows_and_counts_the_unlabelled(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    truth, mapped = scene(0)
+    sample_csv, record = labelled_sample(tmp_path, truth, mapped, level=2, unlabel=3)
+    frame = pd.read_csv(stage_on_sample(tmp_path, truth, sample_csv, 5))
     users = frame[frame["method"] == "user sample"]
     assert set(users["level"]) == {1, 2}
     assert users["note"].str.contains("3 of 120 units unlabelled").all()
