@@ -509,3 +509,26 @@ def test_an_estimate_without_se_says_why_and_has_no_interval() -> None:
         Estimate(0.5, 0.1, "no reason needed")
     with pytest.raises(ValueError, match="expected a finite value and se >= 0"):
         Estimate(float("nan"), 0.1)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_both_estimators_carry_the_same_intervals_at_the_level_asked(seed: int) -> None:
+    """The result objects carry each figure's interval that holds (emb.estimation.intervals) at
+    the confidence asked: Stehman told the map-class strata gives Olofsson's bounds, inside
+    [0, 1] and around the value; a lower level gives a narrower interval."""
+    rng = np.random.default_rng(seed)
+    k = 4
+    matrix = rng.integers(0, 6, (k, k)) + np.diag(rng.integers(20, 60, k))
+    big_n = rng.integers(1_000, 500_000, size=k)
+    mapped, reference = units_of(matrix)
+    ours = olofsson(big_n, matrix, 0.95)
+    theirs = stehman(big_n, mapped, mapped, reference, big_n, np.diag(big_n), 0.95)
+    narrow = olofsson(big_n, matrix, 0.8)
+    for a, b, c in zip(ours.classes, theirs.classes, narrow.classes, strict=True):
+        for name in ("proportion", "users", "producers"):
+            x, y, z = getattr(a, name), getattr(b, name), getattr(c, name)
+            assert x.bounds == pytest.approx(y.bounds), name
+            assert 0 <= x.lo <= x.value <= x.hi <= 1, name
+            assert x.hi - x.lo > z.hi - z.lo, name
+    assert ours.overall.bounds == pytest.approx(theirs.overall.bounds)
+    assert olofsson(big_n, matrix).overall.bounds is None  # no level asked: no interval
