@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import inspect
+import json
 import re
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from emb.prep.tiles import TileSpec
 
 SRC = Path(emb.__file__).resolve().parent  # the package under test (a copy's, if first)
 SCHEMA = SRC.parents[1] / "workflow" / "schemas" / "config.schema.yaml"
-STAGE_PACKAGES = ("prep", "report", "areas")  # the stages of the data and report rules
+STAGE_PACKAGES = ("prep", "report", "areas", "estimation")  # the data, report and area rules
 KEY = re.compile(r"\bconfig ([a-z_]+(?:\.[a-z_]+)*)")  # how an option's help names its setting
 # options with a default that is no setting of the config, and why
 NOT_SETTINGS = {
@@ -66,9 +67,12 @@ def stage_modules() -> list[str]:
 
 
 def parsed_default(action: argparse.Action, value):
-    """``value`` as the option holds it once parsed (argparse parses a text default)."""
+    """``value`` as the option holds it once parsed (argparse parses a text default; a section
+    passed whole is JSON text, e.g. the area settings)."""
     if isinstance(value, str) and action.type is not None:
         return action.type(value)
+    if isinstance(value, str) and "as JSON" in (action.help or ""):
+        return json.loads(value)
     return value
 
 
