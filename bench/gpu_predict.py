@@ -43,8 +43,9 @@ from gpu_loop import REPO, job_env
 from emb.classes import load_class_map
 from emb.evaluation.map_files import map_profile, tmp_sibling, to_cog
 from emb.evaluation.predict import predict_raster
+from emb.evaluation.predict_spec import PredictSpec
 from emb.evaluation.runs import TrainedRun, open_run
-from emb.evaluation.windows import BlockReader, PredictSpec, blocks, owned_origins
+from emb.evaluation.windows import BlockReader, blocks, owned_origins
 from emb.models.runtime import CPU_HOST, Host, Runtime
 
 START, END = "regions to map", "published"  # the predict stage's own log lines

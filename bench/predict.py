@@ -53,8 +53,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_predict import map_contenders, side_by_side, unique_windows  # noqa: E402
 
 from emb.evaluation.map_files import map_profile, tmp_sibling, to_cog  # noqa: E402
+from emb.evaluation.predict_spec import PredictSpec  # noqa: E402
 from emb.evaluation.runs import TrainedRun  # noqa: E402
-from emb.evaluation.windows import PredictSpec  # noqa: E402
 from emb.models import build_model  # noqa: E402
 from emb.models.runtime import Runtime  # noqa: E402
 from emb.models.train_defaults import TRAIN_SCHEMA  # noqa: E402

@@ -10,7 +10,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from emb.models import ModelConfig, build_model, conv_macs, count_parameters
+from emb.models import ModelConfig, build_model, count_parameters
+from emb.models.blocks import conv_macs
 
 DEMO = {"widths": (16, 32, 64, 128), "depths": (1, 1, 2, 1), "decoder_dim": 64}
 

@@ -22,7 +22,7 @@ import pytest
 import torch
 from conftest import REPO
 
-from emb.evaluation.windows import PredictSpec
+from emb.evaluation.predict_spec import PredictSpec
 from emb.models import ModelConfig
 from emb.prep.spatial_split import SplitSpec
 from emb.prep.tiles import TileSpec

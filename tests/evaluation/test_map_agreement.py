@@ -22,8 +22,9 @@ from tiny_runs import tiny_run
 
 from emb.classes import load_class_map
 from emb.evaluation.predict import predict_raster
+from emb.evaluation.predict_spec import PredictSpec
 from emb.evaluation.runs import TrainedRun, open_run
-from emb.evaluation.windows import PredictSpec, map_blocks
+from emb.evaluation.windows import map_blocks
 from emb.models.runtime import Runtime
 from emb.prep.demo_region import DEMO_REGIONS
 from emb.rasters import embedding_nodata, shard_arrays, valid_pixels

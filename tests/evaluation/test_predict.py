@@ -18,8 +18,9 @@ from emb.colours import official_palette
 from emb.evaluation.map_files import read_north_up
 from emb.evaluation.predict import main as predict_main
 from emb.evaluation.predict import predict_raster
+from emb.evaluation.predict_spec import PredictSpec
 from emb.evaluation.runs import open_run
-from emb.evaluation.windows import PredictSpec, blend_weights, tile_origins, window_count
+from emb.evaluation.windows import blend_weights, tile_origins, window_count
 from emb.models import build_model
 from emb.prep.demo_region import DEMO_REGIONS, write_region
 from emb.rasters import shard_arrays, valid_pixels

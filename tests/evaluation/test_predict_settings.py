@@ -17,7 +17,7 @@ from emb import stage_runner
 from emb.config_schema import config_default
 from emb.evaluation.evaluate import main as evaluate_main
 from emb.evaluation.predict import main as predict_main
-from emb.evaluation.windows import PredictSettingsError, PredictSpec, model_downsampling
+from emb.evaluation.predict_spec import PredictSettingsError, PredictSpec, model_downsampling
 from emb.models import ModelConfig, build_model
 
 

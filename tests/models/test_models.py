@@ -7,7 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from emb.models import ModelConfig, build_model, conv_macs, count_parameters
+from emb.models import ModelConfig, build_model, count_parameters
+from emb.models.blocks import conv_macs
 
 ARCHS = ("segformer", "deeplab")
 TINY = {"widths": (8, 16, 32, 64), "depths": (1, 1, 1, 1), "decoder_dim": 32}

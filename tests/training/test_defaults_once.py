@@ -17,7 +17,7 @@ import yaml
 from conftest import REPO
 
 from emb.config_schema import config_default
-from emb.evaluation.windows import PredictSpec
+from emb.evaluation.predict_spec import PredictSpec
 from emb.models import ModelConfig
 from emb.models.train_defaults import schema_defaults, section_defaults
 from emb.training.run_config import SECTIONS

@@ -27,9 +27,10 @@ from emb.prep.spatial_split import SplitSpec
 from emb.prep.tiles import TileSpec
 from emb.training.ema import ModelEma
 from emb.training.loop import build_trainer
+from emb.training.lr_scaling import lr_warnings
 from emb.training.run_config import TrainConfig, load
 from emb.training.run_log import RunLog
-from emb.training.schedule import build_plan, lr_warnings
+from emb.training.schedule import build_plan
 from emb.training.train_config import resolve
 from emb.training.trainer import StepResult
 

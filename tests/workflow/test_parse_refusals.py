@@ -25,7 +25,7 @@ from workflow_runs import make_workdir, snakemake
 from emb.classes import load_class_map
 from emb.estimation.design import draw_points
 from emb.estimation.sample_files import SamplePaths, write_sample
-from emb.evaluation.windows import PredictSettingsError
+from emb.evaluation.predict_spec import PredictSettingsError
 from emb.prep.demo_region import DEMO_REGIONS, write_region
 from emb.prep.footprints import Footprint
 from emb.prep.spatial_split import (

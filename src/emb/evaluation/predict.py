@@ -46,6 +46,7 @@ from emb.evaluation.map_files import (
     write_legend,
     write_quicklook,
 )
+from emb.evaluation.predict_spec import PredictSpec, model_downsampling
 from emb.evaluation.region_maps import (
     MapFiles,
     RegionInput,
@@ -54,7 +55,7 @@ from emb.evaluation.region_maps import (
     share_of_rank,
 )
 from emb.evaluation.runs import RunError, TrainedRun, open_run
-from emb.evaluation.windows import MapBlock, PredictSpec, blocks, map_blocks, model_downsampling
+from emb.evaluation.windows import MapBlock, blocks, map_blocks
 from emb.models.runtime import CPU_HOST, Host, Runtime
 from emb.progress import Progress
 from emb.provenance import digest_file, provenance

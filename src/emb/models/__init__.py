@@ -2,20 +2,22 @@
 
 Every model maps (B, in_dim, H, W) float32 to ``{"l1", "l2", "l3"}`` logits of shape
 (B, num_classes[i], H, W), one head per level of the label hierarchy.
+
+Importing the package imports no torch: the workflow reads :class:`ModelConfig` at parse time
+(through :mod:`emb.training.run_config`); the architectures, and torch with them, are imported
+by the first :func:`build_model`.
 """
 
 from __future__ import annotations
 
-from torch import nn
+from typing import TYPE_CHECKING
 
-from emb.models.blocks import conv_macs
-from emb.models.deeplab import DeepLabV3Plus
 from emb.models.model_config import ARCHS, UNKNOWN_TILE, ModelConfig, aspp_rates_for
-from emb.models.segformer import SegFormer
 
-__all__ = [
-    "ARCHS", "ModelConfig", "aspp_rates_for", "build_model", "conv_macs", "count_parameters",
-]  # fmt: skip
+if TYPE_CHECKING:
+    from torch import nn
+
+__all__ = ["ARCHS", "ModelConfig", "aspp_rates_for", "build_model", "count_parameters"]
 
 
 def build_model(cfg: ModelConfig, tile_size: int | None = None) -> nn.Module:
@@ -24,6 +26,9 @@ def build_model(cfg: ModelConfig, tile_size: int | None = None) -> nn.Module:
     ``tile_size`` fixes DeepLab's atrous rates when ``cfg.aspp_rates`` is None (training
     records the derived rates in its checkpoints, so evaluation rebuilds the same model).
     """
+    from emb.models.deeplab import DeepLabV3Plus  # torch: here, not when the package loads
+    from emb.models.segformer import SegFormer
+
     if not isinstance(cfg, ModelConfig):
         raise TypeError(f"build_model expects a ModelConfig, got {type(cfg).__name__}")
     cfg.validate()

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from emb.io import read_yaml
-from emb.models import ModelConfig
+from emb.models.model_config import ModelConfig
 from emb.models.train_defaults import schema_defaults
 
 

@@ -22,7 +22,7 @@ import torch
 from emb.io import atomic_path
 from emb.training.distributed import all_reduce_tensor
 from emb.training.loss import LEVELS
-from emb.training.schedule import lr_warnings, reference_batch
+from emb.training.lr_scaling import lr_warnings, reference_batch
 
 if TYPE_CHECKING:
     from emb.training.nonfinite import NonfiniteCounts

@@ -11,7 +11,7 @@ from types import TracebackType
 from snakemake.exceptions import WorkflowError
 
 from emb.areas import AreasError
-from emb.evaluation.windows import PredictSettingsError
+from emb.evaluation.predict_spec import PredictSettingsError
 from emb.prep.regions import RegionsError
 from emb.prep.spatial_split import SplitBlocksError, TilingError
 from emb.training.run_config import ConfigError

@@ -12,15 +12,15 @@ import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from emb.evaluation.windows import (
+from emb.evaluation.predict_spec import (
     PredictSettingsError,
     PredictSpec,
     check_window_side,
     model_downsampling,
 )
 from emb.prep.data_settings import tiling_in_force
+from emb.training.lr_scaling import lr_warnings
 from emb.training.run_config import ConfigError, TrainConfig
-from emb.training.schedule import lr_warnings
 from emb.training.train_config import resolve
 from emb.workflow.region_table import RegionTable, check_tilings
 
@@ -126,7 +126,7 @@ def check_run_windows(
     the training tile (``tile``, the config's ``tile_key``: ``tiles.size`` or the demo
     overlay's) and predict's window side must be multiples of the model's total downsampling,
     and ``predict``'s overlap must leave a stride of a pixel or more. Raises
-    :class:`emb.evaluation.windows.PredictSettingsError` naming the key and a value that
+    :class:`emb.evaluation.predict_spec.PredictSettingsError` naming the key and a value that
     works (found before only when the predict job started, after a whole training)."""
     model = run_config["model"]
     stages = len(model["widths"])
