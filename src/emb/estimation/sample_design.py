@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> None:
     record = design.record
     log.info("wrote %s (%d points over %d maps, L%d strata, allocation %s), %s and %s",
              paths.csv, record.n_drawn, len(record.maps), record.level,
-             {record.class_names[k]: int(v) for k, v in enumerate(record.allocation) if v},
+             {record.stratum_name(h): int(v) for h, v in enumerate(record.allocation) if v},
              paths.gpkg, paths.record)  # fmt: skip
 
 

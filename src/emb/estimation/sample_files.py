@@ -450,7 +450,7 @@ def _check_strata(csv_path: Path, record: SampleRecord, rows: _Rows) -> None:
     if over.size:
         h = int(over[0])
         raise ReferenceSampleError(
-            f"{csv_path}: stratum {_stratum_name(record, h)} has {per_stratum[h]} rows, "
+            f"{csv_path}: stratum {record.stratum_name(h)} has {per_stratum[h]} rows, "
             f"the design allocated {record.allocation[h]} ({changed})"
         )
     labelled = np.array([r is not None for r in rows.reference], bool)
@@ -459,19 +459,10 @@ def _check_strata(csv_path: Path, record: SampleRecord, rows: _Rows) -> None:
     if empty.size:
         h = int(empty[0])
         raise ReferenceSampleError(
-            f"{csv_path}: stratum {_stratum_name(record, h)} ({record.strata_px[h]} "
+            f"{csv_path}: stratum {record.stratum_name(h)} ({record.strata_px[h]} "
             f"pixels, {record.allocation[h]} allocated) has no labelled unit: label at least "
             f"one of its rows"
         )
-
-
-def _stratum_name(record: SampleRecord, h: int) -> str:
-    """A stratum as messages name it: its id and class, and its district where it has one."""
-    k = len(record.class_names)
-    named = f"{h} {record.class_names[h % k]!r}"
-    if record.districts is None:
-        return named
-    return f"{named} of district {record.districts.names_by_id()[h // k]!r}"
 
 
 def read_labelled(csv_path: Path | str, design_path: Path | str, cmap: ClassMap) -> LabelledSample:

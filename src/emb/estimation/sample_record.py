@@ -126,6 +126,14 @@ class SampleRecord:
         """(H,) int64 the district of each stratum (all 0 without districts)."""
         return np.repeat(np.arange(self.n_districts, dtype=np.int64), len(self.class_names))
 
+    def stratum_name(self, h: int) -> str:
+        """Stratum ``h`` as messages name it: its id and class, and its district if any."""
+        k = len(self.class_names)
+        named = f"{h} {self.class_names[h % k]!r}"
+        if self.districts is None:
+            return named
+        return f"{named} of district {self.districts.names_by_id()[h // k]!r}"
+
     def to_json(self) -> dict:
         """The record's JSON object, keys in the file's order."""
         k = len(self.class_names)
