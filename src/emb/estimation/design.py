@@ -52,7 +52,7 @@ from emb.estimation.population import (
     streaming,
     strips,
 )
-from emb.estimation.sample_record import DistrictsRecord, MapRecord, SampleRecord
+from emb.estimation.sample_record import StrataDistricts, MapRecord, SampleRecord
 from emb.estimation.sample_size import SampleSize
 from emb.io import reading
 from emb.provenance import digest_file
@@ -280,7 +280,7 @@ def draw_points(
         min_per_class=int(min_per_class), seed=int(seed), pixel_ha=pixel_ha,
         target=None if size is None else size.target,
         expected_half_width=None if size is None else size.expected_where_targeted(),
-        districts=None if districts is None else DistrictsRecord.of(districts),
+        districts=None if districts is None else StrataDistricts.of(districts),
     )  # fmt: skip
     stratum = np.concatenate([c for _, _, c in found]).astype(np.int64)
     return Design(

@@ -73,7 +73,7 @@ class MapRecord:
 
 
 @dataclass(frozen=True)
-class DistrictsRecord:
+class StrataDistricts:
     """The districts a design was stratified by: ``names`` in the file's order (id = index +
     1), ``path``, ``sha256`` and ``name_field`` to read them again."""
 
@@ -83,7 +83,7 @@ class DistrictsRecord:
     names: tuple[str, ...]
 
     @classmethod
-    def of(cls, districts: Districts) -> DistrictsRecord:
+    def of(cls, districts: Districts) -> StrataDistricts:
         return cls(str(districts.path), digest_file(districts.path), districts.name_field,
                    tuple(districts.names))  # fmt: skip
 
@@ -111,7 +111,7 @@ class SampleRecord:
     path: Path | None = None
     target: float | None = None  # n "auto": the relative half-width aimed at
     expected_half_width: tuple[float | None, ...] | None = None  # per class, where targeted
-    districts: DistrictsRecord | None = None  # strata (district, class): (D + 1) * K of them
+    districts: StrataDistricts | None = None  # strata (district, class): (D + 1) * K of them
 
     @property
     def n_districts(self) -> int:
@@ -242,7 +242,7 @@ def read_record(path: Path | str, cmap: ClassMap, sample: Path | str | None = No
     )  # fmt: skip
 
 
-def _districts(path: Path, data: object) -> DistrictsRecord | None:
+def _districts(path: Path, data: object) -> StrataDistricts | None:
     """The record's districts (None in a record without them), checked for their keys."""
     if data is None:
         return None
@@ -253,7 +253,7 @@ def _districts(path: Path, data: object) -> DistrictsRecord | None:
         raise SampleRecordError(
             f"{path}: districts.names: expected a list of names, found {names!r}"
         )
-    return DistrictsRecord(str(data["path"]), str(data["sha256"]), str(data["name_field"]),
+    return StrataDistricts(str(data["path"]), str(data["sha256"]), str(data["name_field"]),
                            tuple(names))  # fmt: skip
 
 
