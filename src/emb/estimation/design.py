@@ -52,7 +52,7 @@ from emb.estimation.population import (
     streaming,
     strips,
 )
-from emb.estimation.sample_record import StrataDistricts, MapRecord, SampleRecord
+from emb.estimation.sample_record import MapRecord, SampleRecord, StrataDistricts
 from emb.estimation.sample_size import SampleSize
 from emb.io import reading
 from emb.provenance import digest_file
