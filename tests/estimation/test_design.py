@@ -453,3 +453,80 @@ def test_a_strip_changed_between_the_passes_is_refused(
     monkeypatch.setattr(design_module, "count_l3_strips", moved)
     with pytest.raises(SampleDesignError, match=r"a.tif changed while the sample was drawn"):
         draw_points(maps, 3, class_map, n=80, min_per_class=1, seed=3)
+
+
+# --- districts ------------------------------------------------------------------------------
+
+
+def two_districts(folder: Path) -> Path:
+    """West (x < 400,600) and east (400,600..401,000) of map a (UTM 15N); its pixels east of
+    401,000 and all of map b (UTM 16N, far from both) lie outside."""
+    path = folder / "districts.geojson"
+    boxes = [shapely.box(399_000, 4_498_000, 400_600, 4_501_000),
+             shapely.box(400_600, 4_498_000, 401_000, 4_501_000)]  # fmt: skip
+    pyogrio.raw.write(str(path), shapely.to_wkb(boxes), [np.array(["west", "east"], object)],
+                      ["name"], driver="GeoJSON", crs="EPSG:32615",
+                      geometry_type="Polygon")  # fmt: skip
+    return path
+
+
+def test_without_districts_the_points_are_those_drawn_before_districts(
+    tmp_path: Path, class_map: ClassMap
+) -> None:
+    """Digests of (region, x, y, class) of every point as the design drew them before it
+    took districts (commit 07cde48): the same seed still draws the same sample."""
+    import hashlib
+
+    maps = two_maps(tmp_path)
+    pinned = {
+        (2, 60, 4, 7): "32ac25792dd51531556cfe4773e364b2ee702975d2c5b83b4d6c1765b83957f2",
+        (3, 80, 1, 3): "0b513f5686bf398ef27108ba7616124047da09f25715adaa666282da3a252373",
+    }
+    for (level, n, minimum, seed), digest in pinned.items():
+        design = draw_points(maps, level, class_map, n=n, min_per_class=minimum, seed=seed)
+        p = design.points
+        text = repr(list(zip(p.region.tolist(), p.x.tolist(), p.y.tolist(),
+                             design.map_class.tolist(), strict=True)))  # fmt: skip
+        assert hashlib.sha256(text.encode()).hexdigest() == digest
+        assert design.record.districts is None and not design.district.any()
+
+
+def test_strata_are_district_and_class_pairs_each_given_the_minimum(
+    tmp_path: Path, class_map: ClassMap, thin_strips: None
+) -> None:
+    """Two districts and the outside over two maps: every (district, class) pair's pixels
+    as a whole-array count by pixel centre gives them, each pair with pixels at least
+    min(minimum, N_h) units, and each point in the district and class its stratum names."""
+    from emb.estimation.districts import read_districts
+
+    maps = two_maps(tmp_path)
+    districts = read_districts(two_districts(tmp_path), "name")
+    design = draw_points(maps, 1, class_map, n=60, min_per_class=5, seed=2, districts=districts)
+    record = design.record
+    assert record.districts is not None and record.districts.names == ("west", "east")
+    want = np.zeros((3, 2), np.int64)  # outside, west, east x L1 classes
+    for path in maps:
+        with rasterio.open(path) as src:
+            values = src.read(1)
+            cols, rows = np.meshgrid(np.arange(src.width) + 0.5, np.arange(src.height) + 0.5)
+            x, y = src.transform * (cols, rows)
+            utm15 = src.crs.to_epsg() == 32615
+        district = np.where(x < 400_600, 1, np.where(x < 401_000, 2, 0)) * utm15
+        ok = values != NODATA
+        np.add.at(want, (district[ok], class_map.l3_to_l1[values[ok]]), 1)
+    assert record.strata_px.tolist() == want.ravel().tolist()
+    assert record.allocation.sum() == 60
+    assert (record.allocation >= np.minimum(record.strata_px, 5)).all()
+    assert (record.allocation[record.strata_px > 0] >= 5).all()
+    stratum = design.district * 2 + design.map_class
+    assert np.bincount(stratum, minlength=6).tolist() == record.allocation.tolist()
+    p = design.points
+    west = (p.region == "a") & (p.x < 400_600)
+    east = (p.region == "a") & (p.x > 400_600) & (p.x < 401_000)
+    assert design.district.tolist() == np.where(west, 1, np.where(east, 2, 0)).tolist()
+    for path in maps:
+        mine = p.region == path.stem
+        with rasterio.open(path) as src:
+            values = np.array([v[0] for v in src.sample(zip(p.x[mine], p.y[mine], strict=True))])
+        assert class_map.l3_to_l1[values].tolist() == design.map_class[mine].tolist()
+    assert len(set(points_of(design))) == 60

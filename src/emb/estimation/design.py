@@ -1,7 +1,10 @@
 """A stratified random sample of map pixels for reference labelling (Olofsson et al. 2014,
 RSE 148, section 5.1): strata are the map's classes at a level, each stratum gets a minimum
 number of units and the rest of n goes by area, and within a stratum the units are pixels drawn
-uniformly without replacement.
+uniformly without replacement. Given districts, a stratum is a (district, map class) pair
+(district 0, the pixels no district holds, a domain of its own): every district gets the minimum
+in each of its classes, so each district's areas are estimated within its own strata, and the
+strata of all districts together are one stratified sample of the whole.
 
 Reproducible from the seed: the strata are counted by streaming the maps, each stratum's drawn
 ranks come from one generator in class order, and a second streaming pass picks the pixels of
@@ -26,7 +29,14 @@ import rasterio
 from pyproj import CRS
 
 from emb import geo
-from emb.classes import N_L3, ClassMap
+from emb.classes import IGNORE, N_L3, ClassMap
+from emb.estimation.districts import (
+    Districts,
+    MapDistricts,
+    district_ids,
+    district_strips,
+    on_map,
+)
 from emb.estimation.population import (
     CHUNK,
     Points,
@@ -34,13 +44,15 @@ from emb.estimation.population import (
     collapse_counts,
     count_l3_strips,
     crs_text,
+    histogram,
     level_names,
     level_table,
     map_pixel_ha,
+    refuse_foreign,
     streaming,
     strips,
 )
-from emb.estimation.sample_record import MapRecord, SampleRecord
+from emb.estimation.sample_record import MapRecord, SampleRecord, StrataDistricts
 from emb.estimation.sample_size import SampleSize
 from emb.io import reading
 from emb.provenance import digest_file
@@ -56,14 +68,16 @@ class SampleDesignError(ValueError):
 @dataclass(frozen=True)
 class Design:
     """A drawn sample: its ``record`` (strata, allocation, maps: what ``sample.json`` holds),
-    ``points`` with (m,) ``lon``, ``lat`` float64 (WGS84) and ``map_class`` int64 (the
-    stratum), m = record.n_drawn."""
+    ``points`` with (m,) ``lon``, ``lat`` float64 (WGS84), ``map_class`` int64 (the class at
+    the level) and ``district`` int64 (0 the outside; all 0 in a design without districts),
+    m = record.n_drawn; a unit's stratum is ``district * K + map_class``."""
 
     record: SampleRecord
     points: Points
     lon: np.ndarray
     lat: np.ndarray
     map_class: np.ndarray
+    district: np.ndarray
 
 
 def allocate(strata_px: np.ndarray, n: int, min_per_class: int) -> np.ndarray:
@@ -124,24 +138,63 @@ def _largest_remainder(total: int, weights: list[int]) -> list[int]:
     return shares
 
 
-def _map_record(path: Path, level: int, cmap: ClassMap) -> tuple[MapRecord, np.ndarray, np.ndarray]:
-    """A map's record, (K,) pixels per class at ``level`` and (S, K) per strip (the first
-    streaming pass)."""
+def _map_record(
+    path: Path, level: int, cmap: ClassMap, districts: Districts | None
+) -> tuple[MapRecord, np.ndarray, np.ndarray]:
+    """A map's record, (H,) pixels per stratum and (S, H) per strip (the first streaming
+    pass); H = K classes at ``level``, or (D + 1) * K with districts."""
     with reading(path), rasterio.open(path) as src:
         check_map(src, path)
         pixel_ha = map_pixel_ha(src, path)
         crs, width, height = crs_text(src.crs), src.width, src.height
-    per_strip = count_l3_strips(path)
-    table = level_table(level, cmap)[:N_L3]
-    onehot = np.zeros((256, len(level_names(level, cmap))), np.int64)
-    onehot[np.arange(N_L3), table] = 1  # L3 value -> its class at the level; nodata: none
-    strata_strips = per_strip @ onehot
-    counts = collapse_counts(per_strip.sum(0), level, cmap)
+    if districts is None:
+        per_strip = count_l3_strips(path)
+        table = level_table(level, cmap)[:N_L3]
+        onehot = np.zeros((256, len(level_names(level, cmap))), np.int64)
+        onehot[np.arange(N_L3), table] = 1  # L3 value -> its class at the level; nodata: none
+        strata_strips, l3 = per_strip @ onehot, per_strip.sum(0)
+    else:
+        strata_strips, l3 = _district_strata_strips(path, level, cmap, districts)
     record = MapRecord(
         region=path.stem, path=str(path), sha256=digest_file(path), crs=crs,
-        pixel_ha=pixel_ha, width=width, height=height, pixels=int(counts.sum()),
+        pixel_ha=pixel_ha, width=width, height=height,
+        pixels=int(collapse_counts(l3, level, cmap).sum()),
     )  # fmt: skip
-    return record, counts, strata_strips
+    return record, strata_strips.sum(0), strata_strips
+
+
+def _strata_of(
+    values: np.ndarray, ids: np.ndarray | None, table: np.ndarray, k: int, h: int
+) -> np.ndarray:
+    """Flat stratum ids of a strip's pixels: class at the level (plus ``district * k``), and
+    ``h`` (one past the last stratum) on nodata; the classes alone, 255 on nodata, without
+    districts (as the design has always ranked them)."""
+    classes = table[values].ravel()
+    if ids is None:
+        return classes
+    return np.where(classes == IGNORE, h, ids.ravel().astype(np.int64) * k + classes)
+
+
+def _district_strata_strips(
+    path: Path, level: int, cmap: ClassMap, districts: Districts
+) -> tuple[np.ndarray, np.ndarray]:
+    """(S, (D + 1) * K) int64 pixels per (district, class) stratum of each strip, and (256,)
+    pixels per map value (values that are no class refused), streamed strip by strip."""
+    table, k = level_table(level, cmap), len(level_names(level, cmap))
+    h = (len(districts.names) + 1) * k
+    rows, l3 = [], np.zeros(256, np.int64)
+    with streaming(path) as src:
+        shapes = on_map(districts, crs_text(src.crs))
+        for win, ids in district_strips(src, shapes):
+            values = src.read(1, window=win)
+            l3 += histogram(values)
+            flat = _strata_of(values, ids, table, k, h)
+            counts = np.zeros(h + 1, np.int64)
+            for start in range(0, flat.size, CHUNK):
+                counts += np.bincount(flat[start : start + CHUNK], minlength=h + 1)
+            rows.append(counts[:h])
+    refuse_foreign(path, l3)
+    return np.array(rows, np.int64).reshape(-1, h), l3
 
 
 def _check_maps(maps: list[Path], records: list[MapRecord]) -> float:
@@ -181,14 +234,17 @@ def _check_mapped(records: list[MapRecord]) -> None:
 
 def draw_points(
     maps: list[Path], level: int, cmap: ClassMap, n: int | str, min_per_class: int, seed: int,
-    sized: Callable[[np.ndarray], SampleSize] | None = None,
+    sized: Callable[[np.ndarray], SampleSize] | None = None, districts: Districts | None = None,
 ) -> Design:  # fmt: skip
     """Draw a stratified random sample of ``n`` pixel centres over ``maps`` (one per region,
     the stratum of a pixel its map class at ``level``); never on nodata. ``sized``: the units
-    per stratum for these strata's pixels instead (``n: auto``, the recommended size)."""
+    per stratum for these strata's pixels instead (``n: auto``, the recommended size).
+    ``districts``: strata are (district, class) pairs instead, district 0 the outside, the
+    minimum per pair, the rest by area over all pairs (a district is a pixel's by its centre,
+    :mod:`emb.estimation.districts`)."""
     maps = [Path(m) for m in maps]
     table, names = level_table(level, cmap), level_names(level, cmap)
-    firsts = [_map_record(m, level, cmap) for m in maps]
+    firsts = [_map_record(m, level, cmap, districts) for m in maps]
     records = [r for r, _, _ in firsts]
     pixel_ha = _check_maps(maps, records)
     strata_px = np.sum([c for _, c, _ in firsts], axis=0).astype(np.int64)
@@ -198,7 +254,8 @@ def draw_points(
     rng = np.random.default_rng(seed)
     ranks = [np.sort(rng.choice(int(px), int(k), replace=False)) for px, k in
              zip(strata_px, allocation, strict=True)]  # fmt: skip
-    found = _pick_ranked(maps, table, ranks, strata_px, [s for _, _, s in firsts])
+    found = _pick_ranked(maps, table, len(names), ranks, strata_px, [s for _, _, s in firsts],
+                         districts)  # fmt: skip
     region = np.concatenate([np.full(len(rows), m.stem) for m, (rows, _, _) in
                              zip(maps, found, strict=True)])  # fmt: skip
     xs, ys, crs, lon, lat = [], [], [], [], []
@@ -223,42 +280,46 @@ def draw_points(
         min_per_class=int(min_per_class), seed=int(seed), pixel_ha=pixel_ha,
         target=None if size is None else size.target,
         expected_half_width=None if size is None else size.expected_where_targeted(),
+        districts=None if districts is None else StrataDistricts.of(districts),
     )  # fmt: skip
+    stratum = np.concatenate([c for _, _, c in found]).astype(np.int64)
     return Design(
         record=record, points=points, lon=np.concatenate(lon), lat=np.concatenate(lat),
-        map_class=np.concatenate([c for _, _, c in found]).astype(np.int64),
+        map_class=stratum % len(names), district=stratum // len(names),
     )  # fmt: skip
 
 
 def _pick_ranked(
-    maps: list[Path], table: np.ndarray, ranks: list[np.ndarray], strata_px: np.ndarray,
-    strata_strips: list[np.ndarray],
+    maps: list[Path], table: np.ndarray, n_classes: int, ranks: list[np.ndarray],
+    strata_px: np.ndarray, strata_strips: list[np.ndarray], districts: Districts | None,
 ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:  # fmt: skip
-    """Second streaming pass: per map, (rows, cols, class) of the pixels whose rank within
+    """Second streaming pass: per map, (rows, cols, stratum) of the pixels whose rank within
     their stratum (in scan order) was drawn, sorted row-major. A strip that holds no drawn
-    rank (its first pass counts, ``strata_strips``: (S, K) per map, say so) is not read; a
-    strip that is read is counted again and refused if it changed since."""
+    rank (its first pass counts, ``strata_strips``: (S, H) per map, say so) is not read; a
+    strip that is read is counted again and refused if it changed since. With ``districts``
+    a read strip's districts are burned again (:func:`district_ids`), the same ids as the
+    first pass gave it."""
     k = len(ranks)
     seen = np.zeros(k, np.int64)  # pixels of each stratum passed so far
     taken = np.zeros(k, np.int64)  # drawn ranks of each stratum found so far
     sentinel = np.iinfo(np.int64).max
+    # the next drawn rank of each stratum, kept up to date as ranks are taken
+    nxt = np.array([r[0] if len(r) else sentinel for r in ranks], np.int64)
     out = []
     for path, per_strip in zip(maps, strata_strips, strict=True):
         rows, cols, classes = [], [], []
         with streaming(path) as src:
+            shapes = None if districts is None else on_map(districts, crs_text(src.crs))
             for win, strip_px in zip(strips(src), per_strip, strict=True):
-                nxt = np.array([r[t] if t < len(r) else sentinel for r, t in
-                                zip(ranks, taken, strict=True)])  # fmt: skip
                 if not (nxt < seen + strip_px).any():
                     seen += strip_px
                     continue
-                flat = table[src.read(1, window=win)].ravel()
+                flat = _strata_of(src.read(1, window=win), _ids(shapes, src, win), table,
+                                  n_classes, k)  # fmt: skip
                 before = seen.copy()
                 for start in range(0, flat.size, CHUNK):
                     part = flat[start : start + CHUNK]
-                    counts = np.bincount(part, minlength=256)[:k]
-                    nxt = np.array([r[t] if t < len(r) else sentinel for r, t in
-                                    zip(ranks, taken, strict=True)])  # fmt: skip
+                    counts = np.bincount(part, minlength=max(256, k + 1))[:k]
                     for h in np.flatnonzero(nxt < seen + counts):
                         end = np.searchsorted(ranks[h], seen[h] + counts[h])
                         want = ranks[h][taken[h] : end] - seen[h]
@@ -267,10 +328,11 @@ def _pick_ranked(
                         cols.append(int(win.col_off) + index % int(win.width))
                         classes.append(np.full(len(want), h, np.int64))
                         taken[h] = end
+                        nxt[h] = ranks[h][end] if end < len(ranks[h]) else sentinel
                     seen += counts
                 if not np.array_equal(seen - before, strip_px):
                     raise SampleDesignError(
-                        f"{path} changed while the sample was drawn: pixels per class of rows "
+                        f"{path} changed while the sample was drawn: pixels per stratum of rows "
                         f"{win.row_off}..{win.row_off + win.height - 1} "
                         f"{(seen - before).tolist()} on the second pass, {strip_px.tolist()} "
                         "on the first"
@@ -284,6 +346,13 @@ def _pick_ranked(
     ):
         raise SampleDesignError(
             f"maps {[str(m) for m in maps]} changed while the sample was drawn: pixels per "
-            f"class {seen.tolist()} on the second pass, {strata_px.tolist()} on the first"
+            f"stratum {seen.tolist()} on the second pass, {strata_px.tolist()} on the first"
         )
     return out
+
+
+def _ids(
+    shapes: MapDistricts | None, src: rasterio.DatasetReader, win: rasterio.windows.Window
+) -> np.ndarray | None:
+    """The district ids of a strip's pixels, None without districts."""
+    return None if shapes is None else district_ids(shapes, src.transform, win)

@@ -168,7 +168,7 @@ def count_l3(path: Path | str, mask_window: Window | None = None) -> np.ndarray:
     with streaming(path) as src:
         for win in strips(src, mask_window):
             counts += histogram(src.read(1, window=win))
-    _refuse_foreign(path, counts)
+    refuse_foreign(path, counts)
     return counts
 
 
@@ -179,11 +179,11 @@ def count_l3_strips(path: Path | str) -> np.ndarray:
     with streaming(path) as src:
         rows = [histogram(src.read(1, window=win)) for win in strips(src)]
     counts = np.array(rows, np.int64).reshape(-1, 256)
-    _refuse_foreign(path, counts.sum(0))
+    refuse_foreign(path, counts.sum(0))
     return counts
 
 
-def _refuse_foreign(path: Path | str, counts: np.ndarray) -> None:
+def refuse_foreign(path: Path | str, counts: np.ndarray) -> None:
     """Refuse (256,) counts of a map with values that are neither L3 ids nor nodata."""
     foreign = np.flatnonzero(counts[N_L3:IGNORE]) + N_L3
     if foreign.size:

@@ -7,7 +7,9 @@ labels. This draws one over the chosen regions' maps (strata: the map's classes 
 area; from ``seed``: ``--settings``, :mod:`emb.estimation.settings`): ``sample.csv`` to fill in (its
 empty ``reference`` column: a CDL code or a class name of the level, from imagery or the field),
 ``sample.gpkg`` of the same points for a GIS, and ``sample.json``, the design record the estimate
-needs (:mod:`emb.estimation.sample_record`). Give the labelled CSV as ``area_estimates.labelled``
+needs (:mod:`emb.estimation.sample_record`). With ``--districts`` the strata are (district, class)
+pairs, so one sample gives every district its estimates, and ``sample.csv`` names each
+point's district. Give the labelled CSV as ``area_estimates.labelled``
 and every run's area table gets its rows.
 """
 
@@ -22,6 +24,7 @@ import numpy as np
 from emb import stage_runner
 from emb.classes import load_class_map
 from emb.estimation.design import draw_points
+from emb.estimation.districts import DistrictsError, read_districts
 from emb.estimation.sample_files import write_sample
 from emb.estimation.sample_size import SampleSize, allocation, read_pilot
 from emb.estimation.settings import AreaSettingsError, from_json
@@ -46,7 +49,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--settings", default="{}", help=SETTINGS_HELP)
     p.add_argument("--sample-size", type=Path, help="{run}_sample_size.json (with n: auto)")
     p.add_argument("--out-dir", type=Path, required=True, help="results/samples/{run}")
+    p.add_argument("--districts", type=Path, help="districts file: strata (district, class)")
+    p.add_argument("--district-name", help="the districts file's field naming each district")
     args = p.parse_args(argv)
+    if (args.districts is None) != (args.district_name is None):
+        p.error("--districts and --district-name: expected both or neither")
+    districts = None
+    if args.districts is not None:
+        try:
+            districts = read_districts(args.districts, args.district_name)
+        except DistrictsError as err:
+            p.error(str(err))
     try:
         settings = from_json(args.settings)
     except AreaSettingsError as err:
@@ -62,13 +75,13 @@ def main(argv: list[str] | None = None) -> None:
                               settings.min_per_class, settings.confidence)  # fmt: skip
 
     design = draw_points(args.maps, settings.level, load_class_map(args.classes), settings.n,
-                         settings.min_per_class, settings.seed, sized)  # fmt: skip
+                         settings.min_per_class, settings.seed, sized, districts)  # fmt: skip
     args.out_dir.mkdir(parents=True, exist_ok=True)
     paths = write_sample(design, args.out_dir)
     record = design.record
     log.info("wrote %s (%d points over %d maps, L%d strata, allocation %s), %s and %s",
              paths.csv, record.n_drawn, len(record.maps), record.level,
-             {record.class_names[k]: int(v) for k, v in enumerate(record.allocation) if v},
+             {record.stratum_name(h): int(v) for h, v in enumerate(record.allocation) if v},
              paths.gpkg, paths.record)  # fmt: skip
 
 

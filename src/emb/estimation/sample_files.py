@@ -35,7 +35,7 @@ from emb.estimation.population import (
     pixels_of,
     values_at,
 )
-from emb.estimation.sample_record import COLUMNS, SampleRecord, read_record
+from emb.estimation.sample_record import DISTRICT_COLUMN, SampleRecord, columns, read_record
 from emb.io import atomic_path, reading
 from emb.provenance import digest_file
 
@@ -66,33 +66,50 @@ class SamplePaths:
         return cls(folder / "sample.csv", folder / "sample.gpkg", folder / "sample.json")
 
 
+def _district_names(design: Design) -> np.ndarray | None:
+    """(m,) object: each unit's district name (``outside`` for district 0); None in a design
+    without districts."""
+    districts = design.record.districts
+    if districts is None:
+        return None
+    return np.array(districts.names_by_id(), object)[design.district]
+
+
 def _rows(design: Design) -> list[list]:
     p = design.points
-    return [
+    rows = [
         [int(i), str(r), float(x), float(y), str(c), float(lo), float(la), int(k),
          design.record.class_names[k], ""]
         for i, r, x, y, c, lo, la, k in zip(p.ids, p.region, p.x, p.y, p.crs, design.lon,
                                              design.lat, design.map_class, strict=True)
     ]  # fmt: skip
+    names = _district_names(design)
+    if names is not None:
+        at = columns(False).index("region") + 1
+        rows = [[*row[:at], str(name), *row[at:]] for row, name in zip(rows, names, strict=True)]
+    return rows
 
 
 def _write_csv(design: Design, path: Path) -> None:
     with open(path, "w", newline="") as fh:
         writer = csv.writer(fh)
-        writer.writerow(COLUMNS)
+        writer.writerow(columns(design.record.districts is not None))
         writer.writerows(_rows(design))
 
 
 def _write_gpkg(design: Design, path: Path) -> None:
     """The points as a GeoPackage layer ``sample``: WGS84 points, the CSV's fields."""
     p = design.points
-    fields = list(COLUMNS)
+    fields = list(columns(design.record.districts is not None))
     data = [
         p.ids, p.region.astype(object), p.x, p.y, p.crs.astype(object), design.lon, design.lat,
         design.map_class,
         np.array([design.record.class_names[k] for k in design.map_class], object),
         np.full(len(p.ids), "", object),
     ]  # fmt: skip
+    names = _district_names(design)
+    if names is not None:
+        data.insert(fields.index(DISTRICT_COLUMN), names)
     geometry = shapely.to_wkb(shapely.points(design.lon, design.lat))
     named = path.with_name(path.name + ".gpkg")  # GDAL wants the extension on the file it makes
     try:
@@ -140,11 +157,14 @@ def write_sample(design: Design, out: SamplePaths | Path | str) -> SamplePaths:
 @dataclass(frozen=True)
 class LabelledSample:
     """The labelled units of a sample, (m,) arrays: ``points`` where they lie, ``stratum``
-    int64 the design stratum (map class at the design's level), ``reference`` int64 the
-    reference class at that level. ``unlabelled_ids`` (u,) int64: rows with an empty
-    reference; ``missing_ids``: design units absent from the CSV; ``unlabelled_per_stratum``
-    (K,) int64 counts both. ``maps_checked``: regions whose map (the record's digest) the
-    points were checked against; ``maps_unchecked``: region -> why not (missing, changed)."""
+    int64 the design stratum (the map class at the design's level; in a design over districts
+    ``district * K + class``, :attr:`map_class` the class), ``district`` int64 the unit's
+    district as its row names it (0 the outside; all 0 without districts), ``reference``
+    int64 the reference class at that level. ``unlabelled_ids`` (u,) int64: rows with an
+    empty reference; ``missing_ids``: design units absent from the CSV;
+    ``unlabelled_per_stratum`` (H,) int64 counts both. ``maps_checked``: regions whose map
+    (the record's digest) the points were checked against; ``maps_unchecked``: region -> why
+    not (missing, changed)."""
 
     csv_path: Path
     record: SampleRecord
@@ -156,6 +176,20 @@ class LabelledSample:
     unlabelled_per_stratum: np.ndarray
     maps_checked: tuple[str, ...]
     maps_unchecked: dict[str, str]
+    district: np.ndarray | None = None  # None: all 0 (built before districts)
+
+    @property
+    def map_class(self) -> np.ndarray:
+        """(m,) int64 each labelled unit's map class at the design's level."""
+        return self.stratum % len(self.record.class_names)
+
+    @property
+    def unit_district(self) -> np.ndarray:
+        """(m,) int64 each labelled unit's district (0 the outside, and in a design without
+        districts)."""
+        if self.district is None:
+            return np.zeros(len(self.stratum), np.int64)
+        return np.asarray(self.district, np.int64)
 
     @property
     def unlabelled(self) -> int:
@@ -210,6 +244,7 @@ class _ParsedRow(NamedTuple):
     y: float
     stratum: int
     reference: int | None
+    district: int
 
 
 @dataclass
@@ -224,6 +259,7 @@ class _Rows:
     y: list[float]
     stratum: list[int]
     reference: list[int | None]
+    district: list[int]
 
 
 def _text(csv_path: Path) -> str:
@@ -247,24 +283,30 @@ def _text(csv_path: Path) -> str:
         ) from None
 
 
-def _header(csv_path: Path, header: list[str], text: str) -> list[str]:
+def _required(record: SampleRecord) -> tuple[str, ...]:
+    """The columns a labelled CSV must hold: ``district`` too in a design over districts (a
+    design without them reads the CSVs of earlier samples, which have none)."""
+    return REQUIRED_COLUMNS + ((DISTRICT_COLUMN,) if record.districts is not None else ())
+
+
+def _header(csv_path: Path, header: list[str], text: str, required: tuple[str, ...]) -> list[str]:
     """The header's names, refused when a required column is missing; a header that holds
     them all split by another delimiter (Excel's export where the decimal separator is a
     comma) is refused as that, naming both delimiters: read as it is, its x, y would carry
     decimal commas."""
     names = [h.strip() for h in header]
-    missing = [c for c in REQUIRED_COLUMNS if c not in names]
+    missing = [c for c in required if c not in names]
     if not missing:
         return names
     first = text.split("\n", 1)[0]
     for found in OTHER_DELIMITERS:
-        if set(REQUIRED_COLUMNS) <= {h.strip() for h in first.split(found)}:
+        if set(required) <= {h.strip() for h in first.split(found)}:
             raise ReferenceSampleError(
                 f"{csv_path}: line 1: columns separated by {found!r}, expected ','; {SAVE_AS}"
             )
     raise ReferenceSampleError(
         f"{csv_path}: line 1: missing columns {missing}; expected the design's columns "
-        f"{list(REQUIRED_COLUMNS)} (and others)"
+        f"{list(required)} (and others)"
     )
 
 
@@ -274,8 +316,9 @@ def _read_rows(csv_path: Path, record: SampleRecord, cmap: ClassMap) -> _Rows:
     line break does not shift the lines named after it."""
     text = _text(csv_path)
     reader = csv.reader(io.StringIO(text, newline=""))
-    header = _header(csv_path, next(reader, []), text)
-    col = {name: header.index(name) for name in REQUIRED_COLUMNS}
+    required = _required(record)
+    header = _header(csv_path, next(reader, []), text, required)
+    col = {name: header.index(name) for name in required}
     parsed: list[_ParsedRow] = []
     first_line: dict[int, int] = {}
     start = reader.line_num + 1
@@ -323,11 +366,19 @@ def _row(
             f"{where}map_class {cell['map_class']!r} is no class id 0..{n_classes - 1} of "
             f"level {record.level}",
         )  # fmt: skip
+    district = 0
+    if record.districts is not None:
+        names = record.districts.names_by_id()
+        if cell[DISTRICT_COLUMN] not in names:
+            _refuse(csv_path, line, f"{where}district {cell[DISTRICT_COLUMN]!r} is none of the "
+                    f"design's districts {list(names)}")  # fmt: skip
+        district = names.index(cell[DISTRICT_COLUMN])
     try:
         reference = reference_class(cell["reference"], record.level, cmap)
     except ValueError as err:
         _refuse(csv_path, line, f"{where}{err}")
-    return _ParsedRow(line, unit, cell["region"], x, y, stratum, reference)
+    return _ParsedRow(line, unit, cell["region"], x, y, district * n_classes + stratum,
+                      reference, district)  # fmt: skip
 
 
 def _refuse(csv_path: Path, line: int, why: str) -> NoReturn:
@@ -363,10 +414,11 @@ def _check_on_maps(
         for i, value in zip(picked, found, strict=True):
             if value == IGNORE:
                 _refuse(csv_path, rows.lines[i], f"id {rows.ids[i]}: point on nodata of map {path}")
-            if value != rows.stratum[i]:
+            mapped = rows.stratum[i] % len(record.class_names)
+            if value != mapped:
                 _refuse(
                     csv_path, rows.lines[i],
-                    f"id {rows.ids[i]}: map_class {rows.stratum[i]} but map {path} has class "
+                    f"id {rows.ids[i]}: map_class {mapped} but map {path} has class "
                     f"{value} there at level {record.level}",
                 )  # fmt: skip
         checked.append(entry.region)
@@ -388,23 +440,26 @@ def check_labelled(csv_path: Path | str, design_path: Path | str, cmap: ClassMap
 def _check_strata(csv_path: Path, record: SampleRecord, rows: _Rows) -> None:
     """Refuse a stratum with more rows than the design allocated, and one with pixels and no
     labelled unit (its area could not be estimated)."""
-    k = len(record.class_names)
+    size = len(record.strata_px)
     stratum = np.array(rows.stratum, np.int64)
-    per_stratum = np.bincount(stratum, minlength=k)
+    per_stratum = np.bincount(stratum, minlength=size)
     over = np.flatnonzero(per_stratum > record.allocation)
+    changed = (
+        "a map_class changed?" if record.districts is None else "a map_class or district changed?"
+    )
     if over.size:
         h = int(over[0])
         raise ReferenceSampleError(
-            f"{csv_path}: stratum {h} {record.class_names[h]!r} has {per_stratum[h]} rows, "
-            f"the design allocated {record.allocation[h]} (a map_class changed?)"
+            f"{csv_path}: stratum {record.stratum_name(h)} has {per_stratum[h]} rows, "
+            f"the design allocated {record.allocation[h]} ({changed})"
         )
     labelled = np.array([r is not None for r in rows.reference], bool)
-    labelled_per = np.bincount(stratum[labelled], minlength=k)
+    labelled_per = np.bincount(stratum[labelled], minlength=size)
     empty = np.flatnonzero((record.strata_px > 0) & (labelled_per == 0))
     if empty.size:
         h = int(empty[0])
         raise ReferenceSampleError(
-            f"{csv_path}: stratum {h} {record.class_names[h]!r} ({record.strata_px[h]} "
+            f"{csv_path}: stratum {record.stratum_name(h)} ({record.strata_px[h]} "
             f"pixels, {record.allocation[h]} allocated) has no labelled unit: label at least "
             f"one of its rows"
         )
@@ -424,7 +479,7 @@ def read_labelled(csv_path: Path | str, design_path: Path | str, cmap: ClassMap)
     stratum = np.array(rows.stratum, np.int64)
     labelled = np.array([r is not None for r in rows.reference], bool)
     reference = np.array([r for r in rows.reference if r is not None], np.int64)
-    labelled_per = np.bincount(stratum[labelled], minlength=len(record.class_names))
+    labelled_per = np.bincount(stratum[labelled], minlength=len(record.strata_px))
     ids = np.array(rows.ids, np.int64)
     crs_of = {m.region: m.crs for m in record.maps}
     region = np.array(rows.region, dtype=object)[labelled]
@@ -438,5 +493,5 @@ def read_labelled(csv_path: Path | str, design_path: Path | str, cmap: ClassMap)
         csv_path=csv_path, record=record, points=points, stratum=stratum[labelled],
         reference=reference, unlabelled_ids=ids[~labelled], missing_ids=missing,
         unlabelled_per_stratum=record.allocation - labelled_per, maps_checked=checked,
-        maps_unchecked=unchecked,
+        maps_unchecked=unchecked, district=np.array(rows.district, np.int64)[labelled],
     )  # fmt: skip
