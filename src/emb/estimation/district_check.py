@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -74,9 +74,7 @@ class DistrictCheck:
     note: str
 
 
-def allocation(
-    domains_px: np.ndarray, n: int, min_per_class: int
-) -> tuple[np.ndarray, int, str]:
+def allocation(domains_px: np.ndarray, n: int, min_per_class: int) -> tuple[np.ndarray, int, str]:
     """(units per domain and stratum, shape of ``domains_px`` (D + 1, K), the units drawn, a
     note where ``n`` was raised to the minimums' total) of one allocation over every stratum."""
     sizes = np.asarray(domains_px, np.int64)
@@ -135,11 +133,7 @@ def with_interval(est: AreaEstimates, z: float) -> AreaEstimates:
         lo, hi = max(0.0, e.value - z * e.se), min(1.0, e.value + z * e.se)
         return Estimate(e.value, e.se, e.why, min(lo, e.value), max(hi, e.value))
 
-    classes = tuple(
-        ClassEstimate(c.cls, c.mapped_px, c.units_mapped, c.units_reference,
-                      bounded(c.proportion), c.users, c.producers)  # fmt: skip
-        for c in est.classes
-    )
+    classes = tuple(replace(c, proportion=bounded(c.proportion)) for c in est.classes)
     return AreaEstimates(est.total_px, classes, bounded(est.overall))
 
 
