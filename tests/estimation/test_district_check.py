@@ -55,7 +55,11 @@ def test_the_total_is_the_sum_of_the_districts_its_variance_the_sum_of_theirs() 
         assert (total.cdl_px == sum(p.cdl_px for p in parts)).all()
         for c in total.estimates.classes:
             shares = [{e.cls: e for e in p.estimates.classes}.get(c.cls) for p in parts]
-            px = [(p.estimates.total_px, e.proportion) for p, e in zip(parts, shares) if e]
+            px = [
+                (p.estimates.total_px, e.proportion)
+                for p, e in zip(parts, shares, strict=True)
+                if e
+            ]
             assert c.proportion.value * 1e6 == pytest.approx(sum(n * e.value for n, e in px))
             if c.proportion.se is not None:
                 var = sum((n * e.se) ** 2 for n, e in px)
