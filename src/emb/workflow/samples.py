@@ -36,17 +36,17 @@ def district_inputs(section: Mapping[str, Any]) -> list[str]:
     """The districts file (``area_estimates.districts.file``) as rule area_estimates' input,
     read and checked now (:func:`emb.estimation.districts.read_districts`): a bad file is
     refused before any job, not after the runs have trained; none without districts."""
-    districts = section.get("districts", {})
-    if not districts.get("file"):
+    settings = from_config(section)  # the schema's defaults, as the stages get them
+    if not settings.districts:
         return []
-    read_districts(districts["file"], districts.get("name", "name"))
-    return [str(districts["file"])]
+    read_districts(settings.districts, settings.district_name)
+    return [settings.districts]
 
 
 def district_outputs(section: Mapping[str, Any]) -> dict[str, str]:
     """Rule area_estimates' district layer, declared only with districts (the DAG then has
     no output a run without them could not make)."""
-    return {"gpkg": DISTRICT_LAYER} if section.get("districts", {}).get("file") else {}
+    return {"gpkg": DISTRICT_LAYER} if from_config(section).districts else {}
 
 
 def sample_size_inputs(section: Mapping[str, Any], run: str) -> dict[str, str]:
