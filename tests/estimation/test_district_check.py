@@ -21,7 +21,7 @@ from emb.estimation.district_check import allocation, check_districts
 from emb.estimation.district_layer import LAYER
 from emb.estimation.estimates_table import ALL, CHECK, DISTRICT_CHECK
 from emb.estimation.estimators import olofsson
-from emb.estimation.holdout_check import TestSplitCounts
+from emb.estimation.holdout_check import StratifiedSampler, TestSplitCounts
 
 NAMES = ("outside", "north", "middle", "south")
 DRAWS = 1000
@@ -153,3 +153,15 @@ def test_a_layer_without_districts_is_refused_in_one_line(
     with pytest.raises(SystemExit):
         area_estimates.main([*stage_args(tmp_path), "--gpkg", str(tmp_path / "x.gpkg")])
     assert "--gpkg: expected districts in --settings" in capsys.readouterr().err
+
+
+def test_the_sampler_draws_each_stratum_from_its_own_cells_in_any_order() -> None:
+    """District x class strata at L2 are not in the cells' order: each stratum's units come
+    from its own cells (grouped by one sort), as many as allocated."""
+    joint = np.array([[5, 0, 7], [9, 4, 6]])
+    strata = np.array([[2, 0, 1], [0, 2, 1]])
+    sampler = StratifiedSampler(joint, strata, 3, 9, 1, np.array([3, 4, 2]))
+    for d in range(20):
+        drawn = sampler.draw(np.random.default_rng(d))
+        per = np.bincount(strata.ravel(), weights=drawn.ravel(), minlength=3)
+        assert (per == [3, 4, 2]).all() and (drawn <= joint).all() and drawn[0, 1] == 0
