@@ -98,3 +98,11 @@ def test_demo_runs_end_to_end_from_paths_a_shell_would_break(
         with rasterio.open(workdir / f"results/maps/aef_segformer/{region}.tif") as out:
             assert (out.crs, out.transform, out.shape) == grid
     assert pd.read_csv(workdir / "results/summary.csv")["run"].tolist() == ["aef_segformer"]
+
+
+def test_the_demo_with_its_districts_lists_the_district_layer(demo_dry_run: str) -> None:
+    """config/config.yaml sets the demo's districts: each run's area_estimates job makes the
+    GIS layer and passes it to the stage."""
+    for run in ("aef_segformer", "tessera_deeplab"):
+        layer = f"results/area_estimates/{run}_districts.gpkg"
+        assert layer in demo_dry_run and f"--gpkg {layer}" in demo_dry_run

@@ -114,6 +114,15 @@ def _disks(rng: np.random.Generator, count: int, radii: tuple[int, int]) -> np.n
 @cache
 def population(seed: int = 57) -> Population:
     """The population of the module docstring (seeded; about 1 s, then cached)."""
+    mapped, reference = scene(seed)
+    joint = np.bincount(mapped.ravel() * K + reference.ravel(), minlength=K * K)
+    return Population(joint.reshape(K, K).astype(np.int64))
+
+
+@cache
+def scene(seed: int = 57) -> tuple[np.ndarray, np.ndarray]:
+    """(mapped, reference) (SIDE, SIDE) int64 class ids of the module docstring's scene: a
+    test that splits it (districts) needs the pixels, not only their counts."""
     rng = np.random.default_rng(seed)
     ids = _parcels(rng)
     n_parcels = int(ids.max()) + 1
@@ -154,5 +163,5 @@ def population(seed: int = 57) -> Population:
     salt = rng.random((SIDE, SIDE)) < 0.015
     mapped[salt] = rng.choice([CORN, SOY, GRASS, FOREST, RARE], size=int(salt.sum()),
                               p=[0.3, 0.3, 0.3, 0.08, 0.02])  # fmt: skip
-    joint = np.bincount(mapped.ravel() * K + reference.ravel(), minlength=K * K)
-    return Population(joint.reshape(K, K).astype(np.int64))
+    mapped.flags.writeable = reference.flags.writeable = False  # cached: shared by callers
+    return mapped, reference

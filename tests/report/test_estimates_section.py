@@ -7,11 +7,18 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import REPO
 
 from emb import plots
-from emb.estimation.estimates_table import CHECK, COLUMNS, USER_SAMPLE
+from emb.estimation.estimates_table import ALL, CHECK, COLUMNS, DISTRICT_CHECK, USER_SAMPLE
 from emb.estimation.settings import from_json
-from emb.report.estimates_section import AreaTableError, area_section, page_rows, read_area_table
+from emb.report.estimates_section import (
+    AreaTableError,
+    area_section,
+    district_rows,
+    page_rows,
+    read_area_table,
+)
 
 
 def frame() -> pd.DataFrame:
@@ -90,3 +97,51 @@ def test_the_section_and_its_figure_are_labelled_at_the_configured_level(
     monkeypatch.setattr(plots, "area_figure", lambda *a: labels.append(a[2]) or figure(*a))
     title, _ = area_section({"a": path}, from_json('{"confidence": 0.9}'))
     assert title == "Crop areas (hectares, 90% intervals)" and labels == ["90%"]
+
+
+def district_frame() -> pd.DataFrame:
+    """The check by district at L2 over the demo's districts: cedar has no test pixel."""
+    base = dict.fromkeys(COLUMNS)
+    rows = [
+        {
+            **base,
+            "run": "a",
+            "method": DISTRICT_CHECK,
+            "district": name,
+            "level": 2,
+            "class_id": cid,
+            "class": cls,
+            "mapped_ha": ha,
+            "estimated_ha": ha,
+            "lo_ha": ha - 5,
+            "hi_ha": ha + 5,
+            "cdl_ha": ha + 1,
+            "coverage": 0.95,
+            "draws": 200,
+            "units_reference": 30,
+            "note": "",
+        }
+        for name, scale in (("alder", 1), ("birch", 2), ("outside", 1), (ALL, 4))
+        for cid, cls, ha in ((0, "row_crops", 50.0 * scale), (5, "natural", 20.0 * scale))
+    ]
+    rows.append({**base, "run": "a", "method": DISTRICT_CHECK, "district": "cedar",
+                 "note": "no test pixel in this district: no estimate"})  # fmt: skip
+    return pd.concat([frame(), pd.DataFrame(rows, columns=COLUMNS)], ignore_index=True)
+
+
+def test_the_page_shows_the_headline_class_per_district_in_a_table_and_a_map(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "a.csv"
+    district_frame().to_csv(path, index=False)
+    demo = '{"districts": {"file": "%s"}}' % (REPO / "config" / "demo_districts.geojson")
+    _, html = area_section({"a": path}, from_json(demo))
+    assert "id='areas-districts'" in html and html.count("<img class='districts'") == 1
+    table = district_rows({"a": read_area_table(path)}).set_index("district")
+    assert list(table.index) == ["alder", "birch", "outside", ALL, "cedar"]
+    assert (table["class"] == "row_crops").all()  # the largest at L2 over all districts
+    assert table.loc["birch", "estimated (ha)"] == "100.0 [95.0, 105.0]"
+    assert table.loc["cedar", "estimated (ha)"] == "no test pixel"
+    assert table.loc[ALL, "coverage"] == "95% of 200"
+    _, plain = area_section({"a": path}, from_json("{}"))  # no districts set: no such part
+    assert "areas-districts" not in plain

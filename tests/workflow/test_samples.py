@@ -7,7 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from emb.workflow.samples import SampleSettingsError, design_regions, labelled_inputs
+from emb.workflow.samples import (
+    ERRORS,
+    SampleSettingsError,
+    design_regions,
+    district_inputs,
+    district_outputs,
+    labelled_inputs,
+)
 
 MAPPED = ["demo_a", "demo_b", "iowa_15N", "iowa_16N", "iowa2_15N"]
 
@@ -76,3 +83,19 @@ def test_a_labelled_sample_is_checked_at_parse_time_with_errors_the_rules_catch(
     (tmp_path / "sample.json").write_text("{}")
     with pytest.raises(ERRORS, match=r"sample\.json: the record lacks keys"):
         check_labelled_sample(labelled_inputs(str(csv)), str(CLASSES_CSV))
+
+
+def test_districts_are_read_at_parse_time_and_add_the_layer_only_when_set(
+    tmp_path: Path,
+) -> None:
+    demo = {"districts": {"file": "config/demo_districts.geojson", "name": "name"}}
+    assert district_inputs(demo) == ["config/demo_districts.geojson"]
+    assert district_outputs(demo) == {"gpkg": "results/area_estimates/{run}_districts.gpkg"}
+    for none in ({}, {"districts": {"file": None, "name": "name"}}):
+        assert district_inputs(none) == [] and district_outputs(none) == {}
+    bad = {"districts": {"file": "config/demo_districts.geojson", "name": "county"}}
+    with pytest.raises(ERRORS, match=r"demo_districts.geojson: layer .*: no field 'county'"):
+        district_inputs(bad)
+    missing = {"districts": {"file": str(tmp_path / "gone.gpkg"), "name": "name"}}
+    with pytest.raises(ERRORS, match=r"gone.gpkg: districts file not found"):
+        district_inputs(missing)

@@ -8,6 +8,9 @@ with as_workflow_error(samples.ERRORS):
     # the stages' settings, checked once here and passed whole (JSON) to both rules and summary
     AREA_SETTINGS = samples.area_settings(config["area_estimates"])
     LABELLED = samples.labelled_inputs(config["area_estimates"]["labelled"])
+    # the districts file, read and checked now; with it, the district layer is an output
+    DISTRICTS = samples.district_inputs(config["area_estimates"])
+    DISTRICT_OUTPUTS = samples.district_outputs(config["area_estimates"])
     # its rows now, not in the job: a refusal there would delete the runs' area tables
     samples.check_labelled_sample(LABELLED, config["classes"])
     SAMPLE_REGIONS = samples.regions_per_run(
@@ -28,7 +31,10 @@ rule area_estimates:
         # indexes: each region's test tiles; labels: the CDL on the maps' grid
         classes=config["classes"],
         labelled=LABELLED,  # a user's labelled sample.csv and its design record, if any
+        districts=DISTRICTS,  # area_estimates.districts.file, if any
     output:
+        # with districts: gpkg={run}_districts.gpkg, the districts' estimates as a GIS layer
+        **DISTRICT_OUTPUTS,
         csv=report_file(
             "results/area_estimates/{run}.csv",
             "area_estimates",
@@ -61,10 +67,14 @@ rule area_estimates:
             if input.labelled
             else []
         ),
+        # ["--gpkg", path] with districts, else none
+        gpkg=lambda wildcards, output: (
+            ["--gpkg", output.gpkg] if "gpkg" in output.keys() else []
+        ),
     shell:
         "python -m emb.estimation.area_estimates --run={wildcards.run:q} --maps={input.maps:q}"
         " --indexes {input.indexes:q} --labels {input.labels:q} --classes={input.classes:q}"
-        " --settings={params.settings:q} {params.labelled:q}"
+        " --settings={params.settings:q} {params.labelled:q} {params.gpkg:q}"
         " --csv={output.csv:q} --png={output.png:q} --sample-size={output.sample_size:q}"
         " > {log:q} 2>&1"
 

@@ -3,6 +3,7 @@ rule summary:
         metrics=expand("results/eval/{run}/metrics.json", run=RUNS),
         blocks=expand("results/eval/{run}/blocks.npz", run=RUNS),  # paired comparisons
         areas=expand("results/area_estimates/{run}.csv", run=RUNS),  # below the runs table
+        districts=DISTRICTS,  # their map on the page, if any
     output:
         csv=report_file("results/summary.csv", "summary", "Summary", "table (CSV)"),
         html=report_file("results/summary.html", "summary", "Summary", "table"),

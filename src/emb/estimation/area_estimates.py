@@ -10,6 +10,11 @@ Two methods, rows of one table (:mod:`emb.estimation.estimates_table`):
   the regions the sample was drawn on, with the paper's analytic standard errors; a sample
   designed on another map (another run's, or a simple random sample) through Stehman's (2014)
   general estimator, so one labelled sample serves every run.
+
+With districts (``area_estimates.districts``), the check is also run per district
+(:mod:`emb.estimation.district_check`): rows per district, the outside and their total in the
+same table, and the districts' estimates at L2 (the seven groups: a layer a GIS user styles
+without a legend of 61 classes) as a GeoPackage (``--gpkg``).
 """
 
 from __future__ import annotations
@@ -19,12 +24,21 @@ import logging
 from dataclasses import replace
 from pathlib import Path
 
+import pandas as pd
+
 from emb import stage_runner
 from emb.classes import ClassMap, load_class_map
+from emb.estimation.district_check import check_districts
+from emb.estimation.district_layer import write_district_layer
+from emb.estimation.districts import Districts, read_districts
 from emb.estimation.estimates_table import (
+    ALL,
     CHECK,
+    DISTRICT_CHECK,
+    DISTRICT_LEVEL,
     USER_SAMPLE,
     check_rows,
+    district_rows,
     estimate_rows,
     largest,
     table,
@@ -73,6 +87,11 @@ def main_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--csv", type=Path, required=True, help="results/area_estimates/{run}.csv")
     p.add_argument("--sample-size", type=Path, help="{run}_sample_size.json: the recommended n")
     p.add_argument("--png", type=Path, required=True, help="results/area_estimates/{run}.png")
+    p.add_argument(
+        "--gpkg",
+        type=Path,
+        help="{run}_districts.gpkg: the districts' estimates (with districts only)",
+    )
     args = p.parse_args(argv)  # fmt: skip
     if len(args.indexes) != len(args.labels):
         p.error(f"--labels: expected one per --indexes ({len(args.indexes)}), "
@@ -81,6 +100,8 @@ def main_args(argv: list[str] | None) -> argparse.Namespace:
         args.settings = from_json(args.settings)
     except AreaSettingsError as err:
         p.error(str(err))
+    if args.gpkg and not args.settings.districts:
+        p.error("--gpkg: expected districts in --settings (area_estimates.districts.file)")
     return args
 
 
@@ -117,19 +138,31 @@ def sample_rows(args: argparse.Namespace, cmap: ClassMap, settings: AreaSettings
     return rows
 
 
+def write_layer(path: Path, districts: Districts, frame: pd.DataFrame) -> None:
+    """The districts' rows of the check by district at ``DISTRICT_LEVEL`` as the GIS layer
+    (the outside and the total stay in the CSV: they have no polygon)."""
+    rows = frame[(frame["method"] == DISTRICT_CHECK) & (frame["level"] == DISTRICT_LEVEL)
+                 & ~frame["district"].isin([ALL])]  # fmt: skip
+    write_district_layer(path, districts, rows)
+    log.info("wrote %s (%d districts, L%d)", path, len(districts.names), DISTRICT_LEVEL)
+
+
 @stage_runner.stage
 def main(argv: list[str] | None = None) -> None:
     args = main_args(argv)
     cmap = load_class_map(args.classes)
     regions = [region_of(p) for p in args.indexes]
+    settings = args.settings
+    districts = (read_districts(settings.districts, settings.district_name)
+                 if settings.districts else None)  # fmt: skip
     population = read_population(
         {r: args.maps / f"{r}.tif" for r in regions},
         dict(zip(regions, args.labels, strict=True)),
         dict(zip(regions, args.indexes, strict=True)),
+        districts,
     )
     log.info("%s: test split of %s: %d labelled pixels (%.1f ha)", args.run, ", ".join(regions),
              population.pixels, population.pixels * population.pixel_ha)  # fmt: skip
-    settings = args.settings
     pilot = error_matrix(population, settings.level, cmap)
     size = allocation(pilot.sum(1), pilot, settings.target, settings.min_share,
                       settings.min_per_class, settings.confidence)  # fmt: skip
@@ -145,9 +178,15 @@ def main(argv: list[str] | None = None) -> None:
              "half-width <= %s on the test split (per stratum %s)", args.run, size.total,
              settings.min_share, settings.percent, settings.target,
              size.units.tolist())  # fmt: skip
+    if districts is not None:
+        by_district = check_districts(population, cmap, settings,
+                                      size.total if settings.auto else int(settings.n))  # fmt: skip
+        rows += district_rows(args.run, by_district, cmap, population.pixel_ha, settings, where)
     if args.labelled:
         rows += sample_rows(args, cmap, settings)
     frame = table(rows)
+    if args.gpkg and districts is not None:
+        write_layer(args.gpkg, districts, frame)
     panels = [(f"L{level}: {CHECK}", largest(frame, CHECK, level, TOP_CLASSES)) for level in (2, 3)]
     figure = area_figure(panels, f"{args.run}: area per class, {where}", settings.percent)
     save(figure, args.png)

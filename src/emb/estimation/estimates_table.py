@@ -7,6 +7,11 @@ that holds (``lo``/``hi``, :mod:`emb.estimation.intervals`) beside the Wald one 
 units, the level (``confidence``), and for the test split's check the CDL's area of the same
 pixels and how often each interval covered it. An interval that cannot be given leaves its
 columns empty and says why in ``note``: never a silent NaN, never a zero-width interval.
+
+With districts, the check by district (:mod:`emb.estimation.district_check`) adds rows of its
+own method: ``district`` names the domain (a district, ``outside`` for the pixels in none,
+``all`` for the total over them, the sum of their estimates); every other row has ``district``
+empty (the whole area, as before).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from emb.classes import ClassMap
+from emb.estimation.district_check import DistrictCheck
 from emb.estimation.estimators import AreaEstimates, Estimate
 from emb.estimation.holdout_check import ClassCoverage, LevelCheck
 from emb.estimation.sample_size import SampleSize
@@ -24,8 +30,11 @@ from emb.estimation.settings import AreaSettings
 
 CHECK = "test split, CDL reference"
 USER_SAMPLE = "user sample"
+DISTRICT_CHECK = "test split by district, CDL reference"
+ALL = "all"  # the district column of the total over every domain
+DISTRICT_LEVEL = 2  # the district layer's and the summary's level: seven groups read at a glance
 COLUMNS = [
-    "run", "method", "where", "level", "class_id", "class", "confidence", "mapped_ha",
+    "run", "method", "where", "district", "level", "class_id", "class", "confidence", "mapped_ha",
     "estimated_ha", "se_ha", "lo_ha", "hi_ha", "wald_lo_ha", "wald_hi_ha", "cdl_ha", "coverage",
     "wald_coverage", "draws", "users", "users_lo", "users_hi", "users_wald_lo", "users_wald_hi",
     "producers", "producers_lo", "producers_hi", "producers_wald_lo", "producers_wald_hi",
@@ -191,19 +200,45 @@ def check_rows(
     return rows
 
 
+def district_rows(
+    run: str, checked: DistrictCheck, cmap: ClassMap, pixel_ha: float, settings: AreaSettings,
+    where: str,
+) -> list[dict]:  # fmt: skip
+    """The check by district: per domain (the districts in the file's order, the outside, then
+    ``all``, their sum) the rows :func:`check_rows` gives the whole, under
+    :data:`DISTRICT_CHECK`; a domain without test pixels one row saying so."""
+    domains = [*checked.domains[1:], checked.domains[0]]
+    summed = ("the sum of the domains' estimates, its variance the sum of theirs (independent "
+              "strata); a normal interval")  # fmt: skip
+    rows = []
+    for name, levels in [*((d.name, d.levels) for d in domains), (ALL, checked.total)]:
+        common = {"run": run, "method": DISTRICT_CHECK, "where": where, "district": name}
+        if not levels:
+            rows.append({**common, "note": "no test pixel in this district: no estimate"})
+            continue
+        extra = [summed, checked.note] if name == ALL else []
+        for row in check_rows(run, levels, cmap, pixel_ha, settings, where):
+            rows.append({**row, **common,
+                         "note": "; ".join(filter(None, [row["note"], *extra]))})  # fmt: skip
+    return rows
+
+
 def table(rows: list[dict]) -> pd.DataFrame:
-    """The rows in the file's column order (largest estimated classes first per level), at the
-    file's precision: hectares to 0.01, shares and accuracies to 4 decimals."""
+    """The rows in the file's column order (largest estimated classes first per level, the
+    check by district's domains in their order), at the file's precision: hectares to 0.01,
+    shares and accuracies to 4 decimals."""
     frame = pd.DataFrame(rows, columns=COLUMNS)
     if frame.empty:
         return frame
+    frame["district"] = [d if isinstance(d, str) else "" for d in frame["district"]]
     shares = [c for c in COLUMNS if c.startswith(("users", "producers", "overall"))]
     shares += ["coverage", "wald_coverage", "expected_half_width", "delivered_half_width"]
     frame[list(HECTARES)] = frame[list(HECTARES)].astype(float).round(HA_DECIMALS)
     frame[shares] = frame[shares].astype(float).round(SHARE_DECIMALS)
-    frame = frame.sort_values(["method", "level", "estimated_ha"], ascending=[True, True, False],
-                              kind="stable")  # fmt: skip
-    return frame.reset_index(drop=True)
+    frame["domain"] = pd.factorize(frame["district"])[0]
+    frame = frame.sort_values(["method", "domain", "level", "estimated_ha"],
+                              ascending=[True, True, True, False], kind="stable")  # fmt: skip
+    return frame.drop(columns="domain").reset_index(drop=True)
 
 
 def largest(frame: pd.DataFrame, method: str, level: int, top: int) -> pd.DataFrame:

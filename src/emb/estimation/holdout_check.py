@@ -41,8 +41,16 @@ from rasterio.windows import Window
 
 from emb.classes import IGNORE, N_L1, N_L2, N_L3, ClassMap
 from emb.estimation.design import allocate
+from emb.estimation.districts import Districts, district_ids, on_map
 from emb.estimation.estimators import AreaEstimates, Estimate, olofsson, stehman
-from emb.estimation.population import CHUNK, STRIP_BYTES, cache_bytes, level_table, pixel_hectares
+from emb.estimation.population import (
+    CHUNK,
+    STRIP_BYTES,
+    cache_bytes,
+    crs_text,
+    level_table,
+    pixel_hectares,
+)
 from emb.estimation.settings import AreaSettings
 from emb.io import reading
 from emb.prep.region_index import read_index, windows_of_test_tiles
@@ -65,6 +73,10 @@ class TestSplitCounts:
     joint: np.ndarray  # (N_L3, N_L3) int64
     pixel_ha: float
     regions: tuple[str, ...]
+    # with districts: (D + 1, N_L3, N_L3) int64 the same counts per domain (0 the outside,
+    # i district i), named by ``domain_names``; ``joint`` is their sum
+    domains: np.ndarray | None = None
+    domain_names: tuple[str, ...] = ()
 
     @classmethod
     def from_pixels(
@@ -160,11 +172,16 @@ def bands(windows: Sequence[Window], height: int, width: int) -> Iterator[tuple[
         yield held[0], held[1], [(a, b) for a, b in held[2]]
 
 
-def _region_counts(map_path: Path, label_path: Path, windows: Sequence[Window]) -> np.ndarray:
-    """(N_L3, N_L3) pixels per (map, CDL) pair of one region's test tiles, each pixel once,
-    read a band of tile rows at a time (in strips of at most STRIP_BYTES per raster) under a
-    GDAL block cache of two block rows per raster: a block is decoded once, memory is flat in
-    the number of tiles and regions."""
+def _region_counts(
+    map_path: Path, label_path: Path, windows: Sequence[Window], districts: Districts | None
+) -> np.ndarray:
+    """(D + 1, N_L3, N_L3) pixels per (domain, map, CDL) of one region's test tiles, each pixel
+    once (D = 0 without ``districts``: one domain, the whole), read a band of tile rows at a
+    time (in strips of at most STRIP_BYTES per raster) under a GDAL block cache of two block
+    rows per raster: a block is decoded once, memory is flat in the number of tiles and
+    regions. A pixel's domain is the district holding its centre
+    (:func:`emb.estimation.districts.district_ids`), burned per strip: the counts, 30 KB a
+    district, are all that grows."""
     opened = (reading(map_path), reading(label_path))
     with opened[0], opened[1], rasterio.open(map_path) as mp, rasterio.open(label_path) as lab:
         if (mp.height, mp.width) != (lab.height, lab.width) or mp.transform != lab.transform:
@@ -173,7 +190,14 @@ def _region_counts(map_path: Path, label_path: Path, windows: Sequence[Window]) 
                 f"({lab.width} x {lab.height}, {tuple(lab.transform)[:6]}), found "
                 f"{mp.width} x {mp.height}, {tuple(mp.transform)[:6]}"
             )
+        shapes = None
+        if districts is not None:
+            if mp.crs is None:
+                raise AreaCheckError(f"{map_path}: no CRS: the districts cannot be placed on it")
+            shapes = on_map(districts, crs_text(mp.crs))
+        n_domains = 1 + (len(districts.names) if districts is not None else 0)
         pairs = np.zeros(PAIRS, np.int64)
+        domains = np.zeros(n_domains * N_L3 * N_L3, np.int64)
         with rasterio.Env(GDAL_CACHEMAX=cache_bytes(mp) + cache_bytes(lab)):
             for row0, row1, spans in bands(windows, mp.height, mp.width):
                 col0, col1 = spans[0][0], spans[-1][1]  # one read per band, then the spans
@@ -181,20 +205,41 @@ def _region_counts(map_path: Path, label_path: Path, windows: Sequence[Window]) 
                 for top in range(row0, row1, step):
                     win = Window(col0, top, col1 - col0, min(step, row1 - top))
                     m, r = mp.read(1, window=win), lab.read(1, window=win)
+                    ids = None if shapes is None else district_ids(shapes, mp.transform, win)
                     for a, b in spans:
-                        _add_pairs(pairs, m[:, a - col0 : b - col0], r[:, a - col0 : b - col0])
-    return _joint_of(pairs, f"{map_path} or its labels {label_path}")
+                        part = slice(None), slice(a - col0, b - col0)
+                        _add_pairs(pairs, m[part], r[part])
+                        if ids is not None:
+                            _add_domains(domains, ids[part], m[part], r[part])
+    joint = _joint_of(pairs, f"{map_path} or its labels {label_path}")
+    if shapes is None:
+        return joint[None]
+    return domains.reshape(n_domains, N_L3, N_L3)
+
+
+def _add_domains(
+    domains: np.ndarray, ids: np.ndarray, mapped: np.ndarray, reference: np.ndarray
+) -> None:
+    """Add to ``domains`` ((D + 1) * N_L3 * N_L3,) the pixels per (domain, map, CDL) of the
+    pixels both label (the others are left out, or refused by :func:`_joint_of`)."""
+    labelled = (mapped < N_L3) & (reference < N_L3)
+    keys = (ids[labelled].astype(np.int64) * N_L3 + mapped[labelled]) * N_L3 + reference[labelled]
+    for start in range(0, keys.size, CHUNK):
+        domains += np.bincount(keys[start : start + CHUNK], minlength=domains.size)
 
 
 def read_population(
-    maps: Mapping[str, Path], labels: Mapping[str, Path], indexes: Mapping[str, Path]
-) -> TestSplitCounts:
+    maps: Mapping[str, Path], labels: Mapping[str, Path], indexes: Mapping[str, Path],
+    districts: Districts | None = None,
+) -> TestSplitCounts:  # fmt: skip
     """The test split of the regions named in ``indexes`` (region -> its ``index.json``), from
-    each region's map and aligned labels (region -> path), as its joint histogram."""
-    joint, areas = np.zeros((N_L3, N_L3), np.int64), {}
+    each region's map and aligned labels (region -> path), as its joint histogram; with
+    ``districts``, per domain too (a district may span regions: its counts add up)."""
+    n_domains = 1 + (len(districts.names) if districts is not None else 0)
+    counts, areas = np.zeros((n_domains, N_L3, N_L3), np.int64), {}
     for region, index_path in indexes.items():
         windows = windows_of_test_tiles(read_index(index_path, ()), index_path)
-        joint += _region_counts(Path(maps[region]), Path(labels[region]), windows)
+        counts += _region_counts(Path(maps[region]), Path(labels[region]), windows, districts)
         areas[region] = pixel_hectares(maps[region])
     if not areas:
         raise AreaCheckError("no region to check: the run trains on no region with test tiles")
@@ -203,7 +248,10 @@ def read_population(
         raise AreaCheckError(
             f"expected one pixel area over the run's maps, found {areas} (hectares per pixel)"
         )
-    population = TestSplitCounts(joint, first, tuple(areas))
+    population = TestSplitCounts(
+        counts.sum(0), first, tuple(areas), counts if districts is not None else None,
+        districts.names_by_id() if districts is not None else (),
+    )  # fmt: skip
     if not population.pixels:
         raise AreaCheckError(
             f"regions {list(areas)}: their test tiles hold no pixel that both the map and the "
@@ -232,7 +280,11 @@ class StratifiedSampler:
         )  # fmt: skip
         # per stratum: its cells with pixels, and their pixels' cumulative counts (the ranks'
         # boundaries: rank u of the stratum lies in the first cell whose bound exceeds it)
-        self.cells = [np.flatnonzero((of == h) & (cells > 0)) for h in range(n_strata)]
+        # (grouped by one sort: a loop over the strata would be strata x cells, too slow for
+        # the district x class strata of the check by district)
+        held = np.flatnonzero(cells > 0)
+        held = held[np.argsort(of[held], kind="stable")]
+        self.cells = np.split(held, np.searchsorted(of[held], np.arange(1, n_strata)))
         self.bounds = [np.cumsum(cells[c]) for c in self.cells]
 
     def draw(self, rng: np.random.Generator) -> np.ndarray:
@@ -342,20 +394,30 @@ def check(
             est = estimate_at(level, design.level, sampler.sizes, strata[m3], table[m3],
                               table[r3], mapped_px, joint[level], design.confidence)  # fmt: skip
             first.setdefault(level, est)
-            found = {c.cls: c for c in est.classes}
-            for cls in np.flatnonzero(cdl_px):  # an area of 0 has no interval to cover it
-                tally = coverage[level].setdefault(int(cls), ClassCoverage())
-                got = found.get(int(cls))
-                if got is None:  # in neither the map nor this sample: no interval at all
-                    continue
-                tally.units_reference += got.units_reference
-                _tally(tally, got.proportion, cdl_px[cls] / total, z)
+            tally_draw(coverage[level], est, cdl_px, total, z)
     return [
         LevelCheck(
             level, first[level], levels[level][1], levels[level][2], coverage[level], design.draws
         )  # fmt: skip
         for level in levels
     ]
+
+
+def tally_draw(
+    coverage: dict[int, ClassCoverage], est: AreaEstimates, cdl_px: np.ndarray, total: int,
+    z: float,
+) -> None:  # fmt: skip
+    """Count one draw's estimates of a population of ``total`` pixels against the CDL's
+    pixels per class (``cdl_px``): every class the CDL holds gets a tally, a class in neither
+    the map nor the sample no interval (an area of 0 has no interval to cover it)."""
+    found = {c.cls: c for c in est.classes}
+    for cls in np.flatnonzero(cdl_px):
+        tally = coverage.setdefault(int(cls), ClassCoverage())
+        got = found.get(int(cls))
+        if got is None:  # in neither the map nor this sample: no interval at all
+            continue
+        tally.units_reference += got.units_reference
+        _tally(tally, got.proportion, cdl_px[cls] / total, z)
 
 
 def _tally(tally: ClassCoverage, est: Estimate, truth: float, z: float) -> None:

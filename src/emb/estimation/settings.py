@@ -22,7 +22,7 @@ from emb.config_schema import SCHEMA, read_schema
 from emb.estimation.estimators import z_of
 
 SECTION = "area_estimates"
-TRAVELS = ("confidence", "sample", "draws")  # the keys a stage reads
+TRAVELS = ("confidence", "sample", "draws", "districts")  # the keys a stage reads
 AUTO = "auto"  # sample.n: the recommended units
 
 
@@ -35,7 +35,9 @@ class AreaSettings:
     """``confidence``: the two-sided level of every interval; the sample design (``n`` units,
     at least ``min_per_class`` per stratum, strata = the map's classes at ``level``, drawn from
     ``seed``; ``n`` "auto": as many as give each class with ``min_share`` of the mapped area a
-    relative half-width of ``target``); ``draws``: the test split's check's seeded samples."""
+    relative half-width of ``target``); ``draws``: the test split's check's seeded samples;
+    ``districts``: the districts file (None: none), ``district_name`` its field naming each
+    district (travelling, so the stage and the summary read the file the DAG checked)."""
 
     confidence: float
     n: int | str
@@ -45,6 +47,8 @@ class AreaSettings:
     draws: int
     target: float
     min_share: float
+    districts: str | None
+    district_name: str
 
     @property
     def auto(self) -> bool:
@@ -66,10 +70,12 @@ class AreaSettings:
         sample = {"n": self.n, "min_per_class": self.min_per_class, "level": self.level,
                   "seed": self.seed, "target": self.target,
                   "min_share": self.min_share}  # fmt: skip
+        districts = {"file": self.districts, "name": self.district_name}
         return json.dumps(
-            {"confidence": self.confidence, "sample": sample, "draws": self.draws},
+            {"confidence": self.confidence, "sample": sample, "draws": self.draws,
+             "districts": districts},
             sort_keys=True,
-        )
+        )  # fmt: skip
 
 
 def from_config(section: Mapping[str, Any], where: str = "config") -> AreaSettings:
@@ -97,6 +103,7 @@ def _build(data: dict, where: str) -> AreaSettings:
         confidence=float(data["confidence"]), n=sample["n"],
         min_per_class=sample["min_per_class"], level=sample["level"], seed=sample["seed"],
         draws=data["draws"], target=float(sample["target"]), min_share=float(sample["min_share"]),
+        districts=data["districts"]["file"], district_name=data["districts"]["name"],
     )  # fmt: skip
 
 

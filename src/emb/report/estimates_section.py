@@ -5,6 +5,12 @@ test-split check: the map's pixel count, the estimate with its interval, the CDL
 pixels and how often the interval (and Wald's) covered it over the draws; a user's labelled sample
 in a table of its own (each method said once); and a figure of the check. The CSVs
 (``results/area_estimates/{run}.csv``) hold every level and class.
+
+With districts, the check by district follows: one class per run, its headline (the largest
+estimated class at L2 over all districts: one number per district reads as a map), in a table
+(each district, the outside and their total: the estimate with its interval, the CDL's area,
+the coverage) and a choropleth of the districts; every class per district: the CSV and the
+run's ``{run}_districts.gpkg``.
 """
 
 from __future__ import annotations
@@ -15,7 +21,15 @@ from pathlib import Path
 import pandas as pd
 
 from emb import plots
-from emb.estimation.estimates_table import CHECK, COLUMNS, USER_SAMPLE
+from emb.estimation.districts import OUTSIDE, read_districts
+from emb.estimation.estimates_table import (
+    ALL,
+    CHECK,
+    COLUMNS,
+    DISTRICT_CHECK,
+    DISTRICT_LEVEL,
+    USER_SAMPLE,
+)
 from emb.estimation.settings import AreaSettings
 
 AREAS_TITLE = "Crop areas (hectares, {level} intervals)"
@@ -35,6 +49,7 @@ def read_area_table(path: Path) -> pd.DataFrame:
     missing = [c for c in COLUMNS if c not in frame.columns]
     if missing:
         raise AreaTableError(f"{path}: expected the columns {COLUMNS}, missing {missing}")
+    frame["district"] = frame["district"].fillna("").astype(str)  # "" (read as NaN): the whole
     return frame
 
 
@@ -110,4 +125,64 @@ def _section_html(paths: dict[str, Path], settings: AreaSettings, top: int) -> s
         )
         html += (f"<p><b>{USER_SAMPLE}</b>: your labelled sample, estimated on each run's "
                  "map.</p>" + plots.html_table(users, "areas-user"))  # fmt: skip
+    if settings.districts and any((f["method"] == DISTRICT_CHECK).any() for f in tables.values()):
+        html += district_html(tables, settings)
     return html
+
+
+def headline(frame: pd.DataFrame) -> str | None:
+    """The class the page shows per district: the largest estimated at ``DISTRICT_LEVEL`` in
+    the total over the districts (None without district rows)."""
+    rows = frame[(frame["method"] == DISTRICT_CHECK) & (frame["level"] == DISTRICT_LEVEL)
+                 & (frame["district"] == ALL)]  # fmt: skip
+    return None if rows.empty else str(rows.loc[rows["estimated_ha"].idxmax(), "class"])
+
+
+def district_rows(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """One row per run and domain (districts in the file's order, the outside, the total): its
+    headline class's map area, estimate with interval, CDL area and coverage."""
+    rows = []
+    for run, frame in tables.items():
+        cls = headline(frame)
+        part = frame[(frame["method"] == DISTRICT_CHECK) & (frame["level"] == DISTRICT_LEVEL)
+                     & (frame["class"] == cls)].set_index("district")  # fmt: skip
+        every = frame.loc[frame["method"] == DISTRICT_CHECK, "district"]
+        for name in dict.fromkeys(every):
+            r = part.loc[name] if name in part.index else None
+            rows.append({
+                "run": run, "district": name, "class": cls,
+                "map (ha)": "" if r is None else f"{r['mapped_ha']:.1f}",
+                "estimated (ha)": ("no test pixel" if r is None else
+                                   _interval(r["estimated_ha"], r["lo_ha"], r["hi_ha"])),
+                "CDL (ha)": "" if r is None or pd.isna(r["cdl_ha"]) else f"{r['cdl_ha']:.1f}",
+                "coverage": "" if r is None else _coverage(r["coverage"], r["draws"]),
+            })  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def district_html(tables: dict[str, pd.DataFrame], settings: AreaSettings) -> str:
+    """The district table and, per run, the choropleth of its headline class."""
+    districts = read_districts(settings.districts, settings.district_name)
+    images = []
+    for run, frame in tables.items():
+        cls = headline(frame)
+        if cls is None:
+            continue
+        part = frame[(frame["method"] == DISTRICT_CHECK) & (frame["level"] == DISTRICT_LEVEL)
+                     & (frame["class"] == cls)].set_index("district")["estimated_ha"]  # fmt: skip
+        values = [part.get(name, float("nan")) for name in districts.names]
+        figure = plots.district_figure(
+            districts.geometries, districts.names, values, f"{run}: {cls}, L{DISTRICT_LEVEL}",
+            f"estimated {cls} (ha)", districts.crs.is_geographic,
+        )  # fmt: skip
+        data = base64.b64encode(plots.png_bytes(figure)).decode()
+        images.append(f"<img class='districts' alt='{cls} per district, {run}' "
+                      f"src='data:image/png;base64,{data}'>")  # fmt: skip
+    text = (
+        f"<p><b>{DISTRICT_CHECK}</b> ({districts.path}): the test split sampled by district x "
+        f"map class, each district estimated from its own units; <i>{OUTSIDE}</i>: the pixels in "
+        f"no district; <i>{ALL}</i>: their sum (its variance the sum of theirs). Each run's "
+        f"largest class at L{DISTRICT_LEVEL}; every class: the CSV and "
+        "<code>results/area_estimates/{run}_districts.gpkg</code>.</p>"
+    )
+    return "".join(images) + text + plots.html_table(district_rows(tables), "areas-districts")

@@ -1,5 +1,5 @@
-"""Which regions a user's reference sample is drawn over, and where a labelled one lies, at
-parse time (config ``area_estimates``)."""
+"""Which regions a user's reference sample is drawn over, where a labelled one lies, and the
+districts file with the outputs it adds, at parse time (config ``area_estimates``)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from emb.classes import load_class_map
+from emb.estimation.districts import DistrictsError, read_districts
 from emb.estimation.sample_files import ReferenceSampleError, check_labelled
 from emb.estimation.sample_record import SampleRecordError
 from emb.estimation.settings import AreaSettingsError, from_config
@@ -20,13 +21,32 @@ class SampleSettingsError(ValueError):
 
 
 # what the rules turn into one line (as_workflow_error): settings, and a labelled sample
-ERRORS = (SampleSettingsError, AreaSettingsError, ReferenceSampleError, SampleRecordError)
+ERRORS = (SampleSettingsError, AreaSettingsError, ReferenceSampleError, SampleRecordError,
+          DistrictsError)  # fmt: skip
+DISTRICT_LAYER = "results/area_estimates/{run}_districts.gpkg"
 
 
 def area_settings(section: Mapping[str, Any]) -> str:
     """The stages' settings of config ``area_estimates`` as the JSON the rules pass whole
     (:mod:`emb.estimation.settings`: checked there, once)."""
     return from_config(section, "config").to_json()
+
+
+def district_inputs(section: Mapping[str, Any]) -> list[str]:
+    """The districts file (``area_estimates.districts.file``) as rule area_estimates' input,
+    read and checked now (:func:`emb.estimation.districts.read_districts`): a bad file is
+    refused before any job, not after the runs have trained; none without districts."""
+    settings = from_config(section)  # the schema's defaults, as the stages get them
+    if not settings.districts:
+        return []
+    read_districts(settings.districts, settings.district_name)
+    return [settings.districts]
+
+
+def district_outputs(section: Mapping[str, Any]) -> dict[str, str]:
+    """Rule area_estimates' district layer, declared only with districts (the DAG then has
+    no output a run without them could not make)."""
+    return {"gpkg": DISTRICT_LAYER} if from_config(section).districts else {}
 
 
 def sample_size_inputs(section: Mapping[str, Any], run: str) -> dict[str, str]:

@@ -1,0 +1,205 @@
+"""The test split's check by district: each district's areas estimated from its own sample,
+beside the CDL's area of its test pixels, and the total over the districts as their sum.
+
+Why a design of its own: a district's area is what a user with districts publishes, and a
+sample stratified by the map's classes alone leaves a small district a handful of units, or
+none in a stratum (no estimate at all). So the strata are district x map class at the design
+level (domain 0, the outside, the pixels no district holds, is a domain of its own: counted,
+sampled, reported, never dropped), and each district's estimates use its strata only: Olofsson
+et al. 2014 within the district at the design level, Stehman 2014 at the other levels, with
+the intervals that hold. The population is the check's count table per domain
+(:attr:`emb.estimation.holdout_check.TestSplitCounts.domains`): memory is counts only.
+
+The allocation (kept simple): one call of :func:`emb.estimation.design.allocate` over every
+district x class stratum, so each stratum with pixels gets ``min_per_class`` (or all it
+holds) and the rest of ``n`` goes by area, which splits ``n`` among the districts by their
+area. ``n`` is ``sample.n``, or with ``n: auto`` the recommended total of
+:mod:`emb.estimation.sample_size`; where the minimums need more units than that (many
+districts), the check draws the minimums' total and says so.
+
+The total over the domains: the districts' strata are disjoint and drawn independently, so the
+stratified estimator over all of them is the sum of the domains' estimates (in pixels) and its
+variance the sum of theirs; its interval is the normal one on that variance, clipped to
+[0, 1] of the area (the total gathers many independent strata, where the normal
+approximation is at its best), and its coverage is measured like every other. The same holds
+for overall accuracy (a share of agreeing pixels); user's and producer's accuracies are
+ratios, not sums: the total gives none, each district does.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from emb.classes import N_L3, ClassMap
+from emb.estimation.design import allocate
+from emb.estimation.estimators import AreaEstimates, ClassEstimate, Estimate
+from emb.estimation.holdout_check import (
+    LEVEL_CLASSES,
+    ClassCoverage,
+    LevelCheck,
+    StratifiedSampler,
+    TestSplitCounts,
+    estimate_at,
+    tally_draw,
+)
+from emb.estimation.population import level_table
+from emb.estimation.settings import AreaSettings
+
+CELLS = N_L3 * N_L3  # (map L3, CDL L3) cells of one domain
+STREAM = 1  # the draws' seeds: [seed, STREAM, d], apart from the whole check's [seed, d]
+
+
+@dataclass(frozen=True)
+class DomainCheck:
+    """One domain (``name``: the outside or a district) of the check by district: its test
+    pixels, and per level its first draw's estimates and coverage (none without pixels)."""
+
+    name: str
+    pixels: int
+    levels: tuple[LevelCheck, ...]
+
+
+@dataclass(frozen=True)
+class DistrictCheck:
+    """The check by district: every domain in id order (0 the outside), the total over them
+    (the sum of theirs), the units drawn per domain and stratum, and why ``n`` was raised."""
+
+    domains: tuple[DomainCheck, ...]
+    total: tuple[LevelCheck, ...]
+    allocation: np.ndarray  # (D + 1, K) units per domain and stratum
+    note: str
+
+
+def allocation(domains_px: np.ndarray, n: int, min_per_class: int) -> tuple[np.ndarray, int, str]:
+    """(units per domain and stratum, shape of ``domains_px`` (D + 1, K), the units drawn, a
+    note where ``n`` was raised to the minimums' total) of one allocation over every stratum."""
+    sizes = np.asarray(domains_px, np.int64)
+    need = int(np.minimum(sizes, min_per_class).sum())
+    note = ""
+    if n < need:
+        note = (f"{need} units drawn, not n = {n}: the {int((sizes > 0).sum())} district x "
+                f"class strata need {min_per_class} each")  # fmt: skip
+        n = need
+    units = allocate(sizes.ravel(), n, min_per_class).reshape(sizes.shape)
+    return units, n, note
+
+
+def sum_estimates(parts: Sequence[AreaEstimates]) -> AreaEstimates:
+    """The estimates of the union of disjoint, independently sampled domains: each class's area
+    (and the overall accuracy) the sum of the domains' in pixels, its variance the sum of
+    theirs (its interval: :func:`with_interval`), no user's
+    or producer's accuracy (ratios do not add)."""
+    total = sum(p.total_px for p in parts)
+    classes: dict[int, list] = {}
+    for part in parts:
+        for c in part.classes:
+            classes.setdefault(c.cls, []).append((part.total_px, c))
+    out = []
+    for cls in sorted(classes):
+        found = classes[cls]
+        proportion = _summed([(n, c.proportion) for n, c in found], total)
+        out.append(ClassEstimate(
+            cls=cls, mapped_px=sum(c.mapped_px for _, c in found),
+            units_mapped=sum(c.units_mapped for _, c in found),
+            units_reference=sum(c.units_reference for _, c in found),
+            proportion=proportion, users=None, producers=None,
+        ))  # fmt: skip
+    overall = _summed([(p.total_px, p.overall) for p in parts], total)
+    return AreaEstimates(total, tuple(out), overall)
+
+
+def _summed(parts: list[tuple[int, Estimate]], total: int) -> Estimate:
+    """A share of ``total`` pixels from (pixels, share) per domain: value and variance add in
+    pixels; a domain without a standard error leaves the sum without one."""
+    value = sum(n * e.value for n, e in parts) / total
+    missing = [e.why for _, e in parts if e.se is None]
+    if missing:
+        return Estimate(value, None, f"a district's standard error is missing ({missing[0]})")
+    se = math.sqrt(sum((n * e.se) ** 2 for n, e in parts)) / total  # type: ignore[operator]
+    return Estimate(value, se)
+
+
+def with_interval(est: AreaEstimates, z: float) -> AreaEstimates:
+    """``est`` with each area's and the overall accuracy's interval the normal one at ``z``,
+    clipped to [0, 1]; none where the standard error is 0 or missing."""
+
+    def bounded(e: Estimate) -> Estimate:
+        if not e.se:
+            return e
+        lo, hi = max(0.0, e.value - z * e.se), min(1.0, e.value + z * e.se)
+        return Estimate(e.value, e.se, e.why, min(lo, e.value), max(hi, e.value))
+
+    classes = tuple(replace(c, proportion=bounded(c.proportion)) for c in est.classes)
+    return AreaEstimates(est.total_px, classes, bounded(est.overall))
+
+
+def check_districts(
+    population: TestSplitCounts, cmap: ClassMap, design: AreaSettings, n: int
+) -> DistrictCheck:
+    """The check by district at L1, L2 and L3: ``design.draws`` seeded samples of ``n`` units
+    (draw d from ``default_rng([design.seed, STREAM, d])``) stratified by district x map class
+    at ``design.level``, each domain estimated from its own units, the total as their sum;
+    every interval compared with the CDL's area of the domain (or of all)."""
+    if population.domains is None:
+        raise ValueError("check_districts: expected a population counted per district")
+    domains = population.domains.reshape(len(population.domains), CELLS)
+    n_domains, k = len(domains), LEVEL_CLASSES[design.level]
+    strata_l3 = level_table(design.level, cmap)[:N_L3].astype(np.int64)
+    cell_stratum = np.repeat(strata_l3, N_L3)  # (CELLS,) the stratum of a (map, CDL) cell
+    strata = np.arange(n_domains)[:, None] * k + cell_stratum[None, :]
+    sizes = np.bincount(strata.ravel(), weights=domains.ravel(), minlength=n_domains * k)
+    units, n, note = allocation(sizes.astype(np.int64).reshape(n_domains, k), n,
+                                design.min_per_class)  # fmt: skip
+    sampler = StratifiedSampler(domains, strata, n_domains * k, n, design.min_per_class,
+                                units.ravel())  # fmt: skip
+    mapped_l3, reference_l3 = (a.ravel() for a in np.indices((N_L3, N_L3)))
+    tables = {lv: level_table(lv, cmap)[:N_L3].astype(np.int64) for lv in (1, 2, 3)}
+
+    def counts(cells: np.ndarray, level: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """mapped px, CDL px (K_level,) and px per stratum and class (k, K_level)."""
+        grid, table, size = cells.reshape(N_L3, N_L3), tables[level], LEVEL_CLASSES[level]
+        by = np.zeros((k, size), np.int64)
+        np.add.at(by, (strata_l3, table), grid.sum(1))
+        return (np.bincount(table, grid.sum(1), size).astype(np.int64),
+                np.bincount(table, grid.sum(0), size).astype(np.int64), by)  # fmt: skip
+
+    held = [d for d in range(n_domains) if domains[d].sum()]
+    per = {(d, lv): counts(domains[d], lv) for d in held for lv in (1, 2, 3)}
+    whole = {lv: counts(domains.sum(0), lv) for lv in (1, 2, 3)}
+    first: dict[tuple[int, int], AreaEstimates] = {}
+    coverage: dict[tuple[int, int], dict[int, ClassCoverage]] = {}
+    z, total_px = design.z, int(domains.sum())
+    for draw in range(design.draws):
+        sample = sampler.draw(np.random.default_rng([design.seed, STREAM, draw]))
+        for level in (1, 2, 3):
+            found = []
+            for d in held:
+                cell = np.repeat(np.arange(CELLS), sample[d])
+                m3, r3 = mapped_l3[cell], reference_l3[cell]
+                mapped_px, cdl_px, by = per[d, level]
+                est = estimate_at(level, design.level, sizes[d * k : (d + 1) * k].astype(np.int64),
+                                  strata_l3[m3], tables[level][m3], tables[level][r3],
+                                  mapped_px, by, design.confidence)  # fmt: skip
+                found.append(est)
+                first.setdefault((d, level), est)
+                tally_draw(coverage.setdefault((d, level), {}), est, cdl_px,
+                           int(domains[d].sum()), z)  # fmt: skip
+            est = with_interval(sum_estimates(found), z)
+            first.setdefault((-1, level), est)
+            tally_draw(coverage.setdefault((-1, level), {}), est, whole[level][1], total_px, z)
+
+    def checks(d: int, mapped: dict) -> tuple[LevelCheck, ...]:
+        return tuple(LevelCheck(lv, first[d, lv], mapped[lv][0], mapped[lv][1],
+                                coverage[d, lv], design.draws) for lv in (1, 2, 3))  # fmt: skip
+
+    names = population.domain_names
+    out = tuple(
+        DomainCheck(names[d], int(domains[d].sum()),
+                    checks(d, {lv: per[d, lv] for lv in (1, 2, 3)}) if d in held else ())
+        for d in range(n_domains)
+    )  # fmt: skip
+    return DistrictCheck(out, checks(-1, whole), units, note)
