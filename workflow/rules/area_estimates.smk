@@ -83,6 +83,7 @@ rule sample_design:
     input:
         unpack(lambda w: samples.sample_size_inputs(config["area_estimates"], w.run)),
         # with n: auto, area_estimates' recommendation (sample_size)
+        districts=DISTRICTS,  # area_estimates.districts.file, if any
         maps="results/maps/{run}",
         classes=config["classes"],
     output:
@@ -114,4 +115,5 @@ rule sample_design:
     shell:
         "python -m emb.estimation.sample_design --maps {params.maps:q}"
         " --classes={input.classes:q} --settings={params.settings:q}"
-        " {params.sample_size:q} --out-dir={params.out_dir:q} > {log:q} 2>&1"
+        " {params.sample_size:q} {params.districts:q} --out-dir={params.out_dir:q}"
+        " > {log:q} 2>&1"

@@ -44,9 +44,9 @@ from emb.estimation.estimates_table import (
     table,
 )
 from emb.estimation.holdout_check import check, error_matrix, read_population
-from emb.estimation.labelled_estimates import estimate_sample
+from emb.estimation.labelled_estimates import estimate_by_district, estimate_sample
 from emb.estimation.sample_design import SETTINGS_HELP
-from emb.estimation.sample_files import read_labelled
+from emb.estimation.sample_files import LabelledSample, read_labelled
 from emb.estimation.sample_size import allocation, write_sample_size
 from emb.estimation.settings import AreaSettings, AreaSettingsError, from_json
 from emb.io import atomic_path
@@ -105,8 +105,11 @@ def main_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def sample_rows(args: argparse.Namespace, cmap: ClassMap, settings: AreaSettings) -> list[dict]:
-    """The rows of a user's labelled sample on this run's maps (its design's regions)."""
+def sample_rows(
+    args: argparse.Namespace, cmap: ClassMap, settings: AreaSettings, districts: Districts | None
+) -> list[dict]:
+    """The rows of a user's labelled sample on this run's maps (its design's regions), and per
+    district where the design or the config has districts."""
     record = args.record or args.labelled.with_name("sample.json")
     sample = read_labelled(args.labelled, record, cmap)
     regions = [m.region for m in sample.record.maps]
@@ -135,6 +138,29 @@ def sample_rows(args: argparse.Namespace, cmap: ClassMap, settings: AreaSettings
             rows.append(row)
     log.info("%s on run %s: %d units, %d unlabelled (%s)", args.labelled, args.run,
              len(sample.reference), sample.unlabelled, how)  # fmt: skip
+    if sample.record.districts is not None or districts is not None:
+        rows += sample_district_rows(sample, maps, cmap, settings, districts, common)
+    return rows
+
+
+def sample_district_rows(
+    sample: LabelledSample, maps: dict[str, Path], cmap: ClassMap, settings: AreaSettings,
+    districts: Districts | None, common: dict,
+) -> list[dict]:  # fmt: skip
+    """A labelled sample's rows per district: within each district's own strata where the
+    design was drawn by district (the total the sum of the districts, its variance the sum of
+    theirs), else each district as a domain of the design's strata (Stehman 2014: wider)."""
+    found = estimate_by_district(sample, maps, cmap, settings.confidence, districts)
+    rows = []
+    for d, estimates in found.districts.items():
+        name = found.names[d]
+        for item in estimates:
+            for row in estimate_rows(item.estimates, item.level, cmap, sample.record.pixel_ha,
+                                     settings, {**common, "district": name}):  # fmt: skip
+                row["note"] = "; ".join(filter(None, [row["note"], found.note]))
+                rows.append(row)
+    for d, why in found.skipped.items():
+        rows.append({**common, "district": found.names[d], "note": why})
     return rows
 
 
@@ -183,7 +209,7 @@ def main(argv: list[str] | None = None) -> None:
                                       size.total if settings.auto else int(settings.n))  # fmt: skip
         rows += district_rows(args.run, by_district, cmap, population.pixel_ha, settings, where)
     if args.labelled:
-        rows += sample_rows(args, cmap, settings)
+        rows += sample_rows(args, cmap, settings, districts)
     frame = table(rows)
     if args.gpkg and districts is not None:
         write_layer(args.gpkg, districts, frame)

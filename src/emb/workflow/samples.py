@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from emb.classes import load_class_map
+from emb.config_schema import config_default
 from emb.estimation.districts import DistrictsError, read_districts
 from emb.estimation.sample_files import ReferenceSampleError, check_labelled
 from emb.estimation.sample_record import SampleRecordError
@@ -47,6 +48,16 @@ def district_outputs(section: Mapping[str, Any]) -> dict[str, str]:
     """Rule area_estimates' district layer, declared only with districts (the DAG then has
     no output a run without them could not make)."""
     return {"gpkg": DISTRICT_LAYER} if from_config(section).districts else {}
+
+
+def district_options(section: Mapping[str, Any]) -> list[str]:
+    """Rule sample_design's district options: the file and its name field when the config
+    names districts (the sample is then stratified by district x map class), else none."""
+    districts = section.get("districts") or {}
+    if not districts.get("file"):
+        return []
+    name = districts.get("name") or config_default("area_estimates.districts.name")
+    return ["--districts", str(districts["file"]), "--district-name", str(name)]
 
 
 def sample_size_inputs(section: Mapping[str, Any], run: str) -> dict[str, str]:
