@@ -145,3 +145,16 @@ def test_the_page_shows_the_headline_class_per_district_in_a_table_and_a_map(
     assert table.loc[ALL, "coverage"] == "95% of 200"
     _, plain = area_section({"a": path}, from_json("{}"))  # no districts set: no such part
     assert "areas-districts" not in plain
+
+
+def test_the_page_says_how_many_to_label(tmp_path: Path) -> None:
+    rows = frame()
+    design_level = (rows["method"] == CHECK) & (rows["level"] == 3)
+    rows.loc[design_level, "recommended_units"] = 480
+    rows.loc[design_level, "delivered_half_width"] = 0.0812
+    path = tmp_path / "a.csv"
+    rows.to_csv(path, index=False)
+    _, html = area_section({"a": path}, from_json('{"sample": {"target": 0.2}}'))
+    assert "relative half-width 20%" in html and "a: 480 units; at most 8.1% delivered" in html
+    frame().to_csv(path, index=False)  # a table without the recommendation: nothing said
+    assert "How many to label" not in area_section({"a": path}, from_json("{}"))[1]

@@ -16,6 +16,7 @@ run's ``{run}_districts.gpkg``.
 from __future__ import annotations
 
 import base64
+import html
 from pathlib import Path
 
 import pandas as pd
@@ -69,7 +70,8 @@ def page_rows(
     Wald's."""
     rows = []
     for run, frame in tables.items():
-        part = frame[(frame["level"] == level) & (frame["method"] == method)]
+        whole = frame["district"].isna() | (frame["district"] == "")  # per district: below
+        part = frame[(frame["level"] == level) & (frame["method"] == method) & whole]
         for r in part.sort_values("estimated_ha", ascending=False).to_dict("records"):
             rows.append({
                 "run": run,
@@ -118,16 +120,40 @@ def _section_html(paths: dict[str, Path], settings: AreaSettings, top: int) -> s
         "hold on the train blocks. Every level and class: "
         "<code>results/area_estimates/{run}.csv</code>.</p>"
     )
-    html = image + text + plots.html_table(page_rows(tables), "areas")
+    page = image + text + plots.html_table(page_rows(tables), "areas") + recommended_html(
+        tables, settings
+    )
     if any((f["method"] == USER_SAMPLE).any() for f in tables.values()):
         users = page_rows(tables, method=USER_SAMPLE).drop(
             columns=["CDL (ha)", "coverage", "Wald coverage"]
         )
-        html += (f"<p><b>{USER_SAMPLE}</b>: your labelled sample, estimated on each run's "
+        page += (f"<p><b>{USER_SAMPLE}</b>: your labelled sample, estimated on each run's "
                  "map.</p>" + plots.html_table(users, "areas-user"))  # fmt: skip
     if settings.districts and any((f["method"] == DISTRICT_CHECK).any() for f in tables.values()):
-        html += district_html(tables, settings)
-    return html
+        page += district_html(tables, settings)
+    return page
+
+
+def recommended_html(tables: dict[str, pd.DataFrame], settings: AreaSettings) -> str:
+    """How many units to label, per run: the recommended size's total (the strata's units are
+    the CSV's ``recommended_units``), what it aims at and what it delivered on the test split."""
+    lines = []
+    for run, frame in tables.items():
+        rows = frame[(frame["method"] == CHECK) & (frame["level"] == settings.level)
+                     & frame["recommended_units"].notna()]  # fmt: skip
+        if rows.empty:
+            continue
+        delivered = rows["delivered_half_width"].max()
+        got = "" if pd.isna(delivered) else f"; at most {delivered:.1%} delivered on its test split"
+        lines.append(f"<li>{html.escape(run)}: {int(rows['recommended_units'].sum())} units{got}"
+                     "</li>")  # fmt: skip
+    if not lines:
+        return ""
+    return (f"<p><b>How many to label</b> for each class with at least {settings.min_share:.0%} "
+            f"of the map to reach a {settings.percent} interval of relative half-width "
+            f"{settings.target:.0%} (<code>area_estimates.sample.target</code>; per stratum: "
+            "<code>recommended_units</code>; <code>n: auto</code> draws it), assuming the map "
+            f"errs in your area as on its test split:</p><ul>{''.join(lines)}</ul>")
 
 
 def headline(frame: pd.DataFrame) -> str | None:
