@@ -86,7 +86,8 @@ def main() -> None:
                     work = root / f"{cluster}-{n}-{repeat}"
                     work.mkdir()
                     started = time.perf_counter()
-                    done = dry_run(work, REPO / "profiles" / cluster, cluster_env(work),
+                    env = {**cluster_env(work), "PYTHONPATH": str(REPO / "src")}  # this tree
+                    done = dry_run(work, REPO / "profiles" / cluster, env,
                                    "--config", f"regions={table}")  # fmt: skip
                     best[n] = min(best[n], time.perf_counter() - started)
                     if done.returncode != 0:
