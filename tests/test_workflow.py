@@ -149,8 +149,9 @@ def test_every_run_has_its_area_table_whose_intervals_hold_on_its_test_split(
     finished_run: Path,
 ) -> None:
     """Issue 49: the test split's check for every run: mapped, estimated with its interval and
-    the CDL's area, and the intervals' coverage over the seeded draws in 90-99% for the classes
-    with 100 sample units or more (Olofsson's rule of thumb is 50-100 a stratum)."""
+    the CDL's area, and the intervals' coverage over the seeded draws at least 90% for the
+    classes with 100 sample units or more (Olofsson's rule of thumb is 50-100 a stratum), their
+    width near Wald's (issue 57)."""
     for run in RUNS:
         frame = pd.read_csv(finished_run / "results" / "area_estimates" / f"{run}.csv")
         check = frame[frame["method"] == "test split, CDL reference"]
@@ -163,7 +164,11 @@ def test_every_run_has_its_area_table_whose_intervals_hold_on_its_test_split(
             assert part["estimated_ha"].sum() == pytest.approx(part["cdl_ha"].sum(), abs=rounding)
         enough = check[(check["units_reference"] >= 100) & (check["cdl_ha"] > 0)]
         assert len(enough) >= 3, (run, check[["level", "class", "units_reference"]])
-        assert enough["coverage"].between(0.90, 0.99).all(), (run, enough[["class", "coverage"]])
+        assert (enough["coverage"] >= 0.90).all(), (run, enough[["class", "coverage"]])
+        # not held by width: at most 15% wider than Wald's on average, 30% each (a coverage
+        # near 1 over 200 draws is a class with few errors, not a wide interval)
+        width = (enough["hi_ha"] - enough["lo_ha"]) / (enough["wald_hi_ha"] - enough["wald_lo_ha"])
+        assert width.mean() <= 1.15 and (width <= 1.3).all(), (run, width.round(2).tolist())
         assert enough["lo_ha"].notna().all() and (enough["lo_ha"] < enough["hi_ha"]).all()
         # issue 57: every class with >= 20 units has an interval, at the configured level
         some = check[check["units_reference"] >= 20]

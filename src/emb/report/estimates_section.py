@@ -120,8 +120,11 @@ def _section_html(paths: dict[str, Path], settings: AreaSettings, top: int) -> s
         "hold on the train blocks. Every level and class: "
         "<code>results/area_estimates/{run}.csv</code>.</p>"
     )
-    page = image + text + plots.html_table(page_rows(tables), "areas") + recommended_html(
-        tables, settings
+    page = (
+        image
+        + text
+        + plots.html_table(page_rows(tables), "areas")
+        + recommended_html(tables, settings)
     )
     if any((f["method"] == USER_SAMPLE).any() for f in tables.values()):
         users = page_rows(tables, method=USER_SAMPLE).drop(
@@ -149,11 +152,13 @@ def recommended_html(tables: dict[str, pd.DataFrame], settings: AreaSettings) ->
                      "</li>")  # fmt: skip
     if not lines:
         return ""
-    return (f"<p><b>How many to label</b> for each class with at least {settings.min_share:.0%} "
-            f"of the map to reach a {settings.percent} interval of relative half-width "
-            f"{settings.target:.0%} (<code>area_estimates.sample.target</code>; per stratum: "
-            "<code>recommended_units</code>; <code>n: auto</code> draws it), assuming the map "
-            f"errs in your area as on its test split:</p><ul>{''.join(lines)}</ul>")
+    return (
+        f"<p><b>How many to label</b> for each class with at least {settings.min_share:.0%} "
+        f"of the map to reach a {settings.percent} interval of relative half-width "
+        f"{settings.target:.0%} (<code>area_estimates.sample.target</code>; per stratum: "
+        "<code>recommended_units</code>; <code>n: auto</code> draws it), assuming the map "
+        f"errs in your area as on its test split:</p><ul>{''.join(lines)}</ul>"
+    )
 
 
 def headline(frame: pd.DataFrame) -> str | None:
