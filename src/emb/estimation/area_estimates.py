@@ -45,10 +45,9 @@ from emb.estimation.estimates_table import (
 )
 from emb.estimation.holdout_check import check, error_matrix, read_population
 from emb.estimation.labelled_estimates import estimate_by_district, estimate_sample
-from emb.estimation.sample_design import SETTINGS_HELP
 from emb.estimation.sample_files import LabelledSample, read_labelled
 from emb.estimation.sample_size import allocation, write_sample_size
-from emb.estimation.settings import AreaSettings, AreaSettingsError, from_json
+from emb.estimation.settings import AreaSettings, add_option, parsed_option
 from emb.io import atomic_path
 from emb.plots import area_figure, save
 
@@ -81,7 +80,7 @@ def main_args(argv: list[str] | None) -> argparse.Namespace:
         help="results/labels/{source}/{region}.tif, in the order of --indexes",
     )
     p.add_argument("--classes", type=Path, required=True, help="classes.csv")
-    p.add_argument("--settings", default="{}", help=SETTINGS_HELP)
+    add_option(p)
     p.add_argument("--labelled", type=Path, help="a user's labelled sample.csv (optional)")
     p.add_argument("--record", type=Path, help="its design record (default: sample.json beside)")
     p.add_argument("--csv", type=Path, required=True, help="results/area_estimates/{run}.csv")
@@ -96,10 +95,7 @@ def main_args(argv: list[str] | None) -> argparse.Namespace:
     if len(args.indexes) != len(args.labels):
         p.error(f"--labels: expected one per --indexes ({len(args.indexes)}), "
                 f"found {len(args.labels)}")  # fmt: skip
-    try:
-        args.settings = from_json(args.settings)
-    except AreaSettingsError as err:
-        p.error(str(err))
+    args.settings = parsed_option(p, args.settings)
     if args.gpkg and not args.settings.districts:
         p.error("--gpkg: expected districts in --settings (area_estimates.districts.file)")
     return args

@@ -27,12 +27,9 @@ from emb.estimation.design import draw_points
 from emb.estimation.districts import DistrictsError, read_districts
 from emb.estimation.sample_files import write_sample
 from emb.estimation.sample_size import SampleSize, allocation, read_pilot
-from emb.estimation.settings import AreaSettingsError, from_json
+from emb.estimation.settings import add_option, parsed_option
 
 log = logging.getLogger(__name__)
-SETTINGS_HELP = (
-    "config area_estimates as JSON (the rule passes it whole; keys left out: the schema's defaults)"
-)
 
 
 @stage_runner.stage
@@ -46,7 +43,7 @@ def main(argv: list[str] | None = None) -> None:
         help="the map of each region to sample (results/maps/{run}/{region}.tif)",
     )
     p.add_argument("--classes", type=Path, required=True, help="classes.csv")
-    p.add_argument("--settings", default="{}", help=SETTINGS_HELP)
+    add_option(p)
     p.add_argument("--sample-size", type=Path, help="{run}_sample_size.json (with n: auto)")
     p.add_argument("--out-dir", type=Path, required=True, help="results/samples/{run}")
     p.add_argument("--districts", type=Path, help="districts file: strata (district, class)")
@@ -60,10 +57,7 @@ def main(argv: list[str] | None = None) -> None:
             districts = read_districts(args.districts, args.district_name)
         except DistrictsError as err:
             p.error(str(err))
-    try:
-        settings = from_json(args.settings)
-    except AreaSettingsError as err:
-        p.error(str(err))
+    settings = parsed_option(p, args.settings)
     sized = None
     if settings.auto:
         if args.sample_size is None:

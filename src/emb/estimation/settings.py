@@ -10,6 +10,7 @@ draws. Which regions a sample covers and where a labelled one lies are decisions
 
 from __future__ import annotations
 
+import argparse
 import copy
 import json
 from collections.abc import Mapping
@@ -24,6 +25,9 @@ from emb.estimation.estimators import z_of
 SECTION = "area_estimates"
 TRAVELS = ("confidence", "sample", "draws", "districts")  # the keys a stage reads
 AUTO = "auto"  # sample.n: the recommended units
+HELP = (
+    "config area_estimates as JSON (the rule passes it whole; keys left out: the schema's defaults)"
+)
 
 
 class AreaSettingsError(ValueError):
@@ -127,3 +131,18 @@ def _fill_defaults(data: dict, schema: Mapping[str, Any]) -> None:
             data[key] = copy.deepcopy(prop["default"])
         if prop.get("type") == "object" and isinstance(data.get(key), dict):
             _fill_defaults(data[key], prop)
+
+
+def add_option(parser: argparse.ArgumentParser, flag: str = "--settings") -> None:
+    """A stage's option for the settings a rule passes whole (the schema's when left out)."""
+    parser.add_argument(flag, default="{}", help=HELP)
+
+
+def parsed_option(
+    parser: argparse.ArgumentParser, text: str, flag: str = "--settings"
+) -> AreaSettings:
+    """The option's settings; a bad one refused by ``parser`` in one line (exit 2)."""
+    try:
+        return from_json(text, flag)
+    except AreaSettingsError as err:
+        parser.error(str(err))

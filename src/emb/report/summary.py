@@ -33,8 +33,7 @@ from pathlib import Path
 import pandas as pd
 
 from emb import plots, stage_runner
-from emb.estimation.sample_design import SETTINGS_HELP
-from emb.estimation.settings import AreaSettings, AreaSettingsError, from_json
+from emb.estimation.settings import AreaSettings, add_option, from_json, parsed_option
 from emb.evaluation.bootstrap import (
     DIGITS,
     FEW_BLOCKS_WHY,
@@ -338,14 +337,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--pairs-png", type=Path, help="pairs.png (the forest plot)")
     parser.add_argument("--areas", type=Path, nargs="+",
                         help="each run's area table, in --runs' order")  # fmt: skip
-    parser.add_argument("--area-settings", default="{}", help=SETTINGS_HELP)
+    add_option(parser, "--area-settings")
     args = parser.parse_args(argv)
     if args.areas and len(args.areas) != len(args.runs):
         parser.error(f"--areas: expected one per run ({len(args.runs)}), found {len(args.areas)}")
-    try:
-        area_settings = from_json(args.area_settings, "--area-settings")
-    except AreaSettingsError as err:
-        parser.error(str(err))
+    area_settings = parsed_option(parser, args.area_settings, "--area-settings")
     table = summarize(args.runs, args.metrics, args.histories)
     with atomic_path(args.out) as tmp:
         table.to_csv(tmp, index=False)
