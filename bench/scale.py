@@ -91,8 +91,8 @@ def child_manifest(indexes_file: str, out: str) -> dict:
 
 
 def child_rank(manifest_path: str, rank: str) -> dict:
-    from emb.loading.batches import LoaderSpec, shard_sample_counts, train_batches  # noqa: PLC0415
-    from emb.loading.shard_manifest import read_manifest  # noqa: PLC0415
+    from emb.loading.batches import LoaderSpec, train_batches  # noqa: PLC0415
+    from emb.loading.shard_manifest import read_manifest, shard_sample_counts  # noqa: PLC0415
 
     start = time.perf_counter()
     train = read_manifest(Path(manifest_path))["splits"]["train"]

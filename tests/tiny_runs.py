@@ -18,8 +18,9 @@ import yaml
 from conftest import CLASSES_CSV, REPO, TinyDemo
 
 from emb.classes import load_class_map
-from emb.loading.batches import LoaderSpec, shard_sample_counts, train_batches
+from emb.loading.batches import LoaderSpec, train_batches
 from emb.loading.dequantize import Dequantize
+from emb.loading.shard_manifest import shard_sample_counts
 from emb.models import ModelConfig, build_model
 from emb.prep.channel_stats import main as channel_stats_main
 from emb.training import checkpoint_file

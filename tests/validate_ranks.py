@@ -17,8 +17,9 @@ import torch
 import torch.distributed as dist
 
 from emb.classes import load_class_map
-from emb.loading.batches import LoaderSpec, eval_batches, shard_sample_counts
+from emb.loading.batches import LoaderSpec, eval_batches
 from emb.loading.dequantize import Dequantize
+from emb.loading.shard_manifest import shard_sample_counts
 from emb.models import build_model
 from emb.models.runtime import Runtime
 from emb.training import checkpoint_file

@@ -13,8 +13,8 @@ from training_runs import resolve_config, train_here
 from emb.classes import load_class_map
 from emb.evaluation.evaluate import evaluate
 from emb.evaluation.runs import open_run
-from emb.loading.batches import LoaderSpec, eval_batches, shard_sample_counts
-from emb.loading.shard_manifest import read_manifest
+from emb.loading.batches import LoaderSpec, eval_batches
+from emb.loading.shard_manifest import read_manifest, shard_sample_counts
 from emb.metrics import FIGURES, scores_from_confusion
 from emb.models.runtime import Runtime
 from emb.training.loss import HierarchyTargets, MultiHeadLoss

@@ -18,10 +18,10 @@ from conftest import TinyDemo
 from training_runs import resolve_config
 
 from emb.loading.batch_reader import pinned_array
-from emb.loading.batches import LoaderSpec, shard_sample_counts, train_batches
+from emb.loading.batches import LoaderSpec, train_batches
 from emb.loading.buffer_pool import BufferPool
 from emb.loading.device_feed import _Feed, on_device
-from emb.loading.shard_manifest import read_manifest
+from emb.loading.shard_manifest import read_manifest, shard_sample_counts
 from emb.models.runtime import Host, Runtime
 from emb.training.loop import build_loop, parameter_digest
 from emb.training.run_config import load

@@ -146,9 +146,14 @@ def expected_half_width(
     w = big_n / big_n.sum()
     n = np.asarray(units, float)[:, None]
     seen = _as_seen(q, units, big_n)
-    fpc = np.maximum(np.divide(1.0, n, out=np.zeros(n.shape), where=n > 0) - 1 / big_n[:, None], 0)
+    fpc = np.maximum(_inverse(n) - _inverse(big_n[:, None]), 0)  # 1/n_h - 1/N_h; 0 if empty
     var = (w[:, None] ** 2 * seen * (1 - seen) * fpc).sum(0)
     return np.divide(z * np.sqrt(var), share, out=np.full(len(share), np.nan), where=share > 0)
+
+
+def _inverse(values: np.ndarray) -> np.ndarray:
+    """1 / values, 0 where a value is 0 (an empty stratum: no units, no variance)."""
+    return np.divide(1.0, values, out=np.zeros(values.shape), where=values > 0)
 
 
 def write_sample_size(

@@ -50,8 +50,8 @@ from emb.evaluation.block_scores import (
 from emb.evaluation.bootstrap import BootstrapSettings, tile_blocks
 from emb.evaluation.runs import LEVELS, RunError, TrainedRun, open_run
 from emb.io import atomic_path, write_json
-from emb.loading.batches import LoaderSpec, eval_batches, shard_sample_counts, shards_for_rank
-from emb.loading.shard_manifest import read_manifest
+from emb.loading.batches import LoaderSpec, eval_batches
+from emb.loading.shard_manifest import read_manifest, shard_sample_counts, shards_for_rank
 from emb.loading.sidecar import index_shard
 from emb.metrics import (
     NUM_CLASSES,

@@ -31,14 +31,10 @@ import webdataset as wds
 from emb.loading.batch_reader import BatchReader, batch_pool, round_robin
 from emb.loading.dequantize import AUG_CODES
 from emb.loading.shard_index import SampleAt, ShardError
+from emb.loading.shard_manifest import shards_for_rank
 from emb.loading.sidecar import index_shard, sidecar_path
 
 LoaderError = ShardError  # one error for every shard that is not what the manifest promises
-
-
-def shards_for_rank(shards: list[str], rank: int, world: int) -> list[str]:
-    """Round-robin: disjoint subsets that together cover ``shards``."""
-    return shards[rank::world]
 
 
 @dataclass(frozen=True)
@@ -197,8 +193,3 @@ def eval_batches(
 def _chunks(items: Iterator, size: int) -> Iterator[list]:
     while chunk := list(itertools.islice(items, size)):
         yield chunk
-
-
-def shard_sample_counts(split: dict) -> dict[str, int]:
-    """{shard path: sample count} of one manifest split."""
-    return dict(zip(split["shards"], split["shard_samples"], strict=True))

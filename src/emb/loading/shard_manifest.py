@@ -8,7 +8,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from emb.io import read_json
-from emb.loading.batches import shard_sample_counts, shards_for_rank
+
+
+def shards_for_rank(shards: list[str], rank: int, world: int) -> list[str]:
+    """Round-robin: the ranks' disjoint subsets of a split's ``shards`` that together cover it."""
+    return shards[rank::world]
+
+
+def shard_sample_counts(split: dict) -> dict[str, int]:
+    """{shard path: sample count} of one manifest split."""
+    return dict(zip(split["shards"], split["shard_samples"], strict=True))
 
 
 class ManifestError(ValueError):

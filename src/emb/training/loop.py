@@ -16,16 +16,15 @@ import torch
 
 from emb.classes import load_class_map
 from emb.io import write_json
-from emb.loading.batches import (
-    LoaderSpec,
-    eval_batches,
-    shard_sample_counts,
-    shards_for_rank,
-    train_batches,
-)
+from emb.loading.batches import LoaderSpec, eval_batches, train_batches
 from emb.loading.dequantize import Dequantize
 from emb.loading.device_feed import on_device
-from emb.loading.shard_manifest import check_validation_scored, read_manifest
+from emb.loading.shard_manifest import (
+    check_validation_scored,
+    read_manifest,
+    shard_sample_counts,
+    shards_for_rank,
+)
 from emb.models import build_model
 from emb.models.runtime import Runtime
 from emb.provenance import digest_config, digest_file, digest_stats, provenance

@@ -21,12 +21,8 @@ from dataclasses import dataclass
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
 
-from emb.loading.batches import (
-    rank_samples,
-    shard_sample_counts,
-    shards_for_rank,
-    train_steps_per_epoch,
-)
+from emb.loading.batches import rank_samples, train_steps_per_epoch
+from emb.loading.shard_manifest import shard_sample_counts, shards_for_rank
 from emb.training.lr_scaling import reference_batch, scaled_lr
 from emb.training.run_config import TrainConfig
 
