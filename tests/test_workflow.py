@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyogrio
 import pytest
 import rasterio
 from conftest import REPO
@@ -180,6 +181,34 @@ def test_every_run_has_its_area_table_whose_intervals_hold_on_its_test_split(
     page = (finished_run / "results" / "summary.html").read_text()
     assert "Crop areas (hectares, 95% intervals)" in page and "id='areas'" in page
     assert "Wald coverage" in page
+
+
+def test_districts_from_a_file_or_the_regions_map_and_stratify_a_sample(
+    finished_run: Path, tmp_path: Path
+) -> None:
+    """Issue 58: the demo's districts file maps each run's headline class on the summary page
+    (from its district layer); rule sample_design draws by district x class; with
+    ``districts.source: regions`` each region is a district of the layer and of the sample."""
+    page = (finished_run / "results" / "summary.html").read_text()
+    assert page.count("<img class='districts'") == len(RUNS)
+    project = tmp_path / "project"
+    shutil.copytree(finished_run, project, symlinks=True)
+    sample = "results/samples/aef_segformer/sample.csv"
+    result = snakemake(project, "--cores", "1", sample)
+    assert result.returncode == 0, result.stderr[-3000:]
+    drawn = pd.read_csv(project / sample)
+    assert set(drawn["district"]) <= {"alder", "birch", "cedar", "outside"}
+    assert drawn["district"].nunique() >= 2, drawn["district"].value_counts()
+    layer = "results/area_estimates/aef_segformer_districts.gpkg"
+    result = snakemake(project, "--cores", "1", "--config",
+                       "area_estimates={districts: {source: regions}, draws: 10}", "--",
+                       layer, sample)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    _, table = pyogrio.read_arrow(project / layer, layer="districts")
+    assert sorted(table.column("district").to_pylist()) == ["demo_a", "demo_b"]
+    drawn = pd.read_csv(project / sample)
+    assert sorted(drawn["district"].unique()) == ["demo_a", "demo_b"]
+    assert (drawn["district"] == drawn["region"]).all()
 
 
 def test_report_shows_every_figure_of_every_run(finished_run: Path) -> None:

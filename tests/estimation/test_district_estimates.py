@@ -7,6 +7,7 @@ textbook domain estimator written out here."""
 from __future__ import annotations
 
 import csv
+import json
 from pathlib import Path
 
 import numpy as np
@@ -47,11 +48,12 @@ def designed(
     maps = tmp_path / "maps"
     maps.mkdir(exist_ok=True)
     write_map(maps / "r1.tif", mapped)
-    extra = ["--districts", str(districts_file(tmp_path)), "--district-name", "county"]
+    settings = {"sample": {"level": 2, "n": 150, "min_per_class": 4, "seed": 3}}
+    if by_district:  # the districts travel in the settings, as the rule passes them
+        settings["districts"] = {"file": str(districts_file(tmp_path)), "name": "county"}
     sample_design.main(["--maps", str(maps / "r1.tif"), "--classes", str(CLASSES),
-                        "--settings", '{"sample": {"level": 2, "n": 150, "min_per_class": 4, '
-                        '"seed": 3}}', "--out-dir", str(tmp_path / "sample"),
-                        *(extra if by_district else [])])  # fmt: skip
+                        "--settings", json.dumps(settings),
+                        "--out-dir", str(tmp_path / "sample")])  # fmt: skip
     paths = SamplePaths.in_folder(tmp_path / "sample")
     with rasterio.open(maps / "r1.tif") as src:
         inverse = ~src.transform

@@ -3,6 +3,7 @@ line when cut or not one), and the page's rows at its level."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -10,6 +11,8 @@ import pytest
 from conftest import REPO
 
 from emb import plots
+from emb.estimation.district_layer import write_district_layer
+from emb.estimation.districts import read_districts
 from emb.estimation.estimates_table import ALL, CHECK, COLUMNS, DISTRICT_CHECK, USER_SAMPLE
 from emb.estimation.settings import from_json
 from emb.report.estimates_section import (
@@ -134,9 +137,16 @@ def test_the_page_shows_the_headline_class_per_district_in_a_table_and_a_map(
 ) -> None:
     path = tmp_path / "a.csv"
     district_frame().to_csv(path, index=False)
-    demo = '{"districts": {"file": "%s"}}' % (REPO / "config" / "demo_districts.geojson")
-    _, html = area_section({"a": path}, from_json(demo))
+    demo_file = REPO / "config" / "demo_districts.geojson"
+    demo = json.dumps({"districts": {"file": str(demo_file)}})
+    rows = district_frame()
+    rows = rows[(rows["method"] == DISTRICT_CHECK) & rows["district"].isin(["alder", "birch"])]
+    layer = write_district_layer(tmp_path / "a_districts.gpkg",  # the run's layer: its map
+                                 read_districts(demo_file, "name"), rows)  # fmt: skip
+    _, html = area_section({"a": path}, from_json(demo), layers={"a": layer})
     assert "id='areas-districts'" in html and html.count("<img class='districts'") == 1
+    _, unmapped = area_section({"a": path}, from_json(demo))  # no layer: the table alone
+    assert "id='areas-districts'" in unmapped and "<img class='districts'" not in unmapped
     table = district_rows({"a": read_area_table(path)}).set_index("district")
     assert list(table.index) == ["alder", "birch", "outside", ALL, "cedar"]
     assert (table["class"] == "row_crops").all()  # the largest at L2 over all districts

@@ -10,6 +10,7 @@ import pytest
 from emb.workflow.samples import (
     ERRORS,
     SampleSettingsError,
+    area_settings,
     design_regions,
     district_inputs,
     district_outputs,
@@ -88,14 +89,15 @@ def test_a_labelled_sample_is_checked_at_parse_time_with_errors_the_rules_catch(
 def test_districts_are_read_at_parse_time_and_add_the_layer_only_when_set(
     tmp_path: Path,
 ) -> None:
-    demo = {"districts": {"file": "config/demo_districts.geojson", "name": "name"}}
+    demo = area_settings({"districts": {"file": "config/demo_districts.geojson", "name": "name"}})
     assert district_inputs(demo) == ["config/demo_districts.geojson"]
     assert district_outputs(demo) == {"gpkg": "results/area_estimates/{run}_districts.gpkg"}
     for none in ({}, {"districts": {"file": None, "name": "name"}}):
-        assert district_inputs(none) == [] and district_outputs(none) == {}
-    bad = {"districts": {"file": "config/demo_districts.geojson", "name": "county"}}
+        assert district_inputs(area_settings(none)) == []
+        assert district_outputs(area_settings(none)) == {}
+    bad = area_settings({"districts": {"file": "config/demo_districts.geojson", "name": "county"}})
     with pytest.raises(ERRORS, match=r"demo_districts.geojson: layer .*: no field 'county'"):
         district_inputs(bad)
-    missing = {"districts": {"file": str(tmp_path / "gone.gpkg"), "name": "name"}}
+    missing = area_settings({"districts": {"file": str(tmp_path / "gone.gpkg"), "name": "name"}})
     with pytest.raises(ERRORS, match=r"gone.gpkg: districts file not found"):
         district_inputs(missing)

@@ -6,11 +6,13 @@ from emb.workflow import samples
 # once labelled (area_estimates.labelled) estimated for every run.
 with as_workflow_error(samples.ERRORS):
     # the stages' settings, checked once here and passed whole (JSON) to both rules and summary
-    AREA_SETTINGS = samples.area_settings(config["area_estimates"])
+    SETTINGS = samples.area_settings(config["area_estimates"], config["areas"])
+    AREA_SETTINGS = SETTINGS.to_json()
     LABELLED = samples.labelled_inputs(config["area_estimates"]["labelled"])
-    # the districts file, read and checked now; with it, the district layer is an output
-    DISTRICTS = samples.district_inputs(config["area_estimates"])
-    DISTRICT_OUTPUTS = samples.district_outputs(config["area_estimates"])
+    # the districts file (or the areas file), read and checked now; with districts (a file,
+    # the areas or the regions), each run's district layer is an output
+    DISTRICTS = samples.district_inputs(SETTINGS)
+    DISTRICT_OUTPUTS = samples.district_outputs(SETTINGS)
     # its rows now, not in the job: a refusal there would delete the runs' area tables
     samples.check_labelled_sample(LABELLED, config["classes"])
     SAMPLE_REGIONS = samples.regions_per_run(
@@ -31,7 +33,7 @@ rule area_estimates:
         # indexes: each region's test tiles; labels: the CDL on the maps' grid
         classes=config["classes"],
         labelled=LABELLED,  # a user's labelled sample.csv and its design record, if any
-        districts=DISTRICTS,  # area_estimates.districts.file, if any
+        districts=DISTRICTS,  # the districts file (or the areas file), if any
     output:
         # with districts: gpkg={run}_districts.gpkg, the districts' estimates as a GIS layer
         **DISTRICT_OUTPUTS,
@@ -83,7 +85,7 @@ rule sample_design:
     input:
         unpack(lambda w: samples.sample_size_inputs(config["area_estimates"], w.run)),
         # with n: auto, area_estimates' recommendation (sample_size)
-        districts=DISTRICTS,  # area_estimates.districts.file, if any
+        districts=DISTRICTS,  # the districts file (or the areas file), if any
         maps="results/maps/{run}",
         classes=config["classes"],
     output:
@@ -115,5 +117,5 @@ rule sample_design:
     shell:
         "python -m emb.estimation.sample_design --maps {params.maps:q}"
         " --classes={input.classes:q} --settings={params.settings:q}"
-        " {params.sample_size:q} {params.districts:q} --out-dir={params.out_dir:q}"
+        " {params.sample_size:q} --out-dir={params.out_dir:q}"
         " > {log:q} 2>&1"

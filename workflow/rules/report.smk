@@ -3,7 +3,8 @@ rule summary:
         metrics=expand("results/eval/{run}/metrics.json", run=RUNS),
         blocks=expand("results/eval/{run}/blocks.npz", run=RUNS),  # paired comparisons
         areas=expand("results/area_estimates/{run}.csv", run=RUNS),  # below the runs table
-        districts=DISTRICTS,  # their map on the page, if any
+        # the runs' district layers (polygons and estimates): their maps on the page, if any
+        district_layers=samples.district_layers(SETTINGS, RUNS),
     output:
         csv=report_file("results/summary.csv", "summary", "Summary", "table (CSV)"),
         html=report_file("results/summary.html", "summary", "Summary", "table"),
@@ -44,6 +45,7 @@ rule summary:
         " --out={output.csv:q} --html={output.html:q} --png={output.png:q}"
         " --provenance={output.provenance:q} --pairs={output.pairs:q} --pairs-png={output.pairs_png:q}"
         " --histories {params.histories:q} --areas {input.areas:q}"
+        " --district-layers {input.district_layers:q}"
         " --area-settings={params.area_settings:q} > {log:q} 2>&1"
 
 

@@ -30,7 +30,7 @@ from emb import stage_runner
 from emb.classes import ClassMap, load_class_map
 from emb.estimation.district_check import check_districts
 from emb.estimation.district_layer import write_district_layer
-from emb.estimation.districts import Districts, read_districts
+from emb.estimation.districts import Districts, load_districts
 from emb.estimation.estimates_table import (
     ALL,
     CHECK,
@@ -96,8 +96,8 @@ def main_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(f"--labels: expected one per --indexes ({len(args.indexes)}), "
                 f"found {len(args.labels)}")  # fmt: skip
     args.settings = parsed_option(p, args.settings)
-    if args.gpkg and not args.settings.districts:
-        p.error("--gpkg: expected districts in --settings (area_estimates.districts.file)")
+    if args.gpkg and not args.settings.has_districts:
+        p.error("--gpkg: expected districts in --settings (area_estimates.districts)")
     return args
 
 
@@ -117,6 +117,8 @@ def sample_rows(
         log.warning("%s: run %s maps none of regions %s: no rows of it", args.labelled,
                     args.run, unmapped)  # fmt: skip
         return [{**common, "note": f"{args.labelled}: this run does not map {unmapped}"}]
+    if settings.district_source == "regions":  # the sample's own regions, not the check's
+        districts = load_districts("regions", None, settings.district_name, maps)
     found = estimate_sample(sample, maps, cmap, settings.confidence)
     notes = [f"{args.labelled}: {len(sample.reference)} labelled units"]
     if sample.unlabelled:
@@ -175,10 +177,11 @@ def main(argv: list[str] | None = None) -> None:
     cmap = load_class_map(args.classes)
     regions = [region_of(p) for p in args.indexes]
     settings = args.settings
-    districts = (read_districts(settings.districts, settings.district_name)
-                 if settings.districts else None)  # fmt: skip
+    maps = {r: args.maps / f"{r}.tif" for r in regions}
+    districts = load_districts(settings.district_source, settings.districts,
+                               settings.district_name, maps)  # fmt: skip
     population = read_population(
-        {r: args.maps / f"{r}.tif" for r in regions},
+        maps,
         dict(zip(regions, args.labels, strict=True)),
         dict(zip(regions, args.indexes, strict=True)),
         districts,

@@ -30,6 +30,7 @@ from emb.estimation.districts import OUTSIDE, Districts
 from emb.io import atomic_path
 
 LAYER = "districts"  # the feature layer
+LAYER_NAME_FIELD = "district"  # its field naming each district
 CLASSES_TABLE = "district_classes"  # short -> class name (an attribute table, no geometry)
 SHORT_LEN = 6  # + the longest suffix "_map" = 10 characters, a shapefile field name's limit
 STATS = {"map": "mapped_ha", "est": "estimated_ha", "lo": "lo_ha", "hi": "hi_ha",
@@ -91,7 +92,7 @@ def class_order(rows: pd.DataFrame) -> list[str]:
 def layer_fields(classes: Sequence[str]) -> list[str]:
     """The layer's attribute columns for ``classes`` in that order."""
     shorts = short_names(classes)
-    return ["district", "dist_id", *(f"{shorts[c]}_{s}" for c in classes for s in STATS)]
+    return [LAYER_NAME_FIELD, "dist_id", *(f"{shorts[c]}_{s}" for c in classes for s in STATS)]
 
 
 def _checked(districts: Districts, rows: pd.DataFrame) -> pd.DataFrame:

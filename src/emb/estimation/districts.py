@@ -1,6 +1,12 @@
 """Districts: named polygons (``area_estimates.districts``) that split a run's maps into the
 domains areas are estimated for, and which district each map pixel belongs to.
 
+Three sources (``districts.source``): ``file``, a districts file; ``areas``, the areas of the
+areas file (one district per area name, its polygons over every year joined), named by their
+``area``; ``regions``, one district per region, the footprint of its map, named by the region
+(in the maps' CRS when they share one, else in WGS84 degrees). Regions whose maps overlap
+cannot be districts: a pixel must belong to one (refused, naming both).
+
 A district file is a GeoPackage, GeoJSON (read with GDAL through pyogrio) or GeoParquet (read
 with pyarrow: pyogrio's GDAL has no Parquet driver) holding one feature layer with a name
 field, polygons or multipolygons, in any declared CRS. District ids follow the file's order:
@@ -22,7 +28,7 @@ district in the file takes it.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +44,8 @@ from rasterio.windows import transform as window_transform
 from shapely.geometry.base import BaseGeometry
 
 from emb import geo
+from emb.areas import AreasError
+from emb.areas.areas_file import read_areas
 from emb.classes import IGNORE, N_L3
 from emb.estimation.population import (
     CHUNK,
@@ -56,6 +64,9 @@ STEP_M = 1000.0  # longest edge piece (metres) before a projected district is re
 OGR_SUFFIXES = (".gpkg", ".geojson", ".json")
 PARQUET_SUFFIXES = (".parquet", ".geoparquet")
 POLYGONS = ("Polygon", "MultiPolygon")
+SOURCES = ("file", "areas", "regions")  # districts.source (the config schema's enum)
+AREA_FIELD = "area"  # the areas file's name field
+REGION_FIELD = "region"  # what names a region's district
 
 
 class DistrictsError(ValueError):
@@ -334,3 +345,65 @@ def district_counts(path: Path | str, districts: Districts) -> np.ndarray:
             f"nodata {IGNORE}"
         )
     return counts
+
+
+def load_districts(
+    source: str, file: str | Path | None, name_field: str, maps: Mapping[str, Path | str]
+) -> Districts | None:
+    """The districts of ``source`` (:data:`SOURCES`): ``file`` named by ``name_field``
+    (None without one), the areas of the areas file ``file``, or the footprints of ``maps``
+    (region -> its map)."""
+    if source == "areas":
+        return districts_of_areas(file)
+    if source == "regions":
+        return districts_of_maps(maps)
+    if source != "file":
+        raise DistrictsError(f"districts.source: expected one of {SOURCES}, found {source!r}")
+    return read_districts(file, name_field) if file else None
+
+
+def districts_of_areas(path: str | Path) -> Districts:
+    """One district per area of the areas file at ``path`` (its polygons over every year
+    joined), named by its ``area``, in WGS84 degrees, in the file's order of first mention;
+    areas that overlap are refused as a districts file's are."""
+    try:
+        areas = read_areas(path)
+    except AreasError as err:
+        raise DistrictsError(f"districts from the areas file: {err}") from None
+    parts: dict[str, list[BaseGeometry]] = {}
+    for area in areas:
+        parts.setdefault(area.name, []).append(area.geometry)
+    names = tuple(parts)
+    geometries = tuple(shapely.make_valid(shapely.union_all(g)) if len(g) > 1 else g[0]
+                       for g in parts.values())  # fmt: skip
+    _refuse_overlaps(Path(path), f"field {AREA_FIELD!r}", names, geometries)
+    return Districts(Path(path), AREA_FIELD, names, geometries, geo.WGS84)
+
+
+def districts_of_maps(maps: Mapping[str, Path | str]) -> Districts:
+    """One district per region of ``maps`` (region -> its map): the map's footprint, in the
+    maps' CRS when all share one (no reprojection: every pixel centre lies inside its own map's
+    footprint), else moved into WGS84 with its edges cut short first. Refused: a map without a
+    CRS, and two regions whose maps overlap (a pixel would be counted in both)."""
+    footprints, crss = {}, {}
+    for region, path in maps.items():
+        with rasterio.open(path) as src:
+            if src.crs is None:
+                raise DistrictsError(f"{path}: no CRS: region {region!r} cannot be a district")
+            crss[region] = CRS.from_user_input(crs_text(src.crs))
+            footprints[region] = shapely.box(*src.bounds)
+    if not footprints:
+        raise DistrictsError("districts from the regions: expected at least one map, found none")
+    first = next(iter(crss.values()))
+    crs = first if all(c == first for c in crss.values()) else geo.WGS84
+    geometries = tuple(geo.reproject(footprints[r], crss[r], crs, step=step_of(crss[r]))
+                       for r in footprints)  # fmt: skip
+    folder = Path(next(iter(maps.values()))).parent
+    try:
+        _refuse_overlaps(folder, "the regions' maps", tuple(footprints), geometries)
+    except DistrictsError as err:
+        raise DistrictsError(
+            f"{err}; regions whose maps overlap cannot be districts: name a districts file "
+            "(area_estimates.districts.file) instead"
+        ) from None
+    return Districts(folder, REGION_FIELD, tuple(footprints), geometries, crs)

@@ -24,7 +24,7 @@ import numpy as np
 from emb import stage_runner
 from emb.classes import load_class_map
 from emb.estimation.design import draw_points
-from emb.estimation.districts import DistrictsError, read_districts
+from emb.estimation.districts import DistrictsError, load_districts
 from emb.estimation.sample_files import write_sample
 from emb.estimation.sample_size import SampleSize, allocation, read_pilot
 from emb.estimation.settings import add_option, parsed_option
@@ -46,18 +46,14 @@ def main(argv: list[str] | None = None) -> None:
     add_option(p)
     p.add_argument("--sample-size", type=Path, help="{run}_sample_size.json (with n: auto)")
     p.add_argument("--out-dir", type=Path, required=True, help="results/samples/{run}")
-    p.add_argument("--districts", type=Path, help="districts file: strata (district, class)")
-    p.add_argument("--district-name", help="the districts file's field naming each district")
     args = p.parse_args(argv)
-    if (args.districts is None) != (args.district_name is None):
-        p.error("--districts and --district-name: expected both or neither")
-    districts = None
-    if args.districts is not None:
-        try:
-            districts = read_districts(args.districts, args.district_name)
-        except DistrictsError as err:
-            p.error(str(err))
     settings = parsed_option(p, args.settings)
+    try:  # with districts (settings.districts), strata are district x class
+        districts = load_districts(settings.district_source, settings.districts,
+                                   settings.district_name,
+                                   {Path(m).stem: m for m in args.maps})  # fmt: skip
+    except DistrictsError as err:
+        p.error(str(err))
     sized = None
     if settings.auto:
         if args.sample_size is None:

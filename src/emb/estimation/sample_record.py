@@ -84,8 +84,11 @@ class StrataDistricts:
 
     @classmethod
     def of(cls, districts: Districts) -> StrataDistricts:
-        return cls(str(districts.path), digest_file(districts.path), districts.name_field,
-                   tuple(districts.names))  # fmt: skip
+        """The record of ``districts``; the regions' footprints (``path`` their maps' folder)
+        have no file of their own: the maps' digests in the record pin them (sha256 "")."""
+        path = Path(districts.path)
+        return cls(str(path), digest_file(path) if path.is_file() else "",
+                   districts.name_field, tuple(districts.names))  # fmt: skip
 
     def names_by_id(self) -> tuple[str, ...]:
         """Domain names indexed by id: ``outside`` at 0, then the districts."""

@@ -40,8 +40,10 @@ class AreaSettings:
     at least ``min_per_class`` per stratum, strata = the map's classes at ``level``, drawn from
     ``seed``; ``n`` "auto": as many as give each class with ``min_share`` of the mapped area a
     relative half-width of ``target``); ``draws``: the test split's check's seeded samples;
-    ``districts``: the districts file (None: none), ``district_name`` its field naming each
-    district (travelling, so the stage and the summary read the file the DAG checked)."""
+    ``district_source``: where the districts come from (``file``, ``areas``, ``regions``:
+    :func:`emb.estimation.districts.load_districts`); ``districts``: the districts file, or with
+    ``areas`` the areas file (None: none), ``district_name`` its field naming each district
+    (travelling, so the stage reads the file the DAG checked)."""
 
     confidence: float
     n: int | str
@@ -53,11 +55,17 @@ class AreaSettings:
     min_share: float
     districts: str | None
     district_name: str
+    district_source: str
 
     @property
     def auto(self) -> bool:
         """``n: auto``: the units :mod:`emb.estimation.sample_size` recommends."""
         return self.n == AUTO
+
+    @property
+    def has_districts(self) -> bool:
+        """Whether the areas are also estimated per district (a file, the areas or regions)."""
+        return self.district_source != "file" or self.districts is not None
 
     @property
     def z(self) -> float:
@@ -74,7 +82,8 @@ class AreaSettings:
         sample = {"n": self.n, "min_per_class": self.min_per_class, "level": self.level,
                   "seed": self.seed, "target": self.target,
                   "min_share": self.min_share}  # fmt: skip
-        districts = {"file": self.districts, "name": self.district_name}
+        districts = {"file": self.districts, "name": self.district_name,
+                     "source": self.district_source}  # fmt: skip
         return json.dumps(
             {"confidence": self.confidence, "sample": sample, "draws": self.draws,
              "districts": districts},
@@ -108,6 +117,7 @@ def _build(data: dict, where: str) -> AreaSettings:
         min_per_class=sample["min_per_class"], level=sample["level"], seed=sample["seed"],
         draws=data["draws"], target=float(sample["target"]), min_share=float(sample["min_share"]),
         districts=data["districts"]["file"], district_name=data["districts"]["name"],
+        district_source=data["districts"]["source"],
     )  # fmt: skip
 
 

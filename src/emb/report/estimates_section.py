@@ -22,6 +22,7 @@ from pathlib import Path
 import pandas as pd
 
 from emb import plots
+from emb.estimation.district_layer import LAYER, LAYER_NAME_FIELD
 from emb.estimation.districts import OUTSIDE, read_districts
 from emb.estimation.estimates_table import (
     ALL,
@@ -91,13 +92,20 @@ def _coverage(share: object, draws: object) -> str:
     return "" if pd.isna(share) else f"{share:.0%} of {int(draws)}"
 
 
-def area_section(paths: dict[str, Path], settings: AreaSettings, top: int = 10) -> tuple[str, str]:
+def area_section(
+    paths: dict[str, Path], settings: AreaSettings, top: int = 10,
+    layers: dict[str, Path] | None = None,
+) -> tuple[str, str]:  # fmt: skip
     """The section's title (the intervals' level) and HTML: the figure (inline) and the table
-    at ``PAGE_LEVEL``."""
-    return AREAS_TITLE.format(level=settings.percent), _section_html(paths, settings, top)
+    at ``PAGE_LEVEL``; with districts, each run's choropleth drawn from its district layer
+    (``layers``: run -> ``{run}_districts.gpkg``, whatever the districts' source)."""
+    html = _section_html(paths, settings, top, layers or {})
+    return AREAS_TITLE.format(level=settings.percent), html
 
 
-def _section_html(paths: dict[str, Path], settings: AreaSettings, top: int) -> str:
+def _section_html(
+    paths: dict[str, Path], settings: AreaSettings, top: int, layers: dict[str, Path]
+) -> str:
     tables = {run: read_area_table(Path(p)) for run, p in paths.items()}
     if not tables:
         return "<p>No area tables.</p>"
@@ -132,8 +140,10 @@ def _section_html(paths: dict[str, Path], settings: AreaSettings, top: int) -> s
         )
         page += (f"<p><b>{USER_SAMPLE}</b>: your labelled sample, estimated on each run's "
                  "map.</p>" + plots.html_table(users, "areas-user"))  # fmt: skip
-    if settings.districts and any((f["method"] == DISTRICT_CHECK).any() for f in tables.values()):
-        page += district_html(tables, settings)
+    if settings.has_districts and any(
+        (f["method"] == DISTRICT_CHECK).any() for f in tables.values()
+    ):
+        page += district_html(tables, settings, layers)
     return page
 
 
@@ -191,14 +201,26 @@ def district_rows(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def district_html(tables: dict[str, pd.DataFrame], settings: AreaSettings) -> str:
-    """The district table and, per run, the choropleth of its headline class."""
-    districts = read_districts(settings.districts, settings.district_name)
+def _source_text(settings: AreaSettings) -> str:
+    """Where the districts came from, as the page says it."""
+    if settings.district_source == "regions":
+        return "each region a district"
+    if settings.district_source == "areas":
+        return f"each area of {settings.districts} a district"
+    return str(settings.districts)
+
+
+def district_html(
+    tables: dict[str, pd.DataFrame], settings: AreaSettings, layers: dict[str, Path]
+) -> str:
+    """The district table and, per run with a district layer, the choropleth of its headline
+    class (the layer's polygons: the districts file's, the areas' or the regions' footprints)."""
     images = []
     for run, frame in tables.items():
         cls = headline(frame)
-        if cls is None:
+        if cls is None or run not in layers:
             continue
+        districts = read_districts(layers[run], LAYER_NAME_FIELD, LAYER)
         part = frame[(frame["method"] == DISTRICT_CHECK) & (frame["level"] == DISTRICT_LEVEL)
                      & (frame["class"] == cls)].set_index("district")["estimated_ha"]  # fmt: skip
         values = [part.get(name, float("nan")) for name in districts.names]
@@ -210,10 +232,10 @@ def district_html(tables: dict[str, pd.DataFrame], settings: AreaSettings) -> st
         images.append(f"<img class='districts' alt='{cls} per district, {run}' "
                       f"src='data:image/png;base64,{data}'>")  # fmt: skip
     text = (
-        f"<p><b>{DISTRICT_CHECK}</b> ({districts.path}): the test split sampled by district x "
-        f"map class, each district estimated from its own units; <i>{OUTSIDE}</i>: the pixels in "
-        f"no district; <i>{ALL}</i>: their sum (its variance the sum of theirs). Each run's "
-        f"largest class at L{DISTRICT_LEVEL}; every class: the CSV and "
+        f"<p><b>{DISTRICT_CHECK}</b> ({_source_text(settings)}): the test split sampled by "
+        f"district x map class, each district estimated from its own units; <i>{OUTSIDE}</i>: "
+        f"the pixels in no district; <i>{ALL}</i>: their sum (its variance the sum of theirs). "
+        f"Each run's largest class at L{DISTRICT_LEVEL}; every class: the CSV and "
         "<code>results/area_estimates/{run}_districts.gpkg</code>.</p>"
     )
     return "".join(images) + text + plots.html_table(district_rows(tables), "areas-districts")

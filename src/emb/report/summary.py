@@ -288,9 +288,11 @@ def caveats(table: pd.DataFrame, metas: dict[str, dict], pairs: pd.DataFrame) ->
 def summary_page(
     table: pd.DataFrame, metas: dict[str, dict], pairs: pd.DataFrame, forest_png: bytes | None,
     areas: dict[str, Path] | None = None, area_settings: AreaSettings | None = None,
+    district_layers: dict[str, Path] | None = None,
 ) -> str:  # fmt: skip
     """summary.html: caveats once, the runs table, each run's crop areas (``areas``: run ->
-    its area table, at ``area_settings``' level: the schema's when None), the forest plot and
+    its area table, at ``area_settings``' level: the schema's when None; ``district_layers``:
+    run -> its district layer, mapped on the page), the forest plot and
     the compact pair table, validation against test; self-contained (the plots inline),
     readable at 1400 px."""
     notes = "".join(f"<li>{html.escape(line)}</li>" for line in caveats(table, metas, pairs))
@@ -302,7 +304,8 @@ def summary_page(
     sections = [
         (CAVEATS_TITLE, f"<ul class='caveats'>{notes}</ul>"),
         (RUNS_TITLE, plots.html_table(runs_cells(table), "runs", grouped=True)),
-        *([area_section(areas, area_settings or from_json("{}"))] if areas else []),
+        *([area_section(areas, area_settings or from_json("{}"), layers=district_layers)]
+          if areas else []),
         (PAIRS_TITLE, forest + plots.html_table(pair_cells(pairs), "pairs")
          + "<p>OA and macro-F1 differences: <code>pairs.csv</code>; every column of every run: "
          "<code>summary.csv</code>.</p>"),
@@ -337,10 +340,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--pairs-png", type=Path, help="pairs.png (the forest plot)")
     parser.add_argument("--areas", type=Path, nargs="+",
                         help="each run's area table, in --runs' order")  # fmt: skip
+    parser.add_argument("--district-layers", type=Path, nargs="*", default=[],
+                        help="each run's district layer, in --runs' order")  # fmt: skip
     add_option(parser, "--area-settings")
     args = parser.parse_args(argv)
-    if args.areas and len(args.areas) != len(args.runs):
-        parser.error(f"--areas: expected one per run ({len(args.runs)}), found {len(args.areas)}")
+    for flag, given in (("--areas", args.areas), ("--district-layers", args.district_layers)):
+        if given and len(given) != len(args.runs):
+            parser.error(f"{flag}: expected one per run ({len(args.runs)}), found {len(given)}")
     area_settings = parsed_option(parser, args.area_settings, "--area-settings")
     table = summarize(args.runs, args.metrics, args.histories)
     with atomic_path(args.out) as tmp:
@@ -366,7 +372,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.html:
         with atomic_path(args.html) as tmp:
             areas = dict(zip(args.runs, args.areas, strict=True)) if args.areas else None
-            tmp.write_text(summary_page(table, metas, pairs, forest_png, areas, area_settings))
+            layers = dict(zip(args.runs, args.district_layers, strict=False))
+            tmp.write_text(summary_page(table, metas, pairs, forest_png, areas, area_settings,
+                                        layers))  # fmt: skip
     if args.provenance:
         page = plots.html_page("emb provenance", [(PROVENANCE_TITLE, provenance_table(table))])
         with atomic_path(args.provenance) as tmp:

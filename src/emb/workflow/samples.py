@@ -4,15 +4,15 @@ districts file with the outputs it adds, at parse time (config ``area_estimates`
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from emb.classes import load_class_map
-from emb.config_schema import config_default
-from emb.estimation.districts import DistrictsError, read_districts
+from emb.estimation.districts import AREA_FIELD, DistrictsError, load_districts
 from emb.estimation.sample_files import ReferenceSampleError, check_labelled
 from emb.estimation.sample_record import SampleRecordError
-from emb.estimation.settings import AreaSettingsError, from_config
+from emb.estimation.settings import AreaSettings, AreaSettingsError, from_config
 
 KEY = "area_estimates.design_regions"
 
@@ -27,37 +27,52 @@ ERRORS = (SampleSettingsError, AreaSettingsError, ReferenceSampleError, SampleRe
 DISTRICT_LAYER = "results/area_estimates/{run}_districts.gpkg"
 
 
-def area_settings(section: Mapping[str, Any]) -> str:
-    """The stages' settings of config ``area_estimates`` as the JSON the rules pass whole
-    (:mod:`emb.estimation.settings`: checked there, once)."""
-    return from_config(section, "config").to_json()
+def area_settings(section: Mapping[str, Any], areas: str | None = None) -> AreaSettings:
+    """The stages' settings of config ``area_estimates`` (:mod:`emb.estimation.settings`:
+    checked there, once), which the rules pass whole as JSON (``to_json``); with
+    ``districts.source: areas`` the areas file (config ``areas``) travels as the districts
+    file. Refused: a source other than ``file`` beside a ``file``, and ``areas`` without an
+    areas file."""
+    settings = from_config(section, "config")
+    source = settings.district_source
+    if source == "file":
+        return settings
+    if settings.districts is not None:
+        raise SampleSettingsError(
+            f"area_estimates.districts.file: expected null with source {source!r} (the "
+            f"districts are the {source}), found {settings.districts!r}"
+        )
+    if source == "areas":
+        if not areas:
+            raise SampleSettingsError(
+                "area_estimates.districts.source: 'areas' takes the districts from the areas "
+                "file: expected config areas to name one, found none"
+            )
+        return replace(settings, districts=str(areas), district_name=AREA_FIELD)
+    return settings
 
 
-def district_inputs(section: Mapping[str, Any]) -> list[str]:
-    """The districts file (``area_estimates.districts.file``) as rule area_estimates' input,
-    read and checked now (:func:`emb.estimation.districts.read_districts`): a bad file is
-    refused before any job, not after the runs have trained; none without districts."""
-    settings = from_config(section)  # the schema's defaults, as the stages get them
-    if not settings.districts:
+def district_inputs(settings: AreaSettings) -> list[str]:
+    """The districts file (or the areas file, with ``source: areas``) as an input of the rules
+    that read it, read and checked now (:func:`emb.estimation.districts.load_districts`): a
+    bad file is refused before any job, not after the runs have trained. None without one;
+    none with ``source: regions`` (the maps, the rules' inputs already, are the districts)."""
+    if settings.district_source == "regions" or not settings.districts:
         return []
-    read_districts(settings.districts, settings.district_name)
+    load_districts(settings.district_source, settings.districts, settings.district_name, {})
     return [settings.districts]
 
 
-def district_outputs(section: Mapping[str, Any]) -> dict[str, str]:
+def district_outputs(settings: AreaSettings) -> dict[str, str]:
     """Rule area_estimates' district layer, declared only with districts (the DAG then has
     no output a run without them could not make)."""
-    return {"gpkg": DISTRICT_LAYER} if from_config(section).districts else {}
+    return {"gpkg": DISTRICT_LAYER} if settings.has_districts else {}
 
 
-def district_options(section: Mapping[str, Any]) -> list[str]:
-    """Rule sample_design's district options: the file and its name field when the config
-    names districts (the sample is then stratified by district x map class), else none."""
-    districts = section.get("districts") or {}
-    if not districts.get("file"):
-        return []
-    name = districts.get("name") or config_default("area_estimates.districts.name")
-    return ["--districts", str(districts["file"]), "--district-name", str(name)]
+def district_layers(settings: AreaSettings, runs: Sequence[str]) -> list[str]:
+    """The runs' district layers, which the summary maps (their polygons and estimates);
+    none without districts."""
+    return [DISTRICT_LAYER.format(run=run) for run in runs] if settings.has_districts else []
 
 
 def sample_size_inputs(section: Mapping[str, Any], run: str) -> dict[str, str]:
