@@ -201,7 +201,7 @@ def test_districts_from_a_file_or_the_regions_map_and_stratify_a_sample(
     assert drawn["district"].nunique() >= 2, drawn["district"].value_counts()
     layer = "results/area_estimates/aef_segformer_districts.gpkg"
     result = snakemake(project, "--cores", "1", "--config",
-                       "area_estimates={districts: {source: regions}, draws: 10}", "--",
+                       "area_estimates={districts: {source: regions}}", "--",
                        layer, sample)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     _, table = pyogrio.read_arrow(project / layer, layer="districts")

@@ -151,8 +151,9 @@ def test_the_parse_time_settings_carry_the_areas_file_and_refuse_what_cannot_be(
     assert district_layers(from_config({}), ["r1"]) == []
     with pytest.raises(ERRORS, match=r"'areas' takes the districts from the areas file"):
         area_settings({"districts": {"source": "areas"}}, None)
-    with pytest.raises(ERRORS, match=r"districts.file: expected null with source 'regions'"):
-        area_settings({"districts": {"source": "regions", "file": "d.gpkg"}}, None)
+    # a file left by a base config (the demo's) belongs to source file: regions leave it aside
+    left = area_settings({"districts": {"source": "regions", "file": "d.gpkg"}}, None)
+    assert left.districts is None and left.has_districts and district_inputs(left) == []
     with pytest.raises(ERRORS, match=r"districts.source: 'county' is not one of"):
         area_settings({"districts": {"source": "county"}}, None)
     assert area_settings({"districts": {"file": str(REPO / "config/demo_districts.geojson")}},

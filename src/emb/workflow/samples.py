@@ -31,17 +31,13 @@ def area_settings(section: Mapping[str, Any], areas: str | None = None) -> AreaS
     """The stages' settings of config ``area_estimates`` (:mod:`emb.estimation.settings`:
     checked there, once), which the rules pass whole as JSON (``to_json``); with
     ``districts.source: areas`` the areas file (config ``areas``) travels as the districts
-    file. Refused: a source other than ``file`` beside a ``file``, and ``areas`` without an
-    areas file."""
+    file. ``districts.file`` belongs to source ``file``: another source leaves it aside (so
+    ``--config area_estimates='{districts: {source: regions}}'`` over the demo's config, which
+    names a file, means the regions). Refused: ``areas`` without an areas file."""
     settings = from_config(section, "config")
     source = settings.district_source
     if source == "file":
         return settings
-    if settings.districts is not None:
-        raise SampleSettingsError(
-            f"area_estimates.districts.file: expected null with source {source!r} (the "
-            f"districts are the {source}), found {settings.districts!r}"
-        )
     if source == "areas":
         if not areas:
             raise SampleSettingsError(
@@ -49,7 +45,7 @@ def area_settings(section: Mapping[str, Any], areas: str | None = None) -> AreaS
                 "file: expected config areas to name one, found none"
             )
         return replace(settings, districts=str(areas), district_name=AREA_FIELD)
-    return settings
+    return replace(settings, districts=None)
 
 
 def district_inputs(settings: AreaSettings) -> list[str]:
