@@ -36,15 +36,17 @@ import numpy as np
 
 from emb.classes import N_L3, ClassMap
 from emb.estimation.design import allocate
-from emb.estimation.estimators import AreaEstimates, ClassEstimate, Estimate
+from emb.estimation.estimators import AreaEstimates, AreaShares, ClassEstimate, Estimate
 from emb.estimation.holdout_check import (
     LEVEL_CLASSES,
     ClassCoverage,
     LevelCheck,
     StratifiedSampler,
     TestSplitCounts,
+    draw_all,
     estimate_at,
-    tally_draw,
+    shares_at,
+    tally_draws,
 )
 from emb.estimation.population import level_table
 from emb.estimation.settings import AreaSettings
@@ -137,6 +139,29 @@ def with_interval(est: AreaEstimates, z: float) -> AreaEstimates:
     return AreaEstimates(est.total_px, classes, bounded(est.overall))
 
 
+def sum_shares(parts: Sequence[tuple[int, AreaShares]], total: int, z: float) -> AreaShares:
+    """:func:`with_interval` of :func:`sum_estimates`, area shares only, of B samples at once:
+    ``parts`` (pixels, shares) per domain, in the order :func:`sum_estimates` adds them (so
+    every figure rounds as its)."""
+    value = squares = 0.0
+    listed = missing = False
+    units = 0
+    for n, part in parts:
+        value = value + np.where(part.listed, n * part.value, 0.0)
+        x = n * part.se
+        # Python's x ** 2 (C pow), which numpy's square is not in the last bit
+        squares = squares + np.where(part.listed, np.power(x, np.full_like(x, 2.0)), 0.0)
+        missing = missing | (part.listed & np.isnan(part.se))
+        listed = listed | part.listed
+        units = units + np.where(part.listed, part.units_reference, 0)
+    value = value / total
+    se = np.where(missing, np.nan, np.sqrt(squares) / total)
+    has = ~np.isnan(se) & (se != 0)  # no interval where the standard error is 0 or missing
+    lo = np.where(has, np.fmin(np.fmax(0.0, value - z * se), value), np.nan)
+    hi = np.where(has, np.fmax(np.fmin(1.0, value + z * se), value), np.nan)
+    return AreaShares(value, se, lo, hi, np.asarray(listed), np.asarray(units, np.int64))
+
+
 def check_districts(
     population: TestSplitCounts, cmap: ClassMap, design: AreaSettings, n: int
 ) -> DistrictCheck:
@@ -156,7 +181,6 @@ def check_districts(
                                 design.min_per_class)  # fmt: skip
     sampler = StratifiedSampler(domains, strata, n_domains * k, n, design.min_per_class,
                                 units.ravel())  # fmt: skip
-    mapped_l3, reference_l3 = (a.ravel() for a in np.indices((N_L3, N_L3)))
     tables = {lv: level_table(lv, cmap)[:N_L3].astype(np.int64) for lv in (1, 2, 3)}
 
     def counts(cells: np.ndarray, level: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -173,24 +197,30 @@ def check_districts(
     first: dict[tuple[int, int], AreaEstimates] = {}
     coverage: dict[tuple[int, int], dict[int, ClassCoverage]] = {}
     z, total_px = design.z, int(domains.sum())
-    for draw in range(design.draws):
-        sample = sampler.draw(np.random.default_rng([design.seed, STREAM, draw]))
-        for level in (1, 2, 3):
-            found = []
-            for d in held:
-                cell = np.repeat(np.arange(CELLS), sample[d])
-                m3, r3 = mapped_l3[cell], reference_l3[cell]
-                mapped_px, cdl_px, by = per[d, level]
-                est = estimate_at(level, design.level, sizes[d * k : (d + 1) * k].astype(np.int64),
-                                  strata_l3[m3], tables[level][m3], tables[level][r3],
-                                  mapped_px, by, design.confidence)  # fmt: skip
-                found.append(est)
-                first.setdefault((d, level), est)
-                tally_draw(coverage.setdefault((d, level), {}), est, cdl_px,
-                           int(domains[d].sum()), z)  # fmt: skip
-            est = with_interval(sum_estimates(found), z)
-            first.setdefault((-1, level), est)
-            tally_draw(coverage.setdefault((-1, level), {}), est, whole[level][1], total_px, z)
+    cells = np.flatnonzero(domains)  # (domain, map L3, CDL L3) cells with pixels
+    samples = draw_all(sampler, design.draws, [design.seed, STREAM], cells)
+    for level in (1, 2, 3):
+        table = tables[level]
+        found, parts = [], []
+        for d in held:
+            mine = (cells // CELLS) == d
+            m3, r3 = np.divmod(cells[mine] % CELLS, N_L3)
+            own = samples[:, mine]
+            mapped_px, cdl_px, by = per[d, level]
+            strata_px = sizes[d * k : (d + 1) * k].astype(np.int64)
+            one = np.repeat(np.arange(len(m3)), own[0])  # the first draw's units' cells
+            first[d, level] = estimate_at(level, design.level, strata_px, strata_l3[m3[one]],
+                                          table[m3[one]], table[r3[one]], mapped_px, by,
+                                          design.confidence)  # fmt: skip
+            found.append(first[d, level])
+            shares = shares_at(level, design.level, strata_px, strata_l3[m3], table[m3],
+                               table[r3], own, mapped_px, by, design.confidence)  # fmt: skip
+            tally_draws(coverage.setdefault((d, level), {}), shares, cdl_px,
+                        int(domains[d].sum()), z)  # fmt: skip
+            parts.append((int(domains[d].sum()), shares))
+        first[-1, level] = with_interval(sum_estimates(found), z)
+        tally_draws(coverage.setdefault((-1, level), {}), sum_shares(parts, total_px, z),
+                    whole[level][1], total_px, z)  # fmt: skip
 
     def checks(d: int, mapped: dict) -> tuple[LevelCheck, ...]:
         return tuple(LevelCheck(lv, first[d, lv], mapped[lv][0], mapped[lv][1],

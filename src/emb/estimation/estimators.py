@@ -326,6 +326,16 @@ def strata_counts(
     )  # fmt: skip
 
 
+def unit_matrix(
+    mapped: np.ndarray, reference: np.ndarray, k: int, units: np.ndarray | None = None
+) -> np.ndarray:
+    """(K, K) int64 units per (map class, reference class) of units with classes ``mapped`` and
+    ``reference`` (n,) in 0..k-1: the error matrix :func:`olofsson` takes; (B, K, K) with
+    ``units`` (B, n) how many units each entry stands for in each of B samples."""
+    got = _per_key(np.asarray(mapped) * k + np.asarray(reference), k * k, units)
+    return got.reshape(got.shape[:-1] + (k, k))
+
+
 def _per_key(keys: np.ndarray, size: int, units: np.ndarray | None) -> np.ndarray:
     """(size,) int64 entries per key 0..size-1 (a key of ``size`` left out), or (B, size) with
     ``units`` (B, n) the entries each key stands for per sample."""
