@@ -56,6 +56,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from emb.estimation import intervals
+from emb.estimation.intervals import Bounds
 from emb.estimation.intervals import z_of as z_of  # the level's quantile, beside the estimators
 
 
@@ -170,8 +171,10 @@ def olofsson_shares(
     matrices = _counts("error_matrices", error_matrices, (None, k, k),
                        "an error matrix per sample")  # fmt: skip
     n_i, figures, counts = _olofsson(big_n, matrices)
-    bounds = None if confidence is None else counts.bounds(big_n, n_i, confidence)
-    return _shares(big_n, n_i, big_n, n_i, matrices.sum(-2), figures, bounds)
+    n_ref = matrices.sum(-2)
+    listed = _listed(big_n, n_i, n_ref)
+    bounds = _area_bounds(big_n, n_i, counts.hits, confidence, listed.any(0))
+    return _shares(big_n, n_i, listed, n_ref, figures, bounds)
 
 
 def _olofsson(
@@ -293,9 +296,10 @@ def stehman_shares(
     n_h = counts.hits.sum(-2)
     _check_strata(big_n, n_h)
     figures = _stehman(big_n, n_h, counts)
-    bounds = None if confidence is None else counts.bounds(big_n, n_h, confidence)
-    n_mapped = (counts.right + counts.wrong).sum(-1)
-    return _shares(big_n, n_h, mapped_px, n_mapped, counts.hits.sum(-1), figures, bounds)
+    n_ref = counts.hits.sum(-1)
+    listed = _listed(mapped_px, (counts.right + counts.wrong).sum(-1), n_ref)
+    bounds = _area_bounds(big_n, n_h, counts.hits, confidence, listed.any(0))
+    return _shares(big_n, n_h, listed, n_ref, figures, bounds)
 
 
 def strata_counts(
@@ -391,14 +395,41 @@ class _Figures:
     overall_var: np.ndarray
 
 
+def _listed(mapped_px: np.ndarray, n_mapped: np.ndarray, n_ref: np.ndarray) -> np.ndarray:
+    """Whether a class is among a sample's estimates: in the map or in the sample."""
+    return (mapped_px > 0) | (n_mapped > 0) | (n_ref > 0)
+
+
+def _area_bounds(
+    big_n: np.ndarray, n_h: np.ndarray, hits: np.ndarray, confidence: float | None,
+    classes: np.ndarray,
+) -> Bounds | None:  # fmt: skip
+    """The area shares' intervals (as :meth:`~emb.estimation.intervals.StrataCounts.bounds`
+    gives them) of B samples, hits (B, K, H): of ``classes`` (K,) bool only (NaN the others,
+    never read), over the strata with pixels only (a stratum without adds exact zeros to the
+    sums over the strata, taken one stratum after another in this layout: the same bits).
+    None without a ``confidence``."""
+    if confidence is None:
+        return None
+    if classes.sum() < 2:  # one row would be summed in another order: keep every class
+        classes = np.ones(len(classes), bool)
+    strata = big_n > 0
+    # (B, H', K') in memory, handed over as (B, K', H') as strata_counts does
+    by_stratum = np.ascontiguousarray(np.swapaxes(hits, -1, -2)[:, strata][:, :, classes])
+    units = np.asarray(n_h)[:, None, strata]
+    got = intervals.area(big_n[strata], units, np.swapaxes(by_stratum, -1, -2), confidence)
+    lo, hi = (np.full(hits.shape[:-1], np.nan) for _ in range(2))
+    lo[:, classes], hi[:, classes] = got
+    return Bounds(lo, hi)
+
+
 def _shares(
     big_n: np.ndarray,
     n_h: np.ndarray,
-    mapped_px: np.ndarray,
-    n_mapped: np.ndarray,
+    listed: np.ndarray,
     n_ref: np.ndarray,
     f: _Figures,
-    bounds: dict | None,
+    bounds: Bounds | None,
 ) -> AreaShares:
     """The area shares of a stack of samples as :func:`_result` makes each one's
     ``proportion``: an SE withheld where a stratum of 1 unit (of more than 1 pixel) enters,
@@ -408,11 +439,9 @@ def _shares(
     se = np.where(withheld, np.nan, np.sqrt(f.proportion_var))
     lo = hi = np.full(value.shape, np.nan)
     if bounds is not None:
-        got_lo, got_hi = bounds["proportion"]
-        none = withheld | np.isnan(got_lo) | np.isnan(got_hi)
-        lo = np.where(none, np.nan, np.fmin(got_lo, value))
-        hi = np.where(none, np.nan, np.fmax(got_hi, value))
-    listed = (mapped_px > 0) | (n_mapped > 0) | (n_ref > 0)
+        none = withheld | np.isnan(bounds.lo) | np.isnan(bounds.hi)
+        lo = np.where(none, np.nan, np.fmin(bounds.lo, value))
+        hi = np.where(none, np.nan, np.fmax(bounds.hi, value))
     return AreaShares(value, se, lo, hi, listed, np.asarray(n_ref, np.int64))
 
 

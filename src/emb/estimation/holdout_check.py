@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import numpy as np
@@ -66,6 +66,7 @@ from emb.prep.region_index import read_index, windows_of_test_tiles
 
 LEVEL_CLASSES = {1: N_L1, 2: N_L2, 3: N_L3}
 PAIRS = 256 * 256  # (map value, CDL value) codes of two uint8 pixels
+SHARES_CHUNK = 40  # draws estimated at once: (draws, K, H) arrays that stay in a cache (2x)
 
 
 class AreaCheckError(ValueError):
@@ -287,24 +288,27 @@ class StratifiedSampler:
             allocate(self.sizes, n, min_per_class) if allocation is None
             else np.minimum(allocation, self.sizes), np.int64,
         )  # fmt: skip
-        # per stratum: its cells with pixels, and their pixels' cumulative counts (the ranks'
-        # boundaries: rank u of the stratum lies in the first cell whose bound exceeds it)
-        # (grouped by one sort: a loop over the strata would be strata x cells, too slow for
-        # the district x class strata of the check by district)
+        # the cells with pixels grouped by stratum (one stable sort: a loop over the strata
+        # would be strata x cells, too slow for the district x class strata of the check by
+        # district) and their pixels' cumulative counts: a stratum's rank u, offset by the
+        # pixels of the strata before it, lies in the first cell whose bound exceeds it
         held = np.flatnonzero(cells > 0)
-        held = held[np.argsort(of[held], kind="stable")]
-        self.cells = np.split(held, np.searchsorted(of[held], np.arange(1, n_strata)))
-        self.bounds = [np.cumsum(cells[c]) for c in self.cells]
+        self.cells = held[np.argsort(of[held], kind="stable")]
+        self.bounds = np.cumsum(cells[self.cells])
+        starts = np.cumsum(self.sizes) - self.sizes
+        self._strata = [(int(self.sizes[h]), int(c), int(starts[h]))
+                        for h, c in enumerate(self.allocation) if c]  # fmt: skip
 
     def draw(self, rng: np.random.Generator) -> np.ndarray:
         """Units per cell, of ``joint``'s shape: ``allocation[h]`` distinct pixels of each
-        stratum h, drawn as ranks uniformly without replacement (any size of stratum)."""
+        stratum h, drawn as ranks uniformly without replacement (any size of stratum), one
+        stratum after another (the draws' random stream), placed in their cells at once."""
+        ranks = [rng.choice(size, count, replace=False) + start
+                 for size, count, start in self._strata]  # fmt: skip
         out = np.zeros(int(np.prod(self.shape)), np.int64)
-        for h, count in enumerate(self.allocation):
-            if count:
-                ranks = rng.choice(int(self.sizes[h]), int(count), replace=False)
-                hit = np.searchsorted(self.bounds[h], ranks, side="right")
-                out[self.cells[h]] += np.bincount(hit, minlength=len(self.cells[h]))
+        if ranks:
+            hit = np.searchsorted(self.bounds, np.concatenate(ranks), side="right")
+            out[self.cells] = np.bincount(hit, minlength=len(self.cells))
         return out.reshape(self.shape)
 
 
@@ -336,16 +340,21 @@ def shares_at(
     stratum, map class and reference class at ``level`` are ``cell_*`` (C,). One pass over the
     cells for every draw of a check, not an estimate per draw."""
     k = len(mapped_px)
-    if level == design_level:
-        matrices = unit_matrix(cell_mapped, cell_reference, k, samples)
-        return olofsson_shares(mapped_px, matrices, confidence)
     table = None if strata_mapped_px is None else np.asarray(strata_mapped_px)
-    counts = strata_counts(
-        cell_stratum, cell_mapped, cell_reference, len(strata_px), k, samples,
-        holds=None if table is None else table > 0,
-        only=None if table is None else table == np.asarray(strata_px)[:, None],
-    )  # fmt: skip
-    return stehman_shares(strata_px, counts, mapped_px, confidence)
+    holds = None if table is None else table > 0
+    only = None if table is None else table == np.asarray(strata_px)[:, None]
+    parts = []
+    for start in range(0, len(samples), SHARES_CHUNK):
+        units = samples[start : start + SHARES_CHUNK]
+        if level == design_level:
+            matrices = unit_matrix(cell_mapped, cell_reference, k, units)
+            parts.append(olofsson_shares(mapped_px, matrices, confidence))
+        else:
+            counts = strata_counts(cell_stratum, cell_mapped, cell_reference, len(strata_px), k,
+                                   units, holds, only)  # fmt: skip
+            parts.append(stehman_shares(strata_px, counts, mapped_px, confidence))
+    return AreaShares(**{f.name: np.concatenate([getattr(p, f.name) for p in parts])
+                         for f in fields(AreaShares)})  # fmt: skip
 
 
 @dataclass
