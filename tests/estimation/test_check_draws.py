@@ -64,6 +64,8 @@ def cells_sample(rng: np.random.Generator, big_n: np.ndarray, k: int, draws: int
     out = np.zeros((draws, h, k * k), np.int64)
     for s in np.flatnonzero(big_n):
         take = np.minimum(big_n[s], rng.integers(1, 25, draws))
+        if big_n[s] == 2:  # 1 unit of 2 px in every other draw: no variance estimate there
+            take = 1 + np.arange(draws) % 2
         for b in range(draws):
             out[b, s] = rng.multinomial(take[b], rng.dirichlet(np.full(k * k, 0.2)))
     return out.reshape(draws, -1)
@@ -74,7 +76,7 @@ def test_stehman_shares_are_each_samples_stehman_estimates_bit_for_bit(seed: int
     rng = np.random.default_rng(seed)
     h, k, draws = int(rng.integers(8, 40)), int(rng.choice([2, 7, 12])), 9
     big_n = rng.integers(1, 4000, h) * (rng.random(h) > 0.3)  # strata without pixels too
-    big_n[0] = 50
+    big_n[:2] = 50, 2
     stratum, mapped, reference = (a.ravel() for a in np.indices((h, k, k)))
     samples = cells_sample(rng, big_n, k, draws)
     mapped_px = np.bincount(mapped, samples.sum(0), k).astype(np.int64) * 3
@@ -93,16 +95,34 @@ def test_olofsson_shares_are_each_samples_olofsson_estimates_bit_for_bit(seed: i
     rng = np.random.default_rng(seed)
     k, draws = int(rng.choice([7, 25, 61])), 9
     big_n = rng.integers(1, 4000, k) * (rng.random(k) > 0.4)
-    big_n[0] = 30
+    big_n[:2] = 30, 2
     matrices = np.zeros((draws, k, k), np.int64)
     for s in np.flatnonzero(big_n):
         for b in range(draws):
-            take = min(big_n[s], int(rng.integers(1, 25)))
+            take = 1 + b % 2 if big_n[s] == 2 else min(big_n[s], int(rng.integers(1, 25)))
             matrices[b, s] = rng.multinomial(take, rng.dirichlet(np.full(k, 0.2)))
     got = olofsson_shares(big_n, matrices, 0.95)
     for b in range(draws):
         assert np.array_equal(batch_of(got, b), shares_of(olofsson(big_n, matrices[b], 0.95), k),
                               equal_nan=True), b  # fmt: skip
+
+
+def test_the_shares_of_one_class_in_many_strata_are_its_estimates_bit_for_bit() -> None:
+    """Every unit of one class (the map's only class at a level): the class's row alone is
+    summed over the strata as the estimates sum it (one row of a stack is laid out apart)."""
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        h, draws = int(rng.integers(8, 61)), 5
+        big_n = rng.integers(100, 100_000, h) * (rng.random(h) > 0.3)
+        big_n[0] = 77
+        n_h = np.minimum(big_n, rng.integers(2, 40, (draws, h)))
+        one, mapped_px = np.ones(h, np.int64), np.array([0, big_n.sum()])
+        got = stehman_shares(big_n, strata_counts(np.arange(h), one, one, h, 2, n_h), mapped_px,
+                             0.95)  # fmt: skip
+        for b in range(draws):
+            units = np.repeat(np.arange(h), n_h[b])
+            want = stehman(big_n, units, one[units], one[units], mapped_px, confidence=0.95)
+            assert np.array_equal(batch_of(got, b), shares_of(want, 2), equal_nan=True), b
 
 
 def test_counts_of_cells_are_the_counts_of_their_units() -> None:
@@ -167,15 +187,21 @@ def test_stehman_shares_refuses_counts_of_another_shape() -> None:
         stehman_shares(np.array([5, 5]), counts, np.array([5, 5]))
 
 
-def scene_population(seed: int = 11, districts: int = 2) -> TestSplitCounts:
-    """25 L3 classes of uneven areas, mapped right 80% of the time, split into districts."""
+def scene_population(
+    seed: int = 11, districts: int = 2, among: np.ndarray | None = None, lost: bool = False
+) -> TestSplitCounts:
+    """25 L3 classes (of ``among``, default all) of uneven areas, mapped right 80% of the time,
+    split into districts; ``lost``: a class the map never gives, so some draws hold none of
+    it (in neither the map nor the sample: no estimate in that draw)."""
     rng = np.random.default_rng(seed)
-    ids = np.sort(rng.choice(N_L3, 25, replace=False))
+    ids = np.sort(rng.choice(np.arange(N_L3) if among is None else among, 25, replace=False))
     truth = rng.multinomial(400_000, rng.dirichlet(np.full(25, 0.6)))
     joint = np.zeros((N_L3, N_L3), np.int64)
     for j, n in zip(ids, truth, strict=True):
         weights = np.where(ids == j, 0.8, 0.2 / 24)
         joint[ids, j] = rng.multinomial(n, weights)
+    if lost:  # a twentieth of a stratum: some draws take none of it, some do
+        joint[ids[0], np.setdiff1d(np.arange(N_L3), ids)[0]] = joint[ids[0]].sum() // 20
     domains = np.zeros((districts + 1, N_L3, N_L3), np.int64)
     for i, j in zip(*np.nonzero(joint), strict=True):
         domains[:, i, j] = rng.multinomial(joint[i, j], rng.dirichlet(np.ones(districts + 1)))
@@ -216,9 +242,16 @@ def one_by_one(samples: np.ndarray, level: int, design_level: int, strata_px: np
     return out
 
 
-@pytest.mark.parametrize("design_level", [2, 3])
-def test_the_checks_coverage_is_each_draw_estimated_in_full(design_level: int) -> None:
-    population = scene_population()
+CROPS = np.arange(50)  # the L3 ids of L1 class 1: alone, L1 has one class
+
+
+@pytest.mark.parametrize(("design_level", "population"), [
+    (2, scene_population()), (3, scene_population(lost=True)),
+    (3, scene_population(among=CROPS)),
+])  # fmt: skip
+def test_the_checks_coverage_is_each_draw_estimated_in_full(
+    design_level: int, population: TestSplitCounts
+) -> None:
     design = settings(n=300, min_per_class=10, level=design_level, seed=4, draws=12)
     found = check(population, CMAP, design)
     strata = level_table(design_level, CMAP)[:N_L3].astype(np.int64)
