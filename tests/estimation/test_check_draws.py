@@ -21,6 +21,7 @@ from emb.estimation.district_check import (
 )
 from emb.estimation.estimators import (
     AreaEstimates,
+    AreaShares,
     ClassEstimate,
     Estimate,
     olofsson,
@@ -38,6 +39,7 @@ from emb.estimation.holdout_check import (
     check,
     draw_all,
     estimate_at,
+    tally_draws,
 )
 from emb.estimation.population import level_table
 
@@ -187,6 +189,26 @@ def test_stehman_shares_refuses_counts_of_another_shape() -> None:
         stehman_shares(np.array([5, 5]), counts, np.array([5, 5]))
 
 
+def test_a_draw_counts_where_its_interval_and_its_wald_interval_exist() -> None:
+    """Five draws of one class (truth 0.3): an interval that covers, one that misses, a census
+    (lo = hi: exact), a withheld SE (no interval, no Wald), and a draw without the class."""
+    nan = np.nan
+    shares = AreaShares(
+        value=np.array([[0.31], [0.5], [0.3], [0.2], [0.0]]),
+        se=np.array([[0.02], [0.05], [0.0], [nan], [0.0]]),
+        lo=np.array([[0.27], [0.45], [0.3], [nan], [nan]]),
+        hi=np.array([[0.35], [0.56], [0.3], [nan], [nan]]),
+        listed=np.array([[True], [True], [True], [True], [False]]),
+        units_reference=np.array([[7], [9], [4], [1], [0]]),
+    )
+    coverage: dict[int, ClassCoverage] = {}
+    tally_draws(coverage, shares, np.array([30]), 100, 1.96)
+    got = coverage[0]
+    counts = (got.covered, got.with_interval, got.exact, got.wald_covered, got.wald_with)
+    assert counts == (1, 2, 1, 1, 2) and got.units_reference == 21
+    assert got.half_width == pytest.approx(0.04 / 0.31 + 0.055 / 0.5)
+
+
 def scene_population(
     seed: int = 11, districts: int = 2, among: np.ndarray | None = None, lost: bool = False
 ) -> TestSplitCounts:
@@ -301,6 +323,16 @@ def test_the_district_totals_coverage_is_the_sum_of_each_draws_districts() -> No
         assert total.coverage == want, level
         for d, domain in enumerate(found.domains):
             assert domain.levels[level - 1].estimates == per_domain[d][0]
+            mine: dict[int, ClassCoverage] = {}
+            px = population.domains[d]
+            cdl = np.bincount(level_table(level, CMAP)[:N_L3], px.sum(0), LEVEL_CLASSES[level])
+            for est in per_domain[d]:
+                listed = {c.cls: c for c in est.classes}
+                for cls in np.flatnonzero(cdl):
+                    tally = mine.setdefault(int(cls), ClassCoverage())
+                    if cls in listed:
+                        tally_one(tally, listed[cls], cdl[cls] / px.sum(), design.z)
+            assert domain.levels[level - 1].coverage == mine, (d, level)
 
 
 def test_summed_shares_are_the_summed_estimates_with_their_interval() -> None:
