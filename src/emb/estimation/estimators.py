@@ -28,10 +28,15 @@ error:
   (s2_yh + R^2 s2_xh - 2 R s_xyh) / n_h (computed as the within-stratum variance of
   d_u = y_u - R x_u, the same sum). Area of class k: y = [reference = k]; overall:
   y = [map = reference]; user's: y = [map = reference = k], x = [map = k]; producer's:
-  y = [map = reference = k], x = [reference = k].
+  y = [map = reference = k], x = [reference = k]. As y and x are indicators of a unit's (map,
+  reference) class, every sum follows from the units per stratum and class
+  (:func:`strata_counts`, which the intervals take too), no per-unit rows: a stratum's squared
+  deviations are summed over its pairs of units that differ, exactly 0 where its units agree.
 
 Both return :class:`AreaEstimates`; where the strata are the map's classes the two agree to
-float precision (``tests/evaluation/test_area_estimator.py``).
+float precision (``tests/evaluation/test_area_estimator.py``). :func:`olofsson_shares` and
+:func:`stehman_shares` give the area shares of many samples at once (the draws of the test
+split's check, ``emb.estimation.holdout_check``), each sample's bit for bit as its estimates'.
 
 No finite-population correction, as in the papers (they assume n_h << N_h), with one departure:
 a stratum sampled whole (n_h = N_h, a census, e.g. a class of 3 pixels in a small test area) is

@@ -22,8 +22,9 @@ streamed from each region's test tiles a band of tile rows at a time: memory is 
 whatever the number of regions, time linear in the pixels (``bench/state_scale.py``). A draw
 is a simple random sample without replacement within each stratum, taken as ranks into the
 stratum's cells (so its cell counts are multivariate hypergeometric, with no bound on the
-stratum's size: numpy's ``multivariate_hypergeometric`` needs fewer than 10**9 pixels), then
-expanded into its ~n units for the estimators. The draws' distribution is the one of sampling
+stratum's size: numpy's ``multivariate_hypergeometric`` needs fewer than 10**9 pixels), and
+every draw is estimated from those counts, all draws at once (the first also in full, as a
+user would publish it). The draws' distribution is the one of sampling
 pixels; the draws themselves differ from those before this change (which sampled pixel indices)
 for one seed.
 """
