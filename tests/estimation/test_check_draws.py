@@ -12,6 +12,7 @@ import pytest
 from test_holdout_check import CMAP, settings
 
 from emb.classes import N_L3
+from emb.estimation import district_check, holdout_check
 from emb.estimation.district_check import (
     STREAM,
     check_districts,
@@ -180,7 +181,7 @@ def test_the_sampler_keeps_its_random_stream() -> None:
 def test_draw_all_refuses_no_draw() -> None:
     sampler = StratifiedSampler(np.array([[3, 4]]), np.array([[0, 0]]), 1, 2, 1)
     with pytest.raises(ValueError, match="draws: expected at least 1 draw, found 0"):
-        draw_all(sampler, 0, [0], np.array([0, 1]))
+        draw_all(sampler, range(0), [0], np.array([0, 1]))
 
 
 def test_stehman_shares_refuses_counts_of_another_shape() -> None:
@@ -272,8 +273,9 @@ CROPS = np.arange(50)  # the L3 ids of L1 class 1: alone, L1 has one class
     (3, scene_population(among=CROPS)),
 ])  # fmt: skip
 def test_the_checks_coverage_is_each_draw_estimated_in_full(
-    design_level: int, population: TestSplitCounts
+    design_level: int, population: TestSplitCounts, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(holdout_check, "SHARES_CHUNK", 5)  # 12 draws in 3 chunks, in order
     design = settings(n=300, min_per_class=10, level=design_level, seed=4, draws=12)
     found = check(population, CMAP, design)
     strata = level_table(design_level, CMAP)[:N_L3].astype(np.int64)
@@ -296,7 +298,11 @@ def test_the_checks_coverage_is_each_draw_estimated_in_full(
         assert sum(t.with_interval for t in want.values()) > 0
 
 
-def test_the_district_totals_coverage_is_the_sum_of_each_draws_districts() -> None:
+@pytest.mark.parametrize("chunk", [3, 40])
+def test_the_district_totals_coverage_is_the_sum_of_each_draws_districts(
+    chunk: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(district_check, "SHARES_CHUNK", chunk)  # 8 draws in 3 chunks or 1
     population = scene_population(seed=12)
     design = settings(n=300, min_per_class=5, level=3, seed=2, draws=8)
     found = check_districts(population, CMAP, design, 300)

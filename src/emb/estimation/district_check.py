@@ -39,6 +39,7 @@ from emb.estimation.design import allocate
 from emb.estimation.estimators import AreaEstimates, AreaShares, ClassEstimate, Estimate
 from emb.estimation.holdout_check import (
     LEVEL_CLASSES,
+    SHARES_CHUNK,
     ClassCoverage,
     LevelCheck,
     StratifiedSampler,
@@ -195,32 +196,39 @@ def check_districts(
     per = {(d, lv): counts(domains[d], lv) for d in held for lv in (1, 2, 3)}
     whole = {lv: counts(domains.sum(0), lv) for lv in (1, 2, 3)}
     first: dict[tuple[int, int], AreaEstimates] = {}
-    coverage: dict[tuple[int, int], dict[int, ClassCoverage]] = {}
+    coverage: dict[tuple[int, int], dict[int, ClassCoverage]] = {
+        (d, lv): {} for d in [*held, -1] for lv in (1, 2, 3)
+    }
     z, total_px = design.z, int(domains.sum())
     cells = np.flatnonzero(domains)  # (domain, map L3, CDL L3) cells with pixels
-    samples = draw_all(sampler, design.draws, [design.seed, STREAM], cells)
-    for level in (1, 2, 3):
-        table = tables[level]
-        found, parts = [], []
-        for d in held:
-            mine = (cells // CELLS) == d
-            m3, r3 = np.divmod(cells[mine] % CELLS, N_L3)
-            own = samples[:, mine]
-            mapped_px, cdl_px, by = per[d, level]
-            strata_px = sizes[d * k : (d + 1) * k].astype(np.int64)
-            one = np.repeat(np.arange(len(m3)), own[0])  # the first draw's units' cells
-            first[d, level] = estimate_at(level, design.level, strata_px, strata_l3[m3[one]],
-                                          table[m3[one]], table[r3[one]], mapped_px, by,
-                                          design.confidence)  # fmt: skip
-            found.append(first[d, level])
-            shares = shares_at(level, design.level, strata_px, strata_l3[m3], table[m3],
-                               table[r3], own, mapped_px, by, design.confidence)  # fmt: skip
-            tally_draws(coverage.setdefault((d, level), {}), shares, cdl_px,
-                        int(domains[d].sum()), z)  # fmt: skip
-            parts.append((int(domains[d].sum()), shares))
-        first[-1, level] = with_interval(sum_estimates(found), z)
-        tally_draws(coverage.setdefault((-1, level), {}), sum_shares(parts, total_px, z),
-                    whole[level][1], total_px, z)  # fmt: skip
+    own = {d: np.flatnonzero(cells // CELLS == d) for d in held}  # each domain's columns
+    l3 = {d: np.divmod(cells[own[d]] % CELLS, N_L3) for d in held}  # their map, CDL L3
+    if design.draws < 1:
+        raise ValueError(f"draws: expected at least 1 draw, found {design.draws}")
+    for start in range(0, design.draws, SHARES_CHUNK):  # the draws of every domain, in order
+        chunk = range(start, min(start + SHARES_CHUNK, design.draws))
+        samples = draw_all(sampler, chunk, [design.seed, STREAM], cells)
+        for level in (1, 2, 3):
+            table, parts = tables[level], []
+            for d in held:
+                (m3, r3), drawn = l3[d], samples[:, own[d]]
+                mapped_px, cdl_px, by = per[d, level]
+                strata_px = sizes[d * k : (d + 1) * k].astype(np.int64)
+                if start == 0:
+                    one = np.repeat(np.arange(len(m3)), drawn[0])  # the first draw's cells
+                    first[d, level] = estimate_at(
+                        level, design.level, strata_px, strata_l3[m3[one]], table[m3[one]],
+                        table[r3[one]], mapped_px, by, design.confidence,
+                    )  # fmt: skip
+                shares = shares_at(level, design.level, strata_px, strata_l3[m3], table[m3],
+                                   table[r3], drawn, mapped_px, by, design.confidence)  # fmt: skip
+                tally_draws(coverage[d, level], shares, cdl_px, int(domains[d].sum()), z)
+                parts.append((int(domains[d].sum()), shares))
+            if start == 0:
+                found = [first[d, level] for d in held]
+                first[-1, level] = with_interval(sum_estimates(found), z)
+            tally_draws(coverage[-1, level], sum_shares(parts, total_px, z), whole[level][1],
+                        total_px, z)  # fmt: skip
 
     def checks(d: int, mapped: dict) -> tuple[LevelCheck, ...]:
         return tuple(LevelCheck(lv, first[d, lv], mapped[lv][0], mapped[lv][1],

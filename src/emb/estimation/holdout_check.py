@@ -418,7 +418,7 @@ def check(
                                 n_strata, design.n, design.min_per_class, units)  # fmt: skip
     cells = np.flatnonzero(population.joint)  # a sample has units in no other cell
     m3, r3 = np.divmod(cells, N_L3)
-    samples = draw_all(sampler, design.draws, [design.seed], cells)
+    samples = draw_all(sampler, range(design.draws), [design.seed], cells)
     l3_px = population.joint.sum(1)
     total, z = population.pixels, design.z
     out = []
@@ -439,16 +439,17 @@ def check(
 
 
 def draw_all(
-    sampler: StratifiedSampler, draws: int, seed: Sequence[int], cells: np.ndarray
+    sampler: StratifiedSampler, draws: range, seed: Sequence[int], cells: np.ndarray
 ) -> np.ndarray:
-    """(draws, len(cells)) the units in ``cells`` (flat indices of the sampler's joint) of
-    draws 0..draws-1, draw d from ``default_rng([*seed, d])`` (the others hold none where
-    ``cells`` are every cell with pixels: a draw's memory is theirs, not the joint's)."""
-    if draws < 1:
-        raise ValueError(f"draws: expected at least 1 draw, found {draws}")
-    out = np.empty((draws, len(cells)), np.int64)
-    for d in range(draws):
-        out[d] = sampler.draw(np.random.default_rng([*seed, d])).ravel()[cells]
+    """(len(draws), len(cells)) the units in ``cells`` (flat indices of the sampler's joint)
+    of each draw d of ``draws``, drawn from ``default_rng([*seed, d])`` (the other cells hold
+    none where ``cells`` are every cell with pixels: a draw's memory is theirs, not the
+    joint's)."""
+    if not draws:
+        raise ValueError(f"draws: expected at least 1 draw, found {len(draws)}")
+    out = np.empty((len(draws), len(cells)), np.int64)
+    for i, d in enumerate(draws):
+        out[i] = sampler.draw(np.random.default_rng([*seed, d])).ravel()[cells]
     return out
 
 
