@@ -31,7 +31,11 @@ def test_style_check_passes(name: str) -> None:
 # look whether it holds two, not a wall to split at (docs/design.md). A module past it has been
 # looked at: it is listed here with what was found, and the entry goes when it is short again.
 SIGNAL_LINES = 500
-REVIEWED: dict[str, str] = {}  # "src/emb/pkg/module.py": "one idea because ..."
+REVIEWED: dict[str, str] = {  # "src/emb/pkg/module.py": "one idea because ..."
+    "src/emb/estimation/estimators.py": "the two area estimators of the papers, of one sample "
+    "or of many at once (the check's draws): each shares one core between the two, so a split "
+    "would split each estimator",
+}
 
 
 def test_a_module_past_the_signal_was_reviewed() -> None:

@@ -36,15 +36,18 @@ import numpy as np
 
 from emb.classes import N_L3, ClassMap
 from emb.estimation.design import allocate
-from emb.estimation.estimators import AreaEstimates, ClassEstimate, Estimate
+from emb.estimation.estimators import AreaEstimates, AreaShares, ClassEstimate, Estimate
 from emb.estimation.holdout_check import (
     LEVEL_CLASSES,
+    SHARES_CHUNK,
     ClassCoverage,
     LevelCheck,
     StratifiedSampler,
     TestSplitCounts,
+    draw_all,
     estimate_at,
-    tally_draw,
+    shares_at,
+    tally_draws,
 )
 from emb.estimation.population import level_table
 from emb.estimation.settings import AreaSettings
@@ -137,6 +140,29 @@ def with_interval(est: AreaEstimates, z: float) -> AreaEstimates:
     return AreaEstimates(est.total_px, classes, bounded(est.overall))
 
 
+def sum_shares(parts: Sequence[tuple[int, AreaShares]], total: int, z: float) -> AreaShares:
+    """:func:`with_interval` of :func:`sum_estimates`, area shares only, of B samples at once:
+    ``parts`` (pixels, shares) per domain, in the order :func:`sum_estimates` adds them (so
+    every figure rounds as its)."""
+    value = squares = 0.0
+    listed = missing = False
+    units = 0
+    for n, part in parts:
+        value = value + np.where(part.listed, n * part.value, 0.0)
+        x = n * part.se
+        # Python's x ** 2 (C pow), which numpy's square is not in the last bit
+        squares = squares + np.where(part.listed, np.power(x, np.full_like(x, 2.0)), 0.0)
+        missing = missing | (part.listed & np.isnan(part.se))
+        listed = listed | part.listed
+        units = units + np.where(part.listed, part.units_reference, 0)
+    value = value / total
+    se = np.where(missing, np.nan, np.sqrt(squares) / total)
+    has = ~np.isnan(se) & (se != 0)  # no interval where the standard error is 0 or missing
+    lo = np.where(has, np.fmin(np.fmax(0.0, value - z * se), value), np.nan)
+    hi = np.where(has, np.fmax(np.fmin(1.0, value + z * se), value), np.nan)
+    return AreaShares(value, se, lo, hi, np.asarray(listed), np.asarray(units, np.int64))
+
+
 def check_districts(
     population: TestSplitCounts, cmap: ClassMap, design: AreaSettings, n: int
 ) -> DistrictCheck:
@@ -156,7 +182,6 @@ def check_districts(
                                 design.min_per_class)  # fmt: skip
     sampler = StratifiedSampler(domains, strata, n_domains * k, n, design.min_per_class,
                                 units.ravel())  # fmt: skip
-    mapped_l3, reference_l3 = (a.ravel() for a in np.indices((N_L3, N_L3)))
     tables = {lv: level_table(lv, cmap)[:N_L3].astype(np.int64) for lv in (1, 2, 3)}
 
     def counts(cells: np.ndarray, level: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -171,26 +196,39 @@ def check_districts(
     per = {(d, lv): counts(domains[d], lv) for d in held for lv in (1, 2, 3)}
     whole = {lv: counts(domains.sum(0), lv) for lv in (1, 2, 3)}
     first: dict[tuple[int, int], AreaEstimates] = {}
-    coverage: dict[tuple[int, int], dict[int, ClassCoverage]] = {}
+    coverage: dict[tuple[int, int], dict[int, ClassCoverage]] = {
+        (d, lv): {} for d in [*held, -1] for lv in (1, 2, 3)
+    }
     z, total_px = design.z, int(domains.sum())
-    for draw in range(design.draws):
-        sample = sampler.draw(np.random.default_rng([design.seed, STREAM, draw]))
+    cells = np.flatnonzero(domains)  # (domain, map L3, CDL L3) cells with pixels
+    own = {d: np.flatnonzero(cells // CELLS == d) for d in held}  # each domain's columns
+    l3 = {d: np.divmod(cells[own[d]] % CELLS, N_L3) for d in held}  # their map, CDL L3
+    if design.draws < 1:
+        raise ValueError(f"draws: expected at least 1 draw, found {design.draws}")
+    for start in range(0, design.draws, SHARES_CHUNK):  # the draws of every domain, in order
+        chunk = range(start, min(start + SHARES_CHUNK, design.draws))
+        samples = draw_all(sampler, chunk, [design.seed, STREAM], cells)
         for level in (1, 2, 3):
-            found = []
+            table, parts = tables[level], []
             for d in held:
-                cell = np.repeat(np.arange(CELLS), sample[d])
-                m3, r3 = mapped_l3[cell], reference_l3[cell]
+                (m3, r3), drawn = l3[d], samples[:, own[d]]
                 mapped_px, cdl_px, by = per[d, level]
-                est = estimate_at(level, design.level, sizes[d * k : (d + 1) * k].astype(np.int64),
-                                  strata_l3[m3], tables[level][m3], tables[level][r3],
-                                  mapped_px, by, design.confidence)  # fmt: skip
-                found.append(est)
-                first.setdefault((d, level), est)
-                tally_draw(coverage.setdefault((d, level), {}), est, cdl_px,
-                           int(domains[d].sum()), z)  # fmt: skip
-            est = with_interval(sum_estimates(found), z)
-            first.setdefault((-1, level), est)
-            tally_draw(coverage.setdefault((-1, level), {}), est, whole[level][1], total_px, z)
+                strata_px = sizes[d * k : (d + 1) * k].astype(np.int64)
+                if start == 0:
+                    one = np.repeat(np.arange(len(m3)), drawn[0])  # the first draw's cells
+                    first[d, level] = estimate_at(
+                        level, design.level, strata_px, strata_l3[m3[one]], table[m3[one]],
+                        table[r3[one]], mapped_px, by, design.confidence,
+                    )  # fmt: skip
+                shares = shares_at(level, design.level, strata_px, strata_l3[m3], table[m3],
+                                   table[r3], drawn, mapped_px, by, design.confidence)  # fmt: skip
+                tally_draws(coverage[d, level], shares, cdl_px, int(domains[d].sum()), z)
+                parts.append((int(domains[d].sum()), shares))
+            if start == 0:
+                found = [first[d, level] for d in held]
+                first[-1, level] = with_interval(sum_estimates(found), z)
+            tally_draws(coverage[-1, level], sum_shares(parts, total_px, z), whole[level][1],
+                        total_px, z)  # fmt: skip
 
     def checks(d: int, mapped: dict) -> tuple[LevelCheck, ...]:
         return tuple(LevelCheck(lv, first[d, lv], mapped[lv][0], mapped[lv][1],

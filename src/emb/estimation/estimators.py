@@ -28,10 +28,15 @@ error:
   (s2_yh + R^2 s2_xh - 2 R s_xyh) / n_h (computed as the within-stratum variance of
   d_u = y_u - R x_u, the same sum). Area of class k: y = [reference = k]; overall:
   y = [map = reference]; user's: y = [map = reference = k], x = [map = k]; producer's:
-  y = [map = reference = k], x = [reference = k].
+  y = [map = reference = k], x = [reference = k]. As y and x are indicators of a unit's (map,
+  reference) class, every sum follows from the units per stratum and class
+  (:func:`strata_counts`, which the intervals take too), no per-unit rows: a stratum's squared
+  deviations are summed over its pairs of units that differ, exactly 0 where its units agree.
 
 Both return :class:`AreaEstimates`; where the strata are the map's classes the two agree to
-float precision (``tests/evaluation/test_area_estimator.py``).
+float precision (``tests/evaluation/test_area_estimator.py``). :func:`olofsson_shares` and
+:func:`stehman_shares` give the area shares of many samples at once (the draws of the test
+split's check, ``emb.estimation.holdout_check``), each sample's bit for bit as its estimates'.
 
 No finite-population correction, as in the papers (they assume n_h << N_h), with one departure:
 a stratum sampled whole (n_h = N_h, a census, e.g. a class of 3 pixels in a small test area) is
@@ -56,6 +61,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from emb.estimation import intervals
+from emb.estimation.intervals import Bounds
 from emb.estimation.intervals import z_of as z_of  # the level's quantile, beside the estimators
 
 
@@ -130,6 +136,20 @@ class AreaEstimates:
     overall: Estimate  # overall accuracy
 
 
+@dataclass(frozen=True)
+class AreaShares:
+    """Each class's area share in many samples at once, arrays (B, K) (B samples, e.g. the
+    draws of a check): what tallying many draws needs, without an :class:`AreaEstimates` per
+    draw. Sample b's entries are its estimates' ``proportion`` figures, bit for bit."""
+
+    value: np.ndarray  # the estimated share
+    se: np.ndarray  # its standard error; NaN where the estimates give none (se None)
+    lo: np.ndarray  # the interval that holds; NaN where there is none (lo None)
+    hi: np.ndarray
+    listed: np.ndarray  # bool: the class is among the estimates' classes
+    units_reference: np.ndarray  # int64 units whose reference is the class
+
+
 def olofsson(
     strata_px: np.ndarray, error_matrix: np.ndarray, confidence: float | None = None
 ) -> AreaEstimates:
@@ -142,18 +162,46 @@ def olofsson(
     big_n = _strata_px(strata_px)
     k = len(big_n)
     matrix = _counts("error_matrix", error_matrix, (k, k), "a row and a column per stratum")
-    n_i = matrix.sum(1)
+    n_i, figures, counts = _olofsson(big_n, matrix)
+    bounds = None if confidence is None else counts.bounds(big_n, n_i, confidence)
+    return _result(big_n, n_i, big_n, n_i, matrix.sum(0), figures, counts.holds, bounds)
+
+
+def olofsson_shares(
+    strata_px: np.ndarray, error_matrices: np.ndarray, confidence: float | None = None
+) -> AreaShares:
+    """:func:`olofsson`'s area shares of B samples at once: error_matrices (B, K, K)."""
+    big_n = _strata_px(strata_px)
+    k = len(big_n)
+    matrices = _counts("error_matrices", error_matrices, (None, k, k),
+                       "an error matrix per sample")  # fmt: skip
+    n_i, figures, counts = _olofsson(big_n, matrices)
+    n_ref = matrices.sum(-2)
+    listed = _listed(big_n, n_i, n_ref)
+    bounds = _area_bounds(big_n, n_i, counts.hits, confidence, listed.any(0))
+    return _shares(big_n, n_i, listed, n_ref, figures, bounds)
+
+
+def _olofsson(
+    big_n: np.ndarray, matrix: np.ndarray
+) -> tuple[np.ndarray, _Figures, intervals.StrataCounts]:
+    """n_i., the figures and the counts the intervals need of error matrices (..., K, K)."""
+    k = len(big_n)
+    n_i = matrix.sum(-1)
     _check_strata(big_n, n_i)
 
     w = big_n / big_n.sum()
-    p = np.divide(matrix, n_i[:, None], out=np.zeros((k, k)), where=n_i[:, None] > 0)  # n_ij/n_i.
+    cols = n_i[..., :, None]
+    p = np.divide(matrix, cols, out=np.zeros(matrix.shape), where=cols > 0)  # n_ij / n_i.
     # a_ij = (n_ij/n_i.)(1 - n_ij/n_i.)/(n_i. - 1); 0 in a census stratum, and in a stratum of
     # 1 unit, whose every use is flagged by _result
-    inv = np.divide(1.0, n_i - 1.0, out=np.zeros(k), where=n_i > 1) * _not_census(big_n, n_i)
-    a = p * (1 - p) * inv[:, None]
-    users, users_var = np.diagonal(p), np.diagonal(a)
+    inv = np.divide(1.0, n_i - 1.0, out=np.zeros(n_i.shape), where=n_i > 1)
+    a = p * (1 - p) * (inv * _not_census(big_n, n_i))[..., :, None]
+    users = np.diagonal(p, axis1=-2, axis2=-1)
+    users_var = np.diagonal(a, axis1=-2, axis2=-1)
     proportion = w @ p
-    producers = np.divide(w * users, proportion, out=np.zeros(k), where=proportion > 0)
+    producers = np.divide(w * users, proportion, out=np.zeros(proportion.shape),
+                          where=proportion > 0)  # fmt: skip
     others = (w**2) @ a - w**2 * users_var  # sum over i != j of W_i^2 a_ij
     figures = _Figures(
         proportion=proportion,
@@ -164,20 +212,27 @@ def olofsson(
         producers_var=np.divide(
             w**2 * (1 - producers) ** 2 * users_var + producers**2 * others,
             proportion**2,
-            out=np.zeros(k),
+            out=np.zeros(proportion.shape),
             where=proportion > 0,
         ),
-        overall=float(w @ users),
-        overall_var=float((w**2) @ users_var),
+        overall=_dot(w, users),
+        overall_var=_dot(w**2, users_var),
     )
     # a user's accuracy draws on its own stratum only: the others hold no pixel mapped as it
     own = np.eye(k, dtype=bool)
+    by_class = np.swapaxes(matrix, -1, -2)  # (..., reference class, stratum)
     counts = intervals.StrataCounts(
-        hits=matrix.T, right=matrix.T * own, wrong=(n_i - matrix.T) * own,
-        omitted=matrix.T * ~own, agree=np.diagonal(matrix), holds=own, only=own,
+        hits=by_class, right=by_class * own, wrong=(n_i[..., None, :] - by_class) * own,
+        omitted=by_class * ~own, agree=np.diagonal(matrix, axis1=-2, axis2=-1), holds=own,
+        only=own,
     )  # fmt: skip
-    bounds = None if confidence is None else counts.bounds(big_n, n_i, confidence)
-    return _result(big_n, n_i, big_n, n_i, matrix.sum(0), figures, own, bounds)
+    return n_i, figures, counts
+
+
+def _dot(w: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """w . v over the last axis of v (..., K), each row as ``w @ row`` would give it (a stack
+    of 1 x K products: the same rounding as one sample's dot product, whatever the stack)."""
+    return np.matmul(v[..., None, :], w[:, None])[..., 0, 0]
 
 
 def stehman(
@@ -219,45 +274,121 @@ def stehman(
             f"unit {u} is mapped as class {empty[0]}, but mapped_px gives class {empty[0]} no pixel"
         )
     holds = _strata_mapped(strata_mapped_px, big_n, mapped_px, units)
+    counts = strata_counts(stratum, mapped, reference, h, k, holds=holds,
+                           only=_only(strata_mapped_px, big_n))  # fmt: skip
     n_h = np.bincount(stratum, minlength=h)
     _check_strata(big_n, n_h)
+    figures = _stehman(big_n, n_h, counts)
+    bounds = None if confidence is None else counts.bounds(big_n, n_h, confidence)
+    return _result(big_n, n_h, mapped_px, n_mapped, n_ref, figures, holds, bounds)
 
-    design = _StratifiedTotals(big_n, n_h, stratum)
-    ref, mapd = np.eye(k)[reference], np.eye(k)[mapped]
-    right = mapd * ref  # [map = reference = k]
-    big_ref, ref_var = design.total(ref)
-    correct, correct_var = design.total((mapped == reference)[:, None].astype(float))
-    users, users_var = design.ratio(right, mapd)
-    producers, producers_var = design.ratio(right, ref)
-    figures = _Figures(
+
+def stehman_shares(
+    strata_px: np.ndarray, counts: intervals.StrataCounts, mapped_px: np.ndarray,
+    confidence: float | None = None,
+) -> AreaShares:  # fmt: skip
+    """:func:`stehman`'s area shares of B samples at once, from their :func:`strata_counts`
+    ((B, K, H) arrays; ``holds``/``only`` of the map's pixels per stratum and class, as
+    :func:`stehman` derives them from ``strata_mapped_px``)."""
+    big_n = _strata_px(strata_px)
+    mapped_px = _counts("mapped_px", mapped_px, (None,), "one entry per class")
+    want = (len(mapped_px), len(big_n))
+    if np.shape(counts.hits)[-2:] != want or np.ndim(counts.hits) != 3:
+        raise ValueError(
+            f"counts: expected (B, K, H) = (B, {want[0]}, {want[1]}) units per sample, class "
+            f"and stratum, found {np.shape(counts.hits)}"
+        )
+    n_h = counts.hits.sum(-2)
+    _check_strata(big_n, n_h)
+    figures = _stehman(big_n, n_h, counts)
+    n_ref = counts.hits.sum(-1)
+    listed = _listed(mapped_px, (counts.right + counts.wrong).sum(-1), n_ref)
+    bounds = _area_bounds(big_n, n_h, counts.hits, confidence, listed.any(0))
+    return _shares(big_n, n_h, listed, n_ref, figures, bounds)
+
+
+def strata_counts(
+    stratum: np.ndarray, mapped: np.ndarray, reference: np.ndarray, h: int, k: int,
+    units: np.ndarray | None = None, holds: np.ndarray | None = None,
+    only: np.ndarray | None = None,
+) -> intervals.StrataCounts:  # fmt: skip
+    """The units per class and stratum (:class:`emb.estimation.intervals.StrataCounts`, (K, H)
+    arrays) of units in ``stratum`` (0..h-1) mapped as ``mapped``, of reference ``reference``
+    (0..k-1), (n,) each: all Stehman's estimator and the intervals need (a unit's y and x are
+    indicators of its (map, reference) class). ``units``: (B, n) how many units each entry
+    stands for in each of B samples (e.g. cells of a population), giving (B, K, H) arrays;
+    holds, only: (H, K) bool, the map's pixels per stratum (default: every stratum may hold
+    every class, none only one)."""
+    agree = mapped == reference
+    # (..., H, K) in memory, handed over as (..., K, H) views: the intervals' sums over the
+    # strata then round as they always have (a layout of its own would move their last bits)
+    hits = _per_key(stratum * k + reference, h * k, units)
+    mapped_units = _per_key(stratum * k + mapped, h * k, units)
+    right = _per_key(np.where(agree, stratum * k + mapped, h * k), h * k, units)
+    shape = hits.shape[:-1] + (h, k)
+    hits, mapped_units, right = (np.swapaxes(a.reshape(shape), -1, -2)
+                                 for a in (hits, mapped_units, right))  # fmt: skip
+    return intervals.StrataCounts(
+        hits=hits, right=right, wrong=mapped_units - right, omitted=hits - right,
+        agree=right.sum(-2), holds=(np.ones((h, k), bool) if holds is None else holds).T,
+        only=(np.zeros((h, k), bool) if only is None else only).T,
+    )  # fmt: skip
+
+
+def unit_matrix(
+    mapped: np.ndarray, reference: np.ndarray, k: int, units: np.ndarray | None = None
+) -> np.ndarray:
+    """(K, K) int64 units per (map class, reference class) of units with classes ``mapped`` and
+    ``reference`` (n,) in 0..k-1: the error matrix :func:`olofsson` takes; (B, K, K) with
+    ``units`` (B, n) how many units each entry stands for in each of B samples."""
+    got = _per_key(np.asarray(mapped) * k + np.asarray(reference), k * k, units)
+    return got.reshape(got.shape[:-1] + (k, k))
+
+
+def _per_key(keys: np.ndarray, size: int, units: np.ndarray | None) -> np.ndarray:
+    """(size,) int64 entries per key 0..size-1 (a key of ``size`` left out), or (B, size) with
+    ``units`` (B, n) the entries each key stands for per sample."""
+    if units is None:
+        return np.bincount(keys, minlength=size + 1)[:size].astype(np.int64)
+    b = len(units)
+    flat = (np.arange(b)[:, None] * (size + 1) + keys).ravel()
+    got = np.bincount(flat, weights=np.asarray(units, float).ravel(), minlength=b * (size + 1))
+    return got.reshape(b, size + 1)[:, :size].astype(np.int64)
+
+
+def _only(table: np.ndarray | None, big_n: np.ndarray) -> np.ndarray | None:
+    """(H, K) bool whether stratum h holds only pixels mapped k (None: unknown)."""
+    return None if table is None else np.asarray(table) == big_n[:, None]
+
+
+def _stehman(big_n: np.ndarray, n_h: np.ndarray, c: intervals.StrataCounts) -> _Figures:
+    """Stehman's figures of the units per class and stratum (arrays (..., K, H), n_h (..., H)):
+    area of k, y = [reference = k]; overall, y = [map = reference]; user's, y = [map =
+    reference = k], x = [map = k]; producer's, the same y, x = [reference = k]."""
+    design = _StratifiedTotals(big_n, n_h)
+    hits, right, wrong, omitted = (
+        np.ascontiguousarray(np.swapaxes(a, -1, -2)) for a in (c.hits, c.right, c.wrong, c.omitted)
+    )  # (..., H, K)
+    big_ref, ref_var = design.total(hits)
+    correct, correct_var = design.total(c.agree[..., :, None])
+    users, users_var = design.ratio(right, wrong)
+    producers, producers_var = design.ratio(right, omitted)
+    return _Figures(
         proportion=big_ref / design.n,
         proportion_var=ref_var / design.n**2,
         users=users,
         users_var=users_var,
         producers=producers,
         producers_var=producers_var,
-        overall=float(correct[0] / design.n),
-        overall_var=float(correct_var[0] / design.n**2),
+        overall=correct[..., 0] / design.n,
+        overall_var=correct_var[..., 0] / design.n**2,
     )
-    bounds = None
-    if confidence is not None:
-        per = np.zeros((h, k, k), np.int64)  # units per stratum, map class, reference class
-        np.add.at(per, (stratum, mapped, reference), 1)
-        diagonal = np.einsum("hkk->hk", per)
-        only = (np.zeros((h, k), bool) if strata_mapped_px is None
-                else np.asarray(strata_mapped_px) == big_n[:, None])  # fmt: skip
-        counts = intervals.StrataCounts(
-            hits=per.sum(1).T, right=diagonal.T, wrong=(per.sum(2) - diagonal).T,
-            omitted=(per.sum(1) - diagonal).T, agree=diagonal.sum(1), holds=holds.T,
-            only=only.T,
-        )  # fmt: skip
-        bounds = counts.bounds(big_n, n_h, confidence)
-    return _result(big_n, n_h, mapped_px, n_mapped, n_ref, figures, holds, bounds)
 
 
 @dataclass(frozen=True)
 class _Figures:
-    """Every estimate and its variance; (K,) arrays, 0 where a figure is undefined."""
+    """Every estimate and its variance; (..., K) arrays, 0 where a figure is undefined; the
+    overall accuracy (...,)."""
 
     proportion: np.ndarray
     proportion_var: np.ndarray
@@ -265,8 +396,58 @@ class _Figures:
     users_var: np.ndarray
     producers: np.ndarray
     producers_var: np.ndarray
-    overall: float
-    overall_var: float
+    overall: np.ndarray
+    overall_var: np.ndarray
+
+
+def _listed(mapped_px: np.ndarray, n_mapped: np.ndarray, n_ref: np.ndarray) -> np.ndarray:
+    """Whether a class is among a sample's estimates: in the map or in the sample."""
+    return (mapped_px > 0) | (n_mapped > 0) | (n_ref > 0)
+
+
+def _area_bounds(
+    big_n: np.ndarray, n_h: np.ndarray, hits: np.ndarray, confidence: float | None,
+    classes: np.ndarray,
+) -> Bounds | None:  # fmt: skip
+    """The area shares' intervals (as :meth:`~emb.estimation.intervals.StrataCounts.bounds`
+    gives them) of B samples, hits (B, K, H): of ``classes`` (K,) bool only (NaN the others,
+    never read), over the strata with pixels only (a stratum without adds exact zeros to the
+    sums over the strata, taken one stratum after another in this layout: the same bits).
+    None without a ``confidence``."""
+    if confidence is None:
+        return None
+    if classes.sum() < 2:  # one row would be summed in another order: keep every class
+        classes = np.ones(len(classes), bool)
+    strata = big_n > 0
+    # (B, H', K') in memory, handed over as (B, K', H') as strata_counts does
+    by_stratum = np.ascontiguousarray(np.swapaxes(hits, -1, -2)[:, strata][:, :, classes])
+    units = np.asarray(n_h)[:, None, strata]
+    got = intervals.area(big_n[strata], units, np.swapaxes(by_stratum, -1, -2), confidence)
+    lo, hi = (np.full(hits.shape[:-1], np.nan) for _ in range(2))
+    lo[:, classes], hi[:, classes] = got
+    return Bounds(lo, hi)
+
+
+def _shares(
+    big_n: np.ndarray,
+    n_h: np.ndarray,
+    listed: np.ndarray,
+    n_ref: np.ndarray,
+    f: _Figures,
+    bounds: Bounds | None,
+) -> AreaShares:
+    """The area shares of a stack of samples as :func:`_result` makes each one's
+    ``proportion``: an SE withheld where a stratum of 1 unit (of more than 1 pixel) enters,
+    an interval only where the SE exists, widened to hold the value."""
+    withheld = ((n_h == 1) & (big_n > 1)).any(-1)[..., None]
+    value = f.proportion
+    se = np.where(withheld, np.nan, np.sqrt(f.proportion_var))
+    lo = hi = np.full(value.shape, np.nan)
+    if bounds is not None:
+        none = withheld | np.isnan(bounds.lo) | np.isnan(bounds.hi)
+        lo = np.where(none, np.nan, np.fmin(bounds.lo, value))
+        hi = np.where(none, np.nan, np.fmax(bounds.hi, value))
+    return AreaShares(value, se, lo, hi, listed, np.asarray(n_ref, np.int64))
 
 
 def _result(
@@ -318,33 +499,51 @@ def _result(
 
 
 class _StratifiedTotals:
-    """A stratified random sample: stratified totals of per-unit values, and their variances."""
+    """A stratified random sample's totals and their variances, of per-unit values given as the
+    units per stratum that hold each value (indicators: no per-unit rows). Arrays (..., H, M):
+    M columns (e.g. classes), stacked samples in front; n_h (..., H)."""
 
-    def __init__(self, big_n: np.ndarray, n_h: np.ndarray, stratum: np.ndarray) -> None:
-        self.big_n, self.n_h, self.stratum = big_n.astype(float), n_h, stratum
+    def __init__(self, big_n: np.ndarray, n_h: np.ndarray) -> None:
+        self.big_n = big_n.astype(float)
         self.n = float(big_n.sum())
-        self.members = np.eye(len(big_n))[stratum]  # (n, H)
+        self.n_h = np.asarray(n_h, float)[..., :, None]
         # N_h^2 / n_h per stratum; 0 in a census (known exactly) and where n_h < 2 (a stratum
         # of 1 unit has its SEs withheld by _result, one of none is refused before)
-        weight = np.divide(self.big_n**2, n_h, out=np.zeros(len(n_h)), where=n_h > 1)
-        self.var_weight = weight * _not_census(big_n, n_h)
+        n_h = np.asarray(n_h, float)
+        weight = np.divide(self.big_n**2, n_h, out=np.zeros(n_h.shape), where=n_h > 1)
+        self.var_weight = (weight * _not_census(big_n, n_h))[..., None, :]
 
     def total(self, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Y = sum_h N_h ybar_h and V(Y) = sum_h N_h^2 s2_yh / n_h, per column of y (n, M)."""
-        sums = self.members.T @ y  # (H, M)
-        n_h = self.n_h[:, None]
-        means = np.divide(sums, n_h, out=np.zeros_like(sums), where=n_h > 0)
-        squares = self.members.T @ (y - means[self.stratum]) ** 2
-        s2 = np.divide(squares, n_h - 1.0, out=np.zeros_like(sums), where=n_h > 1)
-        return self.big_n @ means, self.var_weight @ s2
+        """Y = sum_h N_h ybar_h and V(Y) = sum_h N_h^2 s2_yh / n_h of an indicator, per column;
+        y: (..., H, M) the units per stratum whose value is 1 (0 the others)."""
+        return self._total([(y, 1.0)])
 
-    def ratio(self, y: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """R = Y / X per column and V(R) = V(total of y - R x) / X^2; 0 where X = 0."""
+    def ratio(self, y: np.ndarray, x_only: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """R = Y / X per column and V(R) = V(total of y - R x) / X^2, 0 where X = 0, of
+        indicators y <= x: y the units per stratum with y = x = 1, x_only those with x = 1,
+        y = 0 (..., H, M)."""
         big_y, _ = self.total(y)
-        big_x, _ = self.total(x)
-        r = np.divide(big_y, big_x, out=np.zeros_like(big_y), where=big_x > 0)
-        _, var_d = self.total(y - r * x)
-        return r, np.divide(var_d, big_x**2, out=np.zeros_like(big_y), where=big_x > 0)
+        big_x, _ = self.total(y + x_only)
+        r = np.divide(big_y, big_x, out=np.zeros(big_y.shape), where=big_x > 0)
+        rows = r[..., None, :]
+        _, var_d = self._total([(y, 1 - rows), (x_only, -rows)])
+        return r, np.divide(var_d, big_x**2, out=np.zeros(big_y.shape), where=big_x > 0)
+
+    def _total(
+        self, groups: list[tuple[np.ndarray, np.ndarray | float]]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Y and V(Y) of a value that the units of ``groups`` (units per stratum, value) take,
+        0 the others'. A stratum's squared deviations from its mean are summed over pairs of
+        groups, sum_{i<j} c_i c_j (v_i - v_j)^2 / n_h: exactly 0 where its units agree."""
+        n_h = self.n_h
+        sums = sum(c * v for c, v in groups)
+        means = np.divide(sums, n_h, out=np.zeros(sums.shape), where=n_h > 0)
+        every = [*groups, (n_h - sum(c for c, _ in groups), 0.0)]
+        pairs = sum(ci * cj * np.square(vi - vj) for i, (ci, vi) in enumerate(every)
+                    for cj, vj in every[i + 1 :])  # fmt: skip
+        squares = np.divide(pairs, n_h, out=np.zeros(sums.shape), where=n_h > 0)
+        s2 = np.divide(squares, n_h - 1.0, out=np.zeros(sums.shape), where=n_h > 1)
+        return self.big_n @ np.ascontiguousarray(means), (self.var_weight @ s2)[..., 0, :]
 
 
 def _not_census(big_n: np.ndarray, n_h: np.ndarray) -> np.ndarray:
@@ -375,18 +574,21 @@ def _estimate(
 
 
 def _check_strata(big_n: np.ndarray, n_h: np.ndarray) -> None:
-    """Every stratum with pixels has a unit, and none has more units than pixels."""
-    for s, (size, units) in enumerate(zip(big_n, n_h, strict=True)):
-        if units > size:
-            raise AreaEstimateError(
-                f"stratum {s} has {units} sample units but {size} px: expected at most one "
-                f"unit per pixel"
-            )
-        if units == 0 and size > 0:
-            raise AreaEstimateError(
-                f"stratum {s} (N={size} px) has no sample unit: the estimates would leave its "
-                f"pixels out"
-            )
+    """Every stratum with pixels has a unit, and none has more units than pixels (n_h (..., H):
+    of every sample)."""
+    bad = (n_h > big_n) | ((n_h == 0) & (big_n > 0))
+    if not bad.any():
+        return
+    at = tuple(int(i) for i in np.argwhere(bad)[0])
+    s, units, size = at[-1], int(n_h[at]), int(big_n[at[-1]])
+    if units > size:
+        raise AreaEstimateError(
+            f"stratum {s} has {units} sample units but {size} px: expected at most one "
+            f"unit per pixel"
+        )
+    raise AreaEstimateError(
+        f"stratum {s} (N={size} px) has no sample unit: the estimates would leave its pixels out"
+    )
 
 
 def _counts(

@@ -22,8 +22,9 @@ streamed from each region's test tiles a band of tile rows at a time: memory is 
 whatever the number of regions, time linear in the pixels (``bench/state_scale.py``). A draw
 is a simple random sample without replacement within each stratum, taken as ranks into the
 stratum's cells (so its cell counts are multivariate hypergeometric, with no bound on the
-stratum's size: numpy's ``multivariate_hypergeometric`` needs fewer than 10**9 pixels), then
-expanded into its ~n units for the estimators. The draws' distribution is the one of sampling
+stratum's size: numpy's ``multivariate_hypergeometric`` needs fewer than 10**9 pixels), and
+every draw is estimated from those counts, all draws at once (the first also in full, as a
+user would publish it). The draws' distribution is the one of sampling
 pixels; the draws themselves differ from those before this change (which sampled pixel indices)
 for one seed.
 """
@@ -32,7 +33,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import numpy as np
@@ -42,7 +43,16 @@ from rasterio.windows import Window
 from emb.classes import IGNORE, N_L1, N_L2, N_L3, ClassMap
 from emb.estimation.design import allocate
 from emb.estimation.districts import Districts, district_ids, on_map
-from emb.estimation.estimators import AreaEstimates, Estimate, olofsson, stehman
+from emb.estimation.estimators import (
+    AreaEstimates,
+    AreaShares,
+    olofsson,
+    olofsson_shares,
+    stehman,
+    stehman_shares,
+    strata_counts,
+    unit_matrix,
+)
 from emb.estimation.population import (
     CHUNK,
     STRIP_BYTES,
@@ -57,6 +67,7 @@ from emb.prep.region_index import read_index, windows_of_test_tiles
 
 LEVEL_CLASSES = {1: N_L1, 2: N_L2, 3: N_L3}
 PAIRS = 256 * 256  # (map value, CDL value) codes of two uint8 pixels
+SHARES_CHUNK = 40  # draws estimated at once: (draws, K, H) arrays that stay in a cache (2x)
 
 
 class AreaCheckError(ValueError):
@@ -278,24 +289,27 @@ class StratifiedSampler:
             allocate(self.sizes, n, min_per_class) if allocation is None
             else np.minimum(allocation, self.sizes), np.int64,
         )  # fmt: skip
-        # per stratum: its cells with pixels, and their pixels' cumulative counts (the ranks'
-        # boundaries: rank u of the stratum lies in the first cell whose bound exceeds it)
-        # (grouped by one sort: a loop over the strata would be strata x cells, too slow for
-        # the district x class strata of the check by district)
+        # the cells with pixels grouped by stratum (one stable sort: a loop over the strata
+        # would be strata x cells, too slow for the district x class strata of the check by
+        # district) and their pixels' cumulative counts: a stratum's rank u, offset by the
+        # pixels of the strata before it, lies in the first cell whose bound exceeds it
         held = np.flatnonzero(cells > 0)
-        held = held[np.argsort(of[held], kind="stable")]
-        self.cells = np.split(held, np.searchsorted(of[held], np.arange(1, n_strata)))
-        self.bounds = [np.cumsum(cells[c]) for c in self.cells]
+        self.cells = held[np.argsort(of[held], kind="stable")]
+        self.bounds = np.cumsum(cells[self.cells])
+        starts = np.cumsum(self.sizes) - self.sizes
+        self._strata = [(int(self.sizes[h]), int(c), int(starts[h]))
+                        for h, c in enumerate(self.allocation) if c]  # fmt: skip
 
     def draw(self, rng: np.random.Generator) -> np.ndarray:
         """Units per cell, of ``joint``'s shape: ``allocation[h]`` distinct pixels of each
-        stratum h, drawn as ranks uniformly without replacement (any size of stratum)."""
+        stratum h, drawn as ranks uniformly without replacement (any size of stratum), one
+        stratum after another (the draws' random stream), placed in their cells at once."""
+        ranks = [rng.choice(size, count, replace=False) + start
+                 for size, count, start in self._strata]  # fmt: skip
         out = np.zeros(int(np.prod(self.shape)), np.int64)
-        for h, count in enumerate(self.allocation):
-            if count:
-                ranks = rng.choice(int(self.sizes[h]), int(count), replace=False)
-                hit = np.searchsorted(self.bounds[h], ranks, side="right")
-                out[self.cells[h]] += np.bincount(hit, minlength=len(self.cells[h]))
+        if ranks:
+            hit = np.searchsorted(self.bounds, np.concatenate(ranks), side="right")
+            out[self.cells] = np.bincount(hit, minlength=len(self.cells))
         return out.reshape(self.shape)
 
 
@@ -310,12 +324,38 @@ def estimate_at(
     pixels per stratum and class, keeps a 1-unit stratum out of the SEs it does not enter),
     with every figure's interval at ``confidence``."""
     if level == design_level:
-        k = len(mapped_px)
-        matrix = np.zeros((k, k), np.int64)
-        np.add.at(matrix, (units_mapped, units_reference), 1)
+        matrix = unit_matrix(units_mapped, units_reference, len(mapped_px))
         return olofsson(mapped_px, matrix, confidence)
     return stehman(strata_px, units_stratum, units_mapped, units_reference, mapped_px,
                    strata_mapped_px, confidence)  # fmt: skip
+
+
+def shares_at(
+    level: int, design_level: int, strata_px: np.ndarray, cell_stratum: np.ndarray,
+    cell_mapped: np.ndarray, cell_reference: np.ndarray, samples: np.ndarray,
+    mapped_px: np.ndarray, strata_mapped_px: np.ndarray | None = None,
+    confidence: float | None = None,
+) -> AreaShares:  # fmt: skip
+    """:func:`estimate_at`'s area shares of B samples at once (bit for bit each sample's
+    ``proportion`` figures): ``samples`` (B, C) the units each sample has in C cells, whose
+    stratum, map class and reference class at ``level`` are ``cell_*`` (C,). One pass over the
+    cells for every draw of a check, not an estimate per draw."""
+    k = len(mapped_px)
+    table = None if strata_mapped_px is None else np.asarray(strata_mapped_px)
+    holds = None if table is None else table > 0
+    only = None if table is None else table == np.asarray(strata_px)[:, None]
+    parts = []
+    for start in range(0, len(samples), SHARES_CHUNK):
+        units = samples[start : start + SHARES_CHUNK]
+        if level == design_level:
+            matrices = unit_matrix(cell_mapped, cell_reference, k, units)
+            parts.append(olofsson_shares(mapped_px, matrices, confidence))
+        else:
+            counts = strata_counts(cell_stratum, cell_mapped, cell_reference, len(strata_px), k,
+                                   units, holds, only)  # fmt: skip
+            parts.append(stehman_shares(strata_px, counts, mapped_px, confidence))
+    return AreaShares(**{f.name: np.concatenate([getattr(p, f.name) for p in parts])
+                         for f in fields(AreaShares)})  # fmt: skip
 
 
 @dataclass
@@ -370,66 +410,77 @@ def check(
     ``design.confidence``) compared with the CDL's area of the population. A draw without an
     interval (none the sample can give; Wald's with a standard error of 0; a census's, of no
     width, as the table shows none) counts as not covering. ``units``: the units per stratum
-    (the recommended allocation), instead of ``design.n``'s."""
+    (the recommended allocation), instead of ``design.n``'s. The draws are estimated all at
+    once from their units per cell (:func:`shares_at`); the first draw's in full."""
     strata = level_table(design.level, cmap)[:N_L3].astype(np.int64)  # map L3 -> stratum
     n_strata = LEVEL_CLASSES[design.level]
     sampler = StratifiedSampler(population.joint, np.broadcast_to(strata[:, None], (N_L3, N_L3)),
                                 n_strata, design.n, design.min_per_class, units)  # fmt: skip
-    mapped_l3, reference_l3 = (a.ravel() for a in np.indices((N_L3, N_L3)))
+    cells = np.flatnonzero(population.joint)  # a sample has units in no other cell
+    m3, r3 = np.divmod(cells, N_L3)
+    samples = draw_all(sampler, range(design.draws), [design.seed], cells)
     l3_px = population.joint.sum(1)
-    levels, joint = {}, {}
+    total, z = population.pixels, design.z
+    out = []
     for level in (1, 2, 3):
         table = level_table(level, cmap)[:N_L3].astype(np.int64)
-        levels[level] = (table, population.mapped_px(level, cmap), population.cdl_px(level, cmap))
-        joint[level] = np.zeros((n_strata, LEVEL_CLASSES[level]), np.int64)
-        np.add.at(joint[level], (strata, table), l3_px)  # the map's pixels per stratum, class
-    total, z = population.pixels, design.z
-    first: dict[int, AreaEstimates] = {}
-    coverage: dict[int, dict[int, ClassCoverage]] = {lv: {} for lv in levels}
-    for draw in range(design.draws):
-        sample = sampler.draw(np.random.default_rng([design.seed, draw])).ravel()
-        units = np.repeat(np.arange(sample.size), sample)  # each unit's cell, ~n of them
-        m3, r3 = mapped_l3[units], reference_l3[units]
-        for level, (table, mapped_px, cdl_px) in levels.items():
-            est = estimate_at(level, design.level, sampler.sizes, strata[m3], table[m3],
-                              table[r3], mapped_px, joint[level], design.confidence)  # fmt: skip
-            first.setdefault(level, est)
-            tally_draw(coverage[level], est, cdl_px, total, z)
-    return [
-        LevelCheck(
-            level, first[level], levels[level][1], levels[level][2], coverage[level], design.draws
-        )  # fmt: skip
-        for level in levels
-    ]
+        mapped_px, cdl_px = population.mapped_px(level, cmap), population.cdl_px(level, cmap)
+        joint = np.zeros((n_strata, LEVEL_CLASSES[level]), np.int64)
+        np.add.at(joint, (strata, table), l3_px)  # the map's pixels per stratum, class
+        one = np.repeat(np.arange(len(cells)), samples[0])  # the first draw's units' cells
+        first = estimate_at(level, design.level, sampler.sizes, strata[m3[one]], table[m3[one]],
+                            table[r3[one]], mapped_px, joint, design.confidence)  # fmt: skip
+        shares = shares_at(level, design.level, sampler.sizes, strata[m3], table[m3], table[r3],
+                           samples, mapped_px, joint, design.confidence)  # fmt: skip
+        coverage: dict[int, ClassCoverage] = {}
+        tally_draws(coverage, shares, cdl_px, total, z)
+        out.append(LevelCheck(level, first, mapped_px, cdl_px, coverage, design.draws))
+    return out
 
 
-def tally_draw(
-    coverage: dict[int, ClassCoverage], est: AreaEstimates, cdl_px: np.ndarray, total: int,
+def draw_all(
+    sampler: StratifiedSampler, draws: range, seed: Sequence[int], cells: np.ndarray
+) -> np.ndarray:
+    """(len(draws), len(cells)) the units in ``cells`` (flat indices of the sampler's joint)
+    of each draw d of ``draws``, drawn from ``default_rng([*seed, d])`` (the other cells hold
+    none where ``cells`` are every cell with pixels: a draw's memory is theirs, not the
+    joint's)."""
+    if not draws:
+        raise ValueError(f"draws: expected at least 1 draw, found {len(draws)}")
+    out = np.empty((len(draws), len(cells)), np.int64)
+    for i, d in enumerate(draws):
+        out[i] = sampler.draw(np.random.default_rng([*seed, d])).ravel()[cells]
+    return out
+
+
+def tally_draws(
+    coverage: dict[int, ClassCoverage], shares: AreaShares, cdl_px: np.ndarray, total: int,
     z: float,
 ) -> None:  # fmt: skip
-    """Count one draw's estimates of a population of ``total`` pixels against the CDL's
-    pixels per class (``cdl_px``): every class the CDL holds gets a tally, a class in neither
-    the map nor the sample no interval (an area of 0 has no interval to cover it)."""
-    found = {c.cls: c for c in est.classes}
+    """Count the draws' area shares (B, K) of a population of ``total`` pixels against the
+    CDL's pixels per class (``cdl_px``), in draw order: every class the CDL holds gets a tally,
+    a class in neither the map nor a draw's sample no interval in that draw (an area of 0 has
+    no interval to cover it). A draw with no interval that holds, or one of no width (its
+    strata sampled whole: ``exact``), or no Wald interval (a standard error of 0 or none)
+    counts as not covering."""
     for cls in np.flatnonzero(cdl_px):
         tally = coverage.setdefault(int(cls), ClassCoverage())
-        got = found.get(int(cls))
-        if got is None:  # in neither the map nor this sample: no interval at all
-            continue
-        tally.units_reference += got.units_reference
-        _tally(tally, got.proportion, cdl_px[cls] / total, z)
-
-
-def _tally(tally: ClassCoverage, est: Estimate, truth: float, z: float) -> None:
-    """Count one draw's intervals of a class's area share against the truth."""
-    bounds = est.bounds
-    if bounds is not None and bounds[0] == bounds[1]:
-        tally.exact += 1  # its strata sampled whole: the value itself, no interval
-    elif bounds is not None:
-        tally.with_interval += 1
-        tally.covered += bounds[0] <= truth <= bounds[1]
-        tally.half_width += (bounds[1] - bounds[0]) / 2 / est.value if est.value > 0 else 0.0
-    wald = est.interval(z) if est.se else None  # a standard error of 0: no Wald interval
-    if wald is not None:
-        tally.wald_with += 1
-        tally.wald_covered += wald[0] <= truth <= wald[1]
+        listed = shares.listed[:, cls]
+        value, se, lo, hi = (a[listed, cls] for a in (shares.value, shares.se, shares.lo,
+                                                       shares.hi))  # fmt: skip
+        truth = cdl_px[cls] / total
+        tally.units_reference += int(shares.units_reference[listed, cls].sum())
+        bounded = ~np.isnan(lo)
+        exact = bounded & (lo == hi)
+        interval = bounded & ~exact
+        tally.exact += int(exact.sum())
+        tally.with_interval += int(interval.sum())
+        tally.covered += int((interval & (lo <= truth) & (truth <= hi)).sum())
+        wide = interval & (value > 0)
+        for width in ((hi[wide] - lo[wide]) / 2 / value[wide]).tolist():
+            tally.half_width += width  # one draw after another: the sum rounds as it always has
+        wald = ~np.isnan(se) & (se != 0)
+        tally.wald_with += int(wald.sum())
+        tally.wald_covered += int(
+            (wald & (value - z * se <= truth) & (truth <= value + z * se)).sum()
+        )

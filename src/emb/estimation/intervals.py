@@ -71,12 +71,16 @@ class StrataCounts:
     only: np.ndarray
 
     def bounds(self, big_n: np.ndarray, n_h: np.ndarray, confidence: float) -> dict[str, Bounds]:
-        """Every figure's interval that holds: (K,) lo and hi per figure, scalars for overall."""
+        """Every figure's interval that holds: (K,) lo and hi per figure, scalars for overall;
+        of many samples at once where the counts have leading axes (``n_h`` (..., H), the
+        counts (..., K, H): bounds (..., K) and (...,) for overall)."""
+        n_h = np.asarray(n_h)
+        units = n_h if n_h.ndim == 1 else n_h[..., None, :]  # a row of every class's counts
         return {
-            "proportion": area(big_n, n_h, self.hits, confidence),
-            "users": users(big_n, n_h, self.right, self.wrong, confidence,
+            "proportion": area(big_n, units, self.hits, confidence),
+            "users": users(big_n, units, self.right, self.wrong, confidence,
                                      holds=self.holds, only=self.only),
-            "producers": producers(big_n, n_h, self.right, self.omitted, confidence,
+            "producers": producers(big_n, units, self.right, self.omitted, confidence,
                                              holds=self.holds, only=self.only),
             "overall": overall(big_n, n_h, self.agree, confidence),
         }  # fmt: skip
