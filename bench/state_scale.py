@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import resource
 import shutil
@@ -42,18 +43,25 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import rasterio
 from rasterio.crs import CRS
 from rasterio.transform import from_origin
 
+if TYPE_CHECKING:
+    from emb.estimation.districts import Districts
+
 REPO = Path(__file__).resolve().parents[1]
 CLASSES = REPO / "config" / "classes.csv"
 FIELD, NOISE, WRONG = 32, 0.05, 0.2  # field side (px), speckle, share of fields the map errs on
 CLASSES_USED = 40  # L3 ids 0..39: 40 strata x the minimum of 20 fit the default n of 1000
 TILE = 64  # test tile side and stride (config/config.yaml: tiles)
-DISTRICTS = 100
+DISTRICTS = 100  # a 10 x 10 grid over the regions, written in WGS84
+EDGE_M = 100.0  # a district edge's vertices, every 100 m
+X0, Y0, PIXEL_M = 300_000.0, 4_500_000.0, 10.0  # the first region's corner (UTM 15N), its pixel
+POINTS_ENV = "EMB_STATE_SCALE_POINTS"  # a file for the design's points (compare trees)
 GOALS = {"rss_mib": 2048.0, "ratio": 3.0}
 
 
@@ -63,7 +71,7 @@ def raster(path: Path, data: np.ndarray) -> None:
     profile = {
         "driver": "GTiff", "width": data.shape[1], "height": data.shape[0], "count": 1,
         "dtype": "uint8", "crs": CRS.from_epsg(32615), "nodata": 255, "tiled": True,
-        "transform": from_origin(300_000, 4_500_000, 10, 10), "compress": "deflate",
+        "transform": from_origin(X0, Y0, PIXEL_M, PIXEL_M), "compress": "deflate",
         "blockxsize": block, "blockysize": block,
     }  # fmt: skip
     with rasterio.open(path, "w", **profile) as dst:
@@ -91,7 +99,8 @@ def scene(size: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def write_collection(root: Path, regions: int, size: int, share: float, distinct: int) -> dict:
-    """Maps, labels and indexes of ``regions`` regions (``distinct`` rasters hard-linked)."""
+    """Maps, labels and indexes of ``regions`` regions side by side on a grid (``distinct``
+    rasters, copied and placed), and the districts over them."""
     rng = np.random.default_rng(0)
     (root / "distinct").mkdir(parents=True)
     for d in range(min(distinct, regions)):
@@ -100,13 +109,17 @@ def write_collection(root: Path, regions: int, size: int, share: float, distinct
         raster(root / "distinct" / f"labels{d}.tif", labels)
     files: dict[str, dict[str, str]] = {"maps": {}, "labels": {}, "indexes": {}}
     grid = [(r, c) for r in range(0, size, TILE) for c in range(0, size, TILE)]
+    columns, span = math.ceil(math.sqrt(regions)), size * PIXEL_M
     for i in range(regions):
         region, d = f"r{i:04d}", i % distinct
         folder = root / region
         folder.mkdir()
+        origin = from_origin(X0 + i % columns * span, Y0 - i // columns * span, PIXEL_M, PIXEL_M)
         for kind, name in (("maps", f"{region}.tif"), ("labels", "labels.tif")):
             source = root / "distinct" / f"{'map' if kind == 'maps' else 'labels'}{d}.tif"
-            os.link(source, folder / name)
+            shutil.copyfile(source, folder / name)
+            with rasterio.open(folder / name, "r+") as dst:
+                dst.transform = origin  # the region's own place (tags only: data untouched)
             files[kind][region] = str(folder / name)
         test = [grid[j] for j in np.flatnonzero(rng.random(len(grid)) < share)] or grid[:1]
         index = {"region": region, "tile_size": TILE,
@@ -114,13 +127,32 @@ def write_collection(root: Path, regions: int, size: int, share: float, distinct
                                                 for r, c in test}}}}  # fmt: skip
         (folder / "index.json").write_text(json.dumps(index))
         files["indexes"][region] = str(folder / "index.json")
-    # where districts enter: 100 of them, each a run of regions (not measured yet)
-    names = sorted(files["maps"])
-    per = -(-len(names) // DISTRICTS)
-    districts = {n: f"d{j // per:03d}" for j, n in enumerate(names)}
-    (root / "districts.json").write_text(json.dumps(districts))
+    rows = -(-regions // columns)
+    write_districts(root / "districts.geojson", (X0, Y0 - rows * span, X0 + columns * span, Y0))
     (root / "files.json").write_text(json.dumps(files))
     return files
+
+
+def write_districts(path: Path, bounds: tuple[float, float, float, float]) -> None:
+    """``DISTRICTS`` districts as counties come: a 10 x 10 grid of rectangles over the
+    regions' extent (so their edges cross regions, about 10 regions a district), each edge cut
+    every ``EDGE_M`` (a surveyed border's vertices), in WGS84 (moved onto the maps' UTM)."""
+    import shapely  # noqa: PLC0415 - the districts' one use
+    from pyproj import Transformer  # noqa: PLC0415
+
+    side = math.isqrt(DISTRICTS)
+    xs = np.linspace(bounds[0], bounds[2], side + 1)
+    ys = np.linspace(bounds[3], bounds[1], side + 1)
+    to_wgs84 = Transformer.from_crs(32615, 4326, always_xy=True)
+    features = []
+    for j in range(DISTRICTS):
+        box = shapely.box(xs[j % side], ys[j // side + 1], xs[j % side + 1], ys[j // side])
+        ring = shapely.get_coordinates(shapely.segmentize(box, EDGE_M))
+        lon, lat = to_wgs84.transform(ring[:, 0], ring[:, 1])
+        ring = np.column_stack([lon, lat]).tolist()
+        features.append({"type": "Feature", "properties": {"name": f"d{j:03d}"},
+                         "geometry": {"type": "Polygon", "coordinates": [ring]}})  # fmt: skip
+    path.write_text(json.dumps({"type": "FeatureCollection", "features": features}))
 
 
 # --- the contenders, each in a child process (``--child NAME FILES DRAWS``) ---------------
@@ -136,34 +168,59 @@ def child_read(files: dict, draws: int) -> dict:
     return {"s": time.perf_counter() - start, "pixels": pixels}
 
 
+def districts_of(files: dict) -> Districts:
+    """The collection's districts (read as the stage reads them; their time not counted)."""
+    from emb.estimation.districts import read_districts  # noqa: PLC0415
+
+    return read_districts(Path(files["indexes"][next(iter(files["indexes"]))]).parents[1]
+                          / "districts.geojson", "name")  # fmt: skip
+
+
 def child_check(files: dict, draws: int) -> dict:
-    """The test split's check as the stage runs it: the population, then the draws."""
+    """The test split's check as the stage runs it with districts: the population (per
+    district), the whole's draws, then the districts' draws."""
     from emb.classes import load_class_map  # noqa: PLC0415 - imports are not the stage's time
+    from emb.estimation.district_check import check_districts  # noqa: PLC0415
     from emb.estimation.holdout_check import check, read_population  # noqa: PLC0415
     from emb.estimation.settings import from_json  # noqa: PLC0415
 
     cmap, settings = load_class_map(CLASSES), from_json(json.dumps({"draws": draws}))
+    districts = districts_of(files)
     start = time.perf_counter()
-    population = read_population(files["maps"], files["labels"], files["indexes"])
+    population = read_population(files["maps"], files["labels"], files["indexes"], districts)
     read_s = time.perf_counter() - start
     checks = check(population, cmap, settings)
-    return {"s": time.perf_counter() - start, "population_s": read_s,
-            "draws_s": time.perf_counter() - start - read_s, "test_px": population.pixels,
-            "levels": len(checks)}  # fmt: skip
+    whole_s = time.perf_counter() - start - read_s
+    by_district = check_districts(population, cmap, settings, int(settings.n))
+    end = time.perf_counter()
+    return {"s": end - start, "population_s": read_s, "draws_s": whole_s,
+            "district_draws_s": end - start - read_s - whole_s, "test_px": population.pixels,
+            "levels": len(checks), "domains": len(by_district.domains)}  # fmt: skip
 
 
 def child_design(files: dict, draws: int) -> dict:
-    """The sample design over every map, with the schema's settings."""
+    """The sample design over every map with districts (strata district x class), with the
+    schema's settings."""
     from emb.classes import load_class_map  # noqa: PLC0415
     from emb.estimation.design import draw_points  # noqa: PLC0415
     from emb.estimation.settings import from_json  # noqa: PLC0415
 
     cmap, settings = load_class_map(CLASSES), from_json("{}")
+    districts = districts_of(files)
     maps = [Path(p) for p in files["maps"].values()]
+    # n: every district x class stratum's minimum at least (the check by district raises n
+    # so too; the schema's n of 1000 is below 100 x 40 minimums, which the design refuses)
+    n = max(int(settings.n), (DISTRICTS + 1) * CLASSES_USED * settings.min_per_class)
     start = time.perf_counter()
-    design = draw_points(maps, settings.level, cmap, settings.n, settings.min_per_class,
-                         settings.seed)  # fmt: skip
-    return {"s": time.perf_counter() - start, "units": int(design.record.n_drawn)}
+    design = draw_points(maps, settings.level, cmap, n, settings.min_per_class, settings.seed,
+                         districts=districts)  # fmt: skip
+    out = {"s": time.perf_counter() - start, "units": int(design.record.n_drawn)}
+    if os.environ.get(POINTS_ENV):  # the drawn points, to compare two trees' designs
+        Path(os.environ[POINTS_ENV]).write_text(json.dumps(
+            {"x": design.points.x.tolist(), "y": design.points.y.tolist(),
+             "region": design.points.region.tolist(), "district": design.district.tolist(),
+             "class": design.map_class.tolist()}))  # fmt: skip
+    return out
 
 
 CHILDREN = {"read": child_read, "check": child_check, "design": child_design}
@@ -221,8 +278,9 @@ def report(figures: dict) -> None:
         print(f"{name:8s} {f['s']:8.2f} {f['wall_s']:8.2f} {f['rss_mib']:8.1f} {shown:>7s}  {met}")
     check = figures["check"]
     print(
-        f"check: population {check['population_s']:.2f} s ({check['test_px']} test px), "
-        f"{figures['draws']} draws {check['draws_s']:.2f} s"
+        f"check: population {check['population_s']:.2f} s ({check['test_px']} test px, "
+        f"{DISTRICTS} districts), {figures['draws']} draws {check['draws_s']:.2f} s, by "
+        f"district {check['district_draws_s']:.2f} s ({check['domains']} domains)"
     )
 
 
