@@ -41,7 +41,7 @@ from rasterio.windows import Window
 
 from emb.classes import IGNORE, N_L1, N_L2, N_L3, ClassMap
 from emb.estimation.design import allocate
-from emb.estimation.districts import Districts, district_ids, on_map
+from emb.estimation.districts import Districts, MapDistricts, district_burn, on_map
 from emb.estimation.estimators import AreaEstimates, Estimate, olofsson, stehman
 from emb.estimation.population import (
     CHUNK,
@@ -173,15 +173,17 @@ def bands(windows: Sequence[Window], height: int, width: int) -> Iterator[tuple[
 
 
 def _region_counts(
-    map_path: Path, label_path: Path, windows: Sequence[Window], districts: Districts | None
-) -> np.ndarray:
+    map_path: Path, label_path: Path, windows: Sequence[Window], districts: Districts | None,
+    placed: dict[str, MapDistricts] | None = None,
+) -> np.ndarray:  # fmt: skip
     """(D + 1, N_L3, N_L3) pixels per (domain, map, CDL) of one region's test tiles, each pixel
     once (D = 0 without ``districts``: one domain, the whole), read a band of tile rows at a
     time (in strips of at most STRIP_BYTES per raster) under a GDAL block cache of two block
     rows per raster: a block is decoded once, memory is flat in the number of tiles and
     regions. A pixel's domain is the district holding its centre
-    (:func:`emb.estimation.districts.district_ids`), burned per strip: the counts, 30 KB a
-    district, are all that grows."""
+    (:func:`emb.estimation.districts.district_burn`), burned once per strip: the counts, 30 KB
+    a district, are all that grows. ``placed``: the districts already moved onto a CRS (by its
+    text), filled here, so that the maps of one CRS reproject them once, not once each."""
     opened = (reading(map_path), reading(label_path))
     with opened[0], opened[1], rasterio.open(map_path) as mp, rasterio.open(label_path) as lab:
         if (mp.height, mp.width) != (lab.height, lab.width) or mp.transform != lab.transform:
@@ -194,10 +196,10 @@ def _region_counts(
         if districts is not None:
             if mp.crs is None:
                 raise AreaCheckError(f"{map_path}: no CRS: the districts cannot be placed on it")
-            shapes = on_map(districts, crs_text(mp.crs))
+            crs, placed = crs_text(mp.crs), {} if placed is None else placed
+            shapes = placed[crs] = placed.get(crs) or on_map(districts, crs)
         n_domains = 1 + (len(districts.names) if districts is not None else 0)
-        pairs = np.zeros(PAIRS, np.int64)
-        domains = np.zeros(n_domains * N_L3 * N_L3, np.int64)
+        cells = np.zeros((n_domains, CELLS), np.int64)
         with rasterio.Env(GDAL_CACHEMAX=cache_bytes(mp) + cache_bytes(lab)):
             for row0, row1, spans in bands(windows, mp.height, mp.width):
                 col0, col1 = spans[0][0], spans[-1][1]  # one read per band, then the spans
@@ -205,27 +207,72 @@ def _region_counts(
                 for top in range(row0, row1, step):
                     win = Window(col0, top, col1 - col0, min(step, row1 - top))
                     m, r = mp.read(1, window=win), lab.read(1, window=win)
-                    ids = None if shapes is None else district_ids(shapes, mp.transform, win)
+                    local, ids = (None, WHOLE) if shapes is None else district_burn(
+                        shapes, mp.transform, win)  # fmt: skip
                     for a, b in spans:
                         part = slice(None), slice(a - col0, b - col0)
-                        _add_pairs(pairs, m[part], r[part])
-                        if ids is not None:
-                            _add_domains(domains, ids[part], m[part], r[part])
-    joint = _joint_of(pairs, f"{map_path} or its labels {label_path}")
-    if shapes is None:
-        return joint[None]
-    return domains.reshape(n_domains, N_L3, N_L3)
+                        _add_cells(cells, ids, None if local is None else local[part],
+                                   m[part], r[part])  # fmt: skip
+    if cells[:, FOREIGN].any():  # counted again as pairs, to name the values found
+        _joint_of(_region_pairs(map_path, label_path, windows),
+                  f"{map_path} or its labels {label_path}")  # fmt: skip
+    return cells[:, : N_L3 * N_L3].reshape(n_domains, N_L3, N_L3)
 
 
-def _add_domains(
-    domains: np.ndarray, ids: np.ndarray, mapped: np.ndarray, reference: np.ndarray
-) -> None:
-    """Add to ``domains`` ((D + 1) * N_L3 * N_L3,) the pixels per (domain, map, CDL) of the
-    pixels both label (the others are left out, or refused by :func:`_joint_of`)."""
-    labelled = (mapped < N_L3) & (reference < N_L3)
-    keys = (ids[labelled].astype(np.int64) * N_L3 + mapped[labelled]) * N_L3 + reference[labelled]
-    for start in range(0, keys.size, CHUNK):
-        domains += np.bincount(keys[start : start + CHUNK], minlength=domains.size)
+def _region_pairs(map_path: Path, label_path: Path, windows: Sequence[Window]) -> np.ndarray:
+    """(PAIRS,) pixels per code of a region's test tiles: the values a refusal names."""
+    pairs = np.zeros(PAIRS, np.int64)
+    with rasterio.open(map_path) as mp, rasterio.open(label_path) as lab:
+        for row0, row1, spans in bands(windows, mp.height, mp.width):
+            for a, b in spans:
+                win = Window(a, row0, b - a, row1 - row0)
+                _add_pairs(pairs, mp.read(1, window=win), lab.read(1, window=win))
+    return pairs
+
+
+def _cell_table() -> np.ndarray:
+    """(PAIRS,) uint16 the cell of each code ``map << 8 | CDL``: ``i * N_L3 + j`` for two L3
+    ids, UNLABELLED where a side is 255 (and neither is foreign), FOREIGN where a side is
+    neither an L3 id nor 255."""
+    mapped, reference = np.divmod(np.arange(PAIRS), 256)
+    table = np.where((mapped < N_L3) & (reference < N_L3), mapped * N_L3 + reference, UNLABELLED)
+    foreign = ((mapped >= N_L3) & (mapped != IGNORE)) | (
+        (reference >= N_L3) & (reference != IGNORE)
+    )
+    return np.where(foreign, FOREIGN, table).astype(np.uint16)
+
+
+UNLABELLED, FOREIGN = N_L3 * N_L3, N_L3 * N_L3 + 1  # the two cells past the (map, CDL) pairs
+CELLS = N_L3 * N_L3 + 2
+CELL_OF = _cell_table()
+WHOLE = np.zeros(1, np.int64)  # the domains of a region counted without districts: the whole
+
+
+def _add_cells(
+    cells: np.ndarray, ids: np.ndarray, local: np.ndarray | None, mapped: np.ndarray,
+    reference: np.ndarray,
+) -> None:  # fmt: skip
+    """Add to ``cells`` (D + 1, CELLS) the pixels per (domain, cell) of aligned uint8 ``mapped``
+    and ``reference``, a pixel's domain ``ids[local]`` (``ids[0]`` for all without ``local``):
+    one table look-up per pixel (the two bytes side by side read as one uint16 code) and one
+    bincount over the window's few domains (L + 1 of them, not D + 1; a window in one district
+    skips them), in chunks (bincount copies its input as int64)."""
+    m, r = mapped.ravel(), reference.ravel()
+    near = None if local is None or len(ids) == 1 else local.ravel()
+    if near is not None and near.size and near.min() == near.max():
+        ids, near = ids[int(near[0]) : int(near[0]) + 1], None
+    ids = ids[:1] if near is None else ids
+    width = CELLS * len(ids)
+    both = np.empty((min(CHUNK, m.size), 2), np.uint8)
+    counts = np.zeros(width, np.int64)
+    for start in range(0, m.size, CHUNK):
+        part = both[: min(CHUNK, m.size - start)]
+        part[:, 0], part[:, 1] = r[start : start + len(part)], m[start : start + len(part)]
+        cell = CELL_OF[part.view("<u2").ravel()]
+        if near is not None:
+            cell = near[start : start + len(part)].astype(np.int32) * CELLS + cell
+        counts += np.bincount(cell, minlength=width)
+    cells[ids] += counts.reshape(-1, CELLS)
 
 
 def read_population(
@@ -236,10 +283,11 @@ def read_population(
     each region's map and aligned labels (region -> path), as its joint histogram; with
     ``districts``, per domain too (a district may span regions: its counts add up)."""
     n_domains = 1 + (len(districts.names) if districts is not None else 0)
-    counts, areas = np.zeros((n_domains, N_L3, N_L3), np.int64), {}
+    counts, areas, placed = np.zeros((n_domains, N_L3, N_L3), np.int64), {}, {}
     for region, index_path in indexes.items():
         windows = windows_of_test_tiles(read_index(index_path, ()), index_path)
-        counts += _region_counts(Path(maps[region]), Path(labels[region]), windows, districts)
+        counts += _region_counts(Path(maps[region]), Path(labels[region]), windows, districts,
+                                 placed)  # fmt: skip
         areas[region] = pixel_hectares(maps[region])
     if not areas:
         raise AreaCheckError("no region to check: the run trains on no region with test tiles")
