@@ -26,17 +26,13 @@ from pathlib import Path
 
 import numpy as np
 import rasterio
+from affine import Affine
 from pyproj import CRS
+from rasterio.windows import Window
 
 from emb import geo
 from emb.classes import IGNORE, N_L3, ClassMap
-from emb.estimation.districts import (
-    Districts,
-    MapDistricts,
-    district_ids,
-    district_strips,
-    on_map,
-)
+from emb.estimation.districts import Districts, MapDistricts, district_burn, on_map
 from emb.estimation.population import (
     CHUNK,
     Points,
@@ -58,6 +54,7 @@ from emb.io import reading
 from emb.provenance import digest_file
 
 log = logging.getLogger(__name__)
+RANK_CHUNK = 1 << 14  # pixels searched at once for a stratum's drawn ranks (second pass)
 PIXEL_AREA_RTOL = 1e-6  # maps' pixel areas that differ by less are one pixel size
 
 
@@ -139,8 +136,9 @@ def _largest_remainder(total: int, weights: list[int]) -> list[int]:
 
 
 def _map_record(
-    path: Path, level: int, cmap: ClassMap, districts: Districts | None
-) -> tuple[MapRecord, np.ndarray, np.ndarray]:
+    path: Path, level: int, cmap: ClassMap, districts: Districts | None,
+    placed: dict[str, MapDistricts] | None = None,
+) -> tuple[MapRecord, np.ndarray, np.ndarray]:  # fmt: skip
     """A map's record, (H,) pixels per stratum and (S, H) per strip (the first streaming
     pass); H = K classes at ``level``, or (D + 1) * K with districts."""
     with reading(path), rasterio.open(path) as src:
@@ -154,7 +152,7 @@ def _map_record(
         onehot[np.arange(N_L3), table] = 1  # L3 value -> its class at the level; nodata: none
         strata_strips, l3 = per_strip @ onehot, per_strip.sum(0)
     else:
-        strata_strips, l3 = _district_strata_strips(path, level, cmap, districts)
+        strata_strips, l3 = _district_strata_strips(path, level, cmap, districts, placed)
     record = MapRecord(
         region=path.stem, path=str(path), sha256=digest_file(path), crs=crs,
         pixel_ha=pixel_ha, width=width, height=height,
@@ -163,38 +161,68 @@ def _map_record(
     return record, strata_strips.sum(0), strata_strips
 
 
-def _strata_of(
-    values: np.ndarray, ids: np.ndarray | None, table: np.ndarray, k: int, h: int
-) -> np.ndarray:
-    """Flat stratum ids of a strip's pixels: class at the level (plus ``district * k``), and
-    ``h`` (one past the last stratum) on nodata; the classes alone, 255 on nodata, without
-    districts (as the design has always ranked them)."""
-    classes = table[values].ravel()
-    if ids is None:
-        return classes
-    return np.where(classes == IGNORE, h, ids.ravel().astype(np.int64) * k + classes)
+def _strata_table(ids: np.ndarray, table: np.ndarray, k: int, h: int) -> np.ndarray:
+    """((L + 1) * 256,) int64 the stratum of each key ``local << 8 | map value`` of a strip
+    whose districts are ``ids`` (:func:`emb.estimation.districts.district_burn`): class at the
+    level plus ``district * k``, and ``h`` (one past the last stratum) on nodata."""
+    classes = table[:256].astype(np.int64)
+    strata = ids.astype(np.int64)[:, None] * k + classes[None, :]
+    return np.where(classes[None, :] == IGNORE, h, strata).ravel()
+
+
+def _strip_keys(values: np.ndarray, local: np.ndarray, n_local: int) -> np.ndarray:
+    """Flat keys ``local << 8 | value`` of a strip's pixels (uint16 while they fit)."""
+    wide = np.uint16 if n_local <= 256 else np.int64
+    return (local.ravel().astype(wide) << 8) | values.ravel()
 
 
 def _district_strata_strips(
-    path: Path, level: int, cmap: ClassMap, districts: Districts
-) -> tuple[np.ndarray, np.ndarray]:
+    path: Path, level: int, cmap: ClassMap, districts: Districts,
+    placed: dict[str, MapDistricts] | None = None,
+) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     """(S, (D + 1) * K) int64 pixels per (district, class) stratum of each strip, and (256,)
-    pixels per map value (values that are no class refused), streamed strip by strip."""
+    pixels per map value (values that are no class refused), streamed strip by strip: a strip
+    is counted per (district near it, map value), (L + 1) x 256 counts, then folded into its
+    strata (a strip in one district is one histogram). ``placed``: the districts moved onto a
+    CRS (by its text), shared by the maps of that CRS."""
     table, k = level_table(level, cmap), len(level_names(level, cmap))
     h = (len(districts.names) + 1) * k
     rows, l3 = [], np.zeros(256, np.int64)
     with streaming(path) as src:
-        shapes = on_map(districts, crs_text(src.crs))
-        for win, ids in district_strips(src, shapes):
+        shapes = _placed(districts, src, placed)
+        for win in strips(src):
             values = src.read(1, window=win)
-            l3 += histogram(values)
-            flat = _strata_of(values, ids, table, k, h)
-            counts = np.zeros(h + 1, np.int64)
-            for start in range(0, flat.size, CHUNK):
-                counts += np.bincount(flat[start : start + CHUNK], minlength=h + 1)
-            rows.append(counts[:h])
+            local, ids = district_burn(shapes, src.transform, win)
+            if len(ids) > 1 and local.size and local.min() == local.max():
+                ids, local = ids[int(local.flat[0]) :][:1], None
+            if len(ids) == 1 or local is None:
+                hist = histogram(values)[None]
+            else:
+                hist = _key_counts(_strip_keys(values, local, len(ids)), len(ids) * 256)
+            hist = hist.reshape(len(ids), 256)
+            l3 += hist.sum(0)
+            keys = _strata_table(ids, table, k, h)
+            counts = np.bincount(keys, weights=hist.ravel(), minlength=h + 1)
+            rows.append(np.rint(counts[:h]).astype(np.int64))
     refuse_foreign(path, l3)
     return np.array(rows, np.int64).reshape(-1, h), l3
+
+
+def _key_counts(keys: np.ndarray, width: int) -> np.ndarray:
+    """(width,) int64 occurrences of each key, bincounted in chunks (an int64 copy each)."""
+    counts = np.zeros(width, np.int64)
+    for start in range(0, keys.size, CHUNK):
+        counts += np.bincount(keys[start : start + CHUNK], minlength=width)
+    return counts
+
+
+def _placed(
+    districts: Districts, src: rasterio.DatasetReader, placed: dict[str, MapDistricts] | None
+) -> MapDistricts:
+    """The districts on ``src``'s CRS, moved once per CRS (kept in ``placed``)."""
+    crs, placed = crs_text(src.crs), {} if placed is None else placed
+    shapes = placed[crs] = placed.get(crs) or on_map(districts, crs)
+    return shapes
 
 
 def _check_maps(maps: list[Path], records: list[MapRecord]) -> float:
@@ -244,7 +272,8 @@ def draw_points(
     :mod:`emb.estimation.districts`)."""
     maps = [Path(m) for m in maps]
     table, names = level_table(level, cmap), level_names(level, cmap)
-    firsts = [_map_record(m, level, cmap, districts) for m in maps]
+    placed: dict[str, MapDistricts] = {}  # the districts moved onto each CRS, once
+    firsts = [_map_record(m, level, cmap, districts, placed) for m in maps]
     records = [r for r, _, _ in firsts]
     pixel_ha = _check_maps(maps, records)
     strata_px = np.sum([c for _, c, _ in firsts], axis=0).astype(np.int64)
@@ -255,7 +284,7 @@ def draw_points(
     ranks = [np.sort(rng.choice(int(px), int(k), replace=False)) for px, k in
              zip(strata_px, allocation, strict=True)]  # fmt: skip
     found = _pick_ranked(maps, table, len(names), ranks, strata_px, [s for _, _, s in firsts],
-                         districts)  # fmt: skip
+                         districts, placed)  # fmt: skip
     region = np.concatenate([np.full(len(rows), m.stem) for m, (rows, _, _) in
                              zip(maps, found, strict=True)])  # fmt: skip
     xs, ys, crs, lon, lat = [], [], [], [], []
@@ -292,13 +321,17 @@ def draw_points(
 def _pick_ranked(
     maps: list[Path], table: np.ndarray, n_classes: int, ranks: list[np.ndarray],
     strata_px: np.ndarray, strata_strips: list[np.ndarray], districts: Districts | None,
+    placed: dict[str, MapDistricts] | None = None,
 ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:  # fmt: skip
     """Second streaming pass: per map, (rows, cols, stratum) of the pixels whose rank within
     their stratum (in scan order) was drawn, sorted row-major. A strip that holds no drawn
     rank (its first pass counts, ``strata_strips``: (S, H) per map, say so) is not read; a
     strip that is read is counted again and refused if it changed since. With ``districts``
     a read strip's districts are burned again (:func:`district_ids`), the same ids as the
-    first pass gave it."""
+    first pass gave it. A read strip's strata are looked up per pixel from (district near it,
+    map value) and searched in chunks of RANK_CHUNK pixels: a stratum holding a drawn rank in
+    a chunk is looked for in that chunk only (thousands of district x class strata would
+    otherwise each scan a large chunk)."""
     k = len(ranks)
     seen = np.zeros(k, np.int64)  # pixels of each stratum passed so far
     taken = np.zeros(k, np.int64)  # drawn ranks of each stratum found so far
@@ -309,16 +342,16 @@ def _pick_ranked(
     for path, per_strip in zip(maps, strata_strips, strict=True):
         rows, cols, classes = [], [], []
         with streaming(path) as src:
-            shapes = None if districts is None else on_map(districts, crs_text(src.crs))
+            shapes = None if districts is None else _placed(districts, src, placed)
             for win, strip_px in zip(strips(src), per_strip, strict=True):
                 if not (nxt < seen + strip_px).any():
                     seen += strip_px
                     continue
-                flat = _strata_of(src.read(1, window=win), _ids(shapes, src, win), table,
+                flat = _strata_of(src.read(1, window=win), shapes, src.transform, win, table,
                                   n_classes, k)  # fmt: skip
                 before = seen.copy()
-                for start in range(0, flat.size, CHUNK):
-                    part = flat[start : start + CHUNK]
+                for start in range(0, flat.size, RANK_CHUNK):
+                    part = flat[start : start + RANK_CHUNK]
                     counts = np.bincount(part, minlength=max(256, k + 1))[:k]
                     for h in np.flatnonzero(nxt < seen + counts):
                         end = np.searchsorted(ranks[h], seen[h] + counts[h])
@@ -351,8 +384,14 @@ def _pick_ranked(
     return out
 
 
-def _ids(
-    shapes: MapDistricts | None, src: rasterio.DatasetReader, win: rasterio.windows.Window
-) -> np.ndarray | None:
-    """The district ids of a strip's pixels, None without districts."""
-    return None if shapes is None else district_ids(shapes, src.transform, win)
+def _strata_of(
+    values: np.ndarray, shapes: MapDistricts | None, transform: Affine, win: Window,
+    table: np.ndarray, k: int, h: int,
+) -> np.ndarray:  # fmt: skip
+    """Flat stratum ids of a strip's pixels: class at the level (plus ``district * k``), and
+    ``h`` (one past the last stratum) on nodata; the classes alone, 255 on nodata, without
+    districts (as the design has always ranked them)."""
+    if shapes is None:
+        return table[values.ravel()]
+    local, ids = district_burn(shapes, transform, win)
+    return _strata_table(ids, table, k, h)[_strip_keys(values, local, len(ids))]
