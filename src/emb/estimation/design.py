@@ -54,7 +54,7 @@ from emb.io import reading
 from emb.provenance import digest_file
 
 log = logging.getLogger(__name__)
-RANK_CHUNK = 1 << 14  # pixels searched at once for a stratum's drawn ranks (second pass)
+SENTINEL = np.iinfo(np.int64).max  # a stratum's next drawn rank when all are found
 PIXEL_AREA_RTOL = 1e-6  # maps' pixel areas that differ by less are one pixel size
 
 
@@ -327,41 +327,35 @@ def _pick_ranked(
     their stratum (in scan order) was drawn, sorted row-major. A strip that holds no drawn
     rank (its first pass counts, ``strata_strips``: (S, H) per map, say so) is not read; a
     strip that is read is counted again and refused if it changed since. With ``districts``
-    a read strip's districts are burned again (:func:`district_ids`), the same ids as the
-    first pass gave it. A read strip's strata are looked up per pixel from (district near it,
-    map value) and searched in chunks of RANK_CHUNK pixels: a stratum holding a drawn rank in
-    a chunk is looked for in that chunk only (thousands of district x class strata would
-    otherwise each scan a large chunk)."""
+    a read strip's districts are burned again (:func:`district_burn`), the same ids as the
+    first pass gave it, and its strata looked up per pixel from (district near it, map value).
+    In a chunk, the drawn ranks of every stratum it holds are found at once
+    (:func:`_found_in`): thousands of district x class strata cost no scan each."""
     k = len(ranks)
+    drawn = _Drawn(ranks, strata_px)
     seen = np.zeros(k, np.int64)  # pixels of each stratum passed so far
-    taken = np.zeros(k, np.int64)  # drawn ranks of each stratum found so far
-    sentinel = np.iinfo(np.int64).max
-    # the next drawn rank of each stratum, kept up to date as ranks are taken
-    nxt = np.array([r[0] if len(r) else sentinel for r in ranks], np.int64)
     out = []
     for path, per_strip in zip(maps, strata_strips, strict=True):
         rows, cols, classes = [], [], []
         with streaming(path) as src:
             shapes = None if districts is None else _placed(districts, src, placed)
             for win, strip_px in zip(strips(src), per_strip, strict=True):
-                if not (nxt < seen + strip_px).any():
+                if not (drawn.next < seen + strip_px).any():
                     seen += strip_px
                     continue
                 flat = _strata_of(src.read(1, window=win), shapes, src.transform, win, table,
                                   n_classes, k)  # fmt: skip
                 before = seen.copy()
-                for start in range(0, flat.size, RANK_CHUNK):
-                    part = flat[start : start + RANK_CHUNK]
+                for start in range(0, flat.size, CHUNK):
+                    part = flat[start : start + CHUNK]
                     counts = np.bincount(part, minlength=max(256, k + 1))[:k]
-                    for h in np.flatnonzero(nxt < seen + counts):
-                        end = np.searchsorted(ranks[h], seen[h] + counts[h])
-                        want = ranks[h][taken[h] : end] - seen[h]
-                        index = start + np.flatnonzero(part == h)[want]
+                    hits = np.flatnonzero(drawn.next < seen + counts)
+                    if hits.size:
+                        index, stratum = _found_in(part, hits, seen, counts, drawn)
+                        index += start
                         rows.append(int(win.row_off) + index // int(win.width))
                         cols.append(int(win.col_off) + index % int(win.width))
-                        classes.append(np.full(len(want), h, np.int64))
-                        taken[h] = end
-                        nxt[h] = ranks[h][end] if end < len(ranks[h]) else sentinel
+                        classes.append(stratum)
                     seen += counts
                 if not np.array_equal(seen - before, strip_px):
                     raise SampleDesignError(
@@ -374,14 +368,56 @@ def _pick_ranked(
                                  for v in (rows, cols, classes))  # fmt: skip
         order = np.lexsort((cols_a, rows_a))
         out.append((rows_a[order], cols_a[order], cls_a[order]))
-    if not np.array_equal(seen, strata_px) or any(
-        t != len(r) for r, t in zip(ranks, taken, strict=True)
-    ):
+    if not np.array_equal(seen, strata_px) or not np.array_equal(drawn.taken, drawn.ends):
         raise SampleDesignError(
             f"maps {[str(m) for m in maps]} changed while the sample was drawn: pixels per "
             f"stratum {seen.tolist()} on the second pass, {strata_px.tolist()} on the first"
         )
     return out
+
+
+class _Drawn:
+    """Every stratum's drawn ranks (each sorted) in one array, ``flat``, stratum h's from
+    ``taken[h]`` (the next not found yet) to ``ends[h]``; ``keys`` = h * ``big`` + rank, sorted
+    as a whole, so the ranks of many strata below their bounds are one search; ``next`` each
+    stratum's next drawn rank (SENTINEL when all are found)."""
+
+    def __init__(self, ranks: list[np.ndarray], strata_px: np.ndarray) -> None:
+        sizes = np.array([len(r) for r in ranks], np.int64)
+        self.ends = np.cumsum(sizes)
+        self.taken = self.ends - sizes
+        self.flat = np.concatenate([np.asarray(r, np.int64) for r in ranks] + [[SENTINEL]])
+        self.big = int(np.max(strata_px, initial=0)) + 1
+        strata = np.repeat(np.arange(len(ranks), dtype=np.int64), sizes)
+        self.keys = strata * self.big + self.flat[:-1]
+        self.next = np.where(sizes > 0, self.flat[self.taken], SENTINEL)
+
+    def take(self, hits: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(ranks, their strata) of the strata ``hits`` below ``bounds`` (one per hit) not
+        taken yet, in stratum then rank order; taken now."""
+        end = np.searchsorted(self.keys, hits * self.big + bounds)
+        first = self.taken[hits]
+        lens = end - first
+        units = np.repeat(first - np.cumsum(lens) + lens, lens) + np.arange(int(lens.sum()))
+        self.taken[hits] = end
+        self.next[hits] = np.where(end < self.ends[hits], self.flat[end], SENTINEL)
+        return self.flat[units], np.repeat(hits, lens)
+
+
+def _found_in(
+    part: np.ndarray, hits: np.ndarray, seen: np.ndarray, counts: np.ndarray, drawn: _Drawn
+) -> tuple[np.ndarray, np.ndarray]:
+    """(positions in ``part``, strata) of the drawn pixels a chunk holds: the chunk's pixels of
+    the strata ``hits`` (those with a drawn rank in it) in stratum order, scan order within
+    one (a stable sort), the drawn rank r of stratum h the (r - seen[h])-th of h's."""
+    ranks, stratum = drawn.take(hits, seen[hits] + counts[hits])
+    wanted = np.zeros(max(256, len(seen) + 1), bool)
+    wanted[hits] = True
+    where = np.flatnonzero(wanted[part])
+    held = part[where].astype(np.uint16 if len(wanted) <= 1 << 16 else np.int64)
+    order = np.argsort(held, kind="stable")  # a radix sort on 16 bits
+    first = np.searchsorted(held[order], stratum)  # each stratum's start in the sort
+    return where[order[first + ranks - seen[stratum]]], stratum
 
 
 def _strata_of(
