@@ -42,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -158,7 +159,7 @@ def write_districts(path: Path, bounds: tuple[float, float, float, float]) -> No
 # --- the contenders, each in a child process (``--child NAME FILES DRAWS``) ---------------
 
 
-def child_read(files: dict, draws: int) -> dict:
+def child_read(files: dict, draws: int, district_draws: int) -> dict:
     """Every map read once, block by block: the yardstick."""
     start, pixels = time.perf_counter(), 0
     for path in files["maps"].values():
@@ -176,7 +177,7 @@ def districts_of(files: dict) -> Districts:
                           / "districts.geojson", "name")  # fmt: skip
 
 
-def child_check(files: dict, draws: int) -> dict:
+def child_check(files: dict, draws: int, district_draws: int) -> dict:
     """The test split's check as the stage runs it with districts: the population (per
     district), the whole's draws, then the districts' draws."""
     from emb.classes import load_class_map  # noqa: PLC0415 - imports are not the stage's time
@@ -191,14 +192,16 @@ def child_check(files: dict, draws: int) -> dict:
     read_s = time.perf_counter() - start
     checks = check(population, cmap, settings)
     whole_s = time.perf_counter() - start - read_s
-    by_district = check_districts(population, cmap, settings, int(settings.n))
+    by_district = check_districts(population, cmap, replace(settings, draws=district_draws),
+                                  int(settings.n))  # fmt: skip
     end = time.perf_counter()
     return {"s": end - start, "population_s": read_s, "draws_s": whole_s,
-            "district_draws_s": end - start - read_s - whole_s, "test_px": population.pixels,
+            "district_draws_s": end - start - read_s - whole_s, "district_draws": district_draws,
+            "test_px": population.pixels,
             "levels": len(checks), "domains": len(by_district.domains)}  # fmt: skip
 
 
-def child_design(files: dict, draws: int) -> dict:
+def child_design(files: dict, draws: int, district_draws: int) -> dict:
     """The sample design over every map with districts (strata district x class), with the
     schema's settings."""
     from emb.classes import load_class_map  # noqa: PLC0415
@@ -226,10 +229,11 @@ def child_design(files: dict, draws: int) -> dict:
 CHILDREN = {"read": child_read, "check": child_check, "design": child_design}
 
 
-def measure(name: str, files_json: Path, draws: int) -> dict:
+def measure(name: str, files_json: Path, draws: int, district_draws: int) -> dict:
     """One contender in a fresh process: its own figures, its wall time from start to exit,
     and its peak RSS (the only child this process has waited for, so RUSAGE_CHILDREN is its)."""
-    cmd = [sys.executable, __file__, "--child", name, str(files_json), str(draws)]
+    cmd = [sys.executable, __file__, "--child", name, str(files_json), str(draws),
+           str(district_draws)]  # fmt: skip
     start = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode:
@@ -246,9 +250,10 @@ def run(work: Path, args: argparse.Namespace) -> dict:
     figures: dict = {"regions": args.regions, "size": args.size, "test_share": args.test_share,
                      "gpx": args.regions * args.size**2 / 1e9, "draws": args.draws,
                      "generate_s": time.perf_counter() - start}  # fmt: skip
+    district_draws = args.draws if args.district_draws is None else args.district_draws
     for name in CHILDREN:  # each measured by a process of its own (a fresh RUSAGE_CHILDREN)
         cmd = [sys.executable, __file__, "--measure", name, str(work / "files.json"),
-               str(args.draws)]  # fmt: skip
+               str(args.draws), str(district_draws)]  # fmt: skip
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode:
             raise SystemExit(f"{name}: exit {done.returncode}\n{done.stderr[-3000:]}")
@@ -280,7 +285,8 @@ def report(figures: dict) -> None:
     print(
         f"check: population {check['population_s']:.2f} s ({check['test_px']} test px, "
         f"{DISTRICTS} districts), {figures['draws']} draws {check['draws_s']:.2f} s, by "
-        f"district {check['district_draws_s']:.2f} s ({check['domains']} domains)"
+        f"district ({check['district_draws']} draws) {check['district_draws_s']:.2f} s "
+        f"({check['domains']} domains)"
     )
 
 
@@ -295,16 +301,18 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="write all figures as one JSON object")
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--keep", action="store_true")
-    parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
-    parser.add_argument("--measure", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--district-draws", type=int, default=None,
+                        help="the check by district's draws (default: --draws)")  # fmt: skip
+    parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument("--measure", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child or args.measure:
-        name, files_json, draws = args.child or args.measure
+        name, files_json, draws, district_draws = args.child or args.measure
         if args.measure:
-            print(json.dumps(measure(name, Path(files_json), int(draws))))
+            print(json.dumps(measure(name, Path(files_json), int(draws), int(district_draws))))
         else:
             files = json.loads(Path(files_json).read_text())
-            print(json.dumps(CHILDREN[name](files, int(draws))))
+            print(json.dumps(CHILDREN[name](files, int(draws), int(district_draws))))
         return
     work = Path(tempfile.mkdtemp(prefix="emb-state-", dir=args.workdir))
     try:
