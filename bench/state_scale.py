@@ -1,5 +1,6 @@
 """The area stages at the scale of a state (issue 58, item 5): the sample design and the test
-split's check over 1,000 regions of 1024 x 1024 px maps (1.05 Gpx), against reading the maps once.
+split's check over 1,000 regions of 1024 x 1024 px maps (1.05 Gpx) and 100 districts, against
+reading the maps once.
 
 Writes a synthetic collection into a temporary folder: per region a class map (L3 ids, fields
 of 32 px in 40 classes, 5% speckle, a nodata border; tiled GeoTIFF, 512 px blocks, DEFLATE, as
@@ -7,27 +8,36 @@ predict writes the full resolution of its COGs), its CDL labels (the map with a 
 given another class, and an unlabelled border) and an ``index.json`` whose test tiles (64 px,
 stride 64, as ``config/config.yaml``) cover ``--test-share`` of the region (default all of it:
 the check's worst case, a test split of 1.05 Gpx, which the check before issue 58 held as
-per-pixel arrays: about 20 GB). To save time and disk, the regions share ``--distinct`` (4)
-rasters, hard-linked under each region's name; a region's files are still opened, decoded and
-counted as its own. Then, each in a fresh process (so one peak cannot hide another), timed from
-its first read (imports excluded) and its peak RSS measured by the parent of that one process
-(``getrusage(RUSAGE_CHILDREN).ru_maxrss``, interpreter and imports included):
+per-pixel arrays: about 20 GB). The regions lie side by side on a square grid (UTM 15N). To save
+time, they share ``--distinct`` (4) rasters, copied under each region's name and placed at its
+own corner (the georeferencing tags only); a region's files are opened, decoded and counted as
+its own. The districts (``districts.geojson``) are as counties come: 100 of them, a 10 x 10
+grid over the regions' extent whose edges cross regions (about 10 regions a district, a region
+in one to four), each edge a vertex every 100 m, in WGS84, so each stage moves them onto the
+maps' CRS and burns them.
+
+Then, each in a fresh process (so one peak cannot hide another), timed from its first read
+(imports and reading the districts file excluded) and its peak RSS measured by the parent of
+that one process (``getrusage(RUSAGE_CHILDREN).ru_maxrss``, interpreter and imports included):
 
 - read: every map read once, block by block (rasterio), the yardstick;
-- check: ``holdout_check.read_population`` over every region's test tiles (map and labels) and
-  ``check`` with 200 draws (the schema's other settings);
-- design: ``design.draw_points`` over every map (two streaming passes and a SHA-256 each).
+- check: as the stage runs it with ``area_estimates.districts`` set: the population per
+  district (``holdout_check.read_population(..., districts)``, map and labels), ``check``
+  with ``--draws`` (200) draws, then ``district_check.check_districts`` with
+  ``--district-draws`` (default ``--draws``; its draws are a fixed cost, ~1-4 s each, apart
+  from the pixels: the report gives the population pass and each part of the draws);
+- design: ``design.draw_points(..., districts)`` over every map (two streaming passes and a
+  SHA-256 each; strata district x class, n raised to every stratum's minimum, as the check
+  by district raises it: a sample of ~80,000 units at 1,000 regions, the second pass reading
+  every strip). With ``EMB_STATE_SCALE_POINTS=PATH`` the drawn points are written there (to
+  compare two trees' designs).
 
 The files are fresh in the page cache for all three (hot reads). Goals: RSS < 2 GiB, design
 and check each within 3x the read.
 
-Districts (100 of 10 regions each) are written to ``districts.json`` but not measured yet: the
-per-district estimates are another engineer's part; they enter as a third contender beside the
-check and the design (``child_districts``, to come), over the same collection.
-
 Usage: ``python bench/state_scale.py [--regions 1000] [--size 1024] [--test-share 1.0]
-[--draws 200] [--distinct 4] [--json PATH] [--workdir DIR] [--keep]``; the default path in its
-smallest mode (tests/bench): ``--regions 4 --size 256``.
+[--draws 200] [--district-draws N] [--distinct 4] [--json PATH] [--workdir DIR] [--keep]``;
+the default path in its smallest mode (tests/bench): ``--regions 4 --size 256 --draws 2``.
 """
 
 from __future__ import annotations
