@@ -36,7 +36,6 @@ from emb.estimation.districts import Districts, MapDistricts, district_burn, on_
 from emb.estimation.population import (
     CHUNK,
     Points,
-    check_map,
     collapse_counts,
     count_l3_strips,
     crs_text,
@@ -50,7 +49,6 @@ from emb.estimation.population import (
 )
 from emb.estimation.sample_record import MapRecord, SampleRecord, StrataDistricts
 from emb.estimation.sample_size import SampleSize
-from emb.io import reading
 from emb.provenance import digest_file
 
 log = logging.getLogger(__name__)
@@ -138,27 +136,28 @@ def _largest_remainder(total: int, weights: list[int]) -> list[int]:
 def _map_record(
     path: Path, level: int, cmap: ClassMap, districts: Districts | None,
     placed: dict[str, MapDistricts] | None = None,
-) -> tuple[MapRecord, np.ndarray, np.ndarray]:  # fmt: skip
+) -> tuple[MapRecord, np.ndarray, np.ndarray, tuple[Affine, str]]:  # fmt: skip
     """A map's record, (H,) pixels per stratum and (S, H) per strip (the first streaming
-    pass); H = K classes at ``level``, or (D + 1) * K with districts."""
-    with reading(path), rasterio.open(path) as src:
-        check_map(src, path)
+    pass), and its transform and WKT (for the points); H = K classes at ``level``, or (D + 1) * K
+    with districts (the map opened once for all)."""
+    with streaming(path) as src:
         pixel_ha = map_pixel_ha(src, path)
         crs, width, height = crs_text(src.crs), src.width, src.height
+        grid = (src.transform, src.crs.to_wkt())
+        if districts is not None:
+            strata_strips, l3 = _district_strata_strips(src, path, level, cmap, districts, placed)
     if districts is None:
         per_strip = count_l3_strips(path)
         table = level_table(level, cmap)[:N_L3]
         onehot = np.zeros((256, len(level_names(level, cmap))), np.int64)
         onehot[np.arange(N_L3), table] = 1  # L3 value -> its class at the level; nodata: none
         strata_strips, l3 = per_strip @ onehot, per_strip.sum(0)
-    else:
-        strata_strips, l3 = _district_strata_strips(path, level, cmap, districts, placed)
     record = MapRecord(
         region=path.stem, path=str(path), sha256=digest_file(path), crs=crs,
         pixel_ha=pixel_ha, width=width, height=height,
         pixels=int(collapse_counts(l3, level, cmap).sum()),
     )  # fmt: skip
-    return record, strata_strips.sum(0), strata_strips
+    return record, strata_strips.sum(0), strata_strips, grid
 
 
 def _strata_table(ids: np.ndarray, table: np.ndarray, k: int, h: int) -> np.ndarray:
@@ -177,35 +176,43 @@ def _strip_keys(values: np.ndarray, local: np.ndarray, n_local: int) -> np.ndarr
 
 
 def _district_strata_strips(
-    path: Path, level: int, cmap: ClassMap, districts: Districts,
+    src: rasterio.DatasetReader, path: Path, level: int, cmap: ClassMap, districts: Districts,
     placed: dict[str, MapDistricts] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     """(S, (D + 1) * K) int64 pixels per (district, class) stratum of each strip, and (256,)
     pixels per map value (values that are no class refused), streamed strip by strip: a strip
     is counted per (district near it, map value), (L + 1) x 256 counts, then folded into its
-    strata (a strip in one district is one histogram). ``placed``: the districts moved onto a
+    strata (a strip in one district is one histogram). ``src``: the map at ``path``, open
+    (:func:`emb.estimation.population.streaming`). ``placed``: the districts moved onto a
     CRS (by its text), shared by the maps of that CRS."""
     table, k = level_table(level, cmap), len(level_names(level, cmap))
     h = (len(districts.names) + 1) * k
     rows, l3 = [], np.zeros(256, np.int64)
-    with streaming(path) as src:
-        shapes = _placed(districts, src, placed)
-        for win in strips(src):
-            values = src.read(1, window=win)
-            local, ids = district_burn(shapes, src.transform, win)
-            if len(ids) > 1 and local.size and local.min() == local.max():
-                ids, local = ids[int(local.flat[0]) :][:1], None
-            if len(ids) == 1 or local is None:
-                hist = histogram(values)[None]
-            else:
-                hist = _key_counts(_strip_keys(values, local, len(ids)), len(ids) * 256)
-            hist = hist.reshape(len(ids), 256)
-            l3 += hist.sum(0)
-            keys = _strata_table(ids, table, k, h)
-            counts = np.bincount(keys, weights=hist.ravel(), minlength=h + 1)
-            rows.append(np.rint(counts[:h]).astype(np.int64))
+    shapes = _placed(districts, src, placed)
+    for win in strips(src):
+        values = src.read(1, window=win)
+        local, ids = _one_district(*district_burn(shapes, src.transform, win))
+        if local is None:
+            hist = histogram(values)[None]
+        else:
+            hist = _key_counts(_strip_keys(values, local, len(ids)), len(ids) * 256)
+        hist = hist.reshape(len(ids), 256)
+        l3 += hist.sum(0)
+        keys = _strata_table(ids, table, k, h)
+        counts = np.bincount(keys, weights=hist.ravel(), minlength=h + 1)
+        rows.append(np.rint(counts[:h]).astype(np.int64))
     refuse_foreign(path, l3)
     return np.array(rows, np.int64).reshape(-1, h), l3
+
+
+def _one_district(local: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
+    """(None, [its id]) where a strip's pixels all lie in one domain (no per-pixel key then),
+    else ``(local, ids)`` as they are."""
+    if len(ids) == 1:
+        return None, ids
+    if local.size and local.min() == local.max():
+        return None, ids[int(local.flat[0]) :][:1]
+    return local, ids
 
 
 def _key_counts(keys: np.ndarray, width: int) -> np.ndarray:
@@ -274,25 +281,26 @@ def draw_points(
     table, names = level_table(level, cmap), level_names(level, cmap)
     placed: dict[str, MapDistricts] = {}  # the districts moved onto each CRS, once
     firsts = [_map_record(m, level, cmap, districts, placed) for m in maps]
-    records = [r for r, _, _ in firsts]
+    records = [r for r, _, _, _ in firsts]
     pixel_ha = _check_maps(maps, records)
-    strata_px = np.sum([c for _, c, _ in firsts], axis=0).astype(np.int64)
+    strata_px = np.sum([c for _, c, _, _ in firsts], axis=0).astype(np.int64)
     _check_mapped(records)
     size = sized(strata_px) if sized is not None else None
     allocation = size.units if size is not None else allocate(strata_px, n, min_per_class)
     rng = np.random.default_rng(seed)
     ranks = [np.sort(rng.choice(int(px), int(k), replace=False)) for px, k in
              zip(strata_px, allocation, strict=True)]  # fmt: skip
-    found = _pick_ranked(maps, table, len(names), ranks, strata_px, [s for _, _, s in firsts],
+    found = _pick_ranked(maps, table, len(names), ranks, strata_px, [s for _, _, s, _ in firsts],
                          districts, placed)  # fmt: skip
     region = np.concatenate([np.full(len(rows), m.stem) for m, (rows, _, _) in
                              zip(maps, found, strict=True)])  # fmt: skip
     xs, ys, crs, lon, lat = [], [], [], [], []
-    for path, record, (rows, cols, _) in zip(maps, records, found, strict=True):
-        with rasterio.open(path) as src:
-            x, y = src.transform * (cols + 0.5, rows + 0.5)
-            map_crs = CRS.from_user_input(src.crs.to_wkt())
-        lo, la = geo.transformer(map_crs, geo.WGS84).transform(x, y)
+    to_wgs84 = {}  # per CRS (its WKT), once: building one costs more than a map's points
+    for (record, _, _, (transform, wkt)), (rows, cols, _) in zip(firsts, found, strict=True):
+        x, y = transform * (cols + 0.5, rows + 0.5)
+        if wkt not in to_wgs84:
+            to_wgs84[wkt] = geo.transformer(CRS.from_user_input(wkt), geo.WGS84)
+        lo, la = to_wgs84[wkt].transform(x, y)
         xs.append(np.asarray(x, np.float64))
         ys.append(np.asarray(y, np.float64))
         lon.append(np.asarray(lo, np.float64))
@@ -429,5 +437,7 @@ def _strata_of(
     districts (as the design has always ranked them)."""
     if shapes is None:
         return table[values.ravel()]
-    local, ids = district_burn(shapes, transform, win)
+    local, ids = _one_district(*district_burn(shapes, transform, win))
+    if local is None:
+        return _strata_table(ids, table, k, h)[values.ravel()]
     return _strata_table(ids, table, k, h)[_strip_keys(values, local, len(ids))]

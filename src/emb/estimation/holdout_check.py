@@ -49,7 +49,7 @@ from emb.estimation.population import (
     cache_bytes,
     crs_text,
     level_table,
-    pixel_hectares,
+    map_pixel_ha,
 )
 from emb.estimation.settings import AreaSettings
 from emb.io import reading
@@ -172,15 +172,16 @@ def bands(windows: Sequence[Window], height: int, width: int) -> Iterator[tuple[
         yield held[0], held[1], [(a, b) for a, b in held[2]]
 
 
-def _region_counts(
-    map_path: Path, label_path: Path, windows: Sequence[Window], districts: Districts | None,
-    placed: dict[str, MapDistricts] | None = None,
-) -> np.ndarray:  # fmt: skip
-    """(D + 1, N_L3, N_L3) pixels per (domain, map, CDL) of one region's test tiles, each pixel
-    once (D = 0 without ``districts``: one domain, the whole), read a band of tile rows at a
-    time (in strips of at most STRIP_BYTES per raster) under a GDAL block cache of two block
-    rows per raster: a block is decoded once, memory is flat in the number of tiles and
-    regions. A pixel's domain is the district holding its centre
+def _count_region(
+    cells: np.ndarray, map_path: Path, label_path: Path, windows: Sequence[Window],
+    districts: Districts | None, placed: dict[str, MapDistricts] | None = None,
+) -> float:  # fmt: skip
+    """Add to ``cells`` (D + 1, CELLS) the pixels per (domain, cell) of one region's test
+    tiles, each pixel once (D = 0 without ``districts``: one domain, the whole); return its
+    map's pixel area (ha), from the map open here (no second open for it). Read a band of
+    tile rows at a time (in strips of at most STRIP_BYTES per raster) under a GDAL block cache
+    of two block rows per raster: a block is decoded once, memory is flat in the number of
+    tiles and regions. A pixel's domain is the district holding its centre
     (:func:`emb.estimation.districts.district_burn`), burned once per strip: the counts, 30 KB
     a district, are all that grows. ``placed``: the districts already moved onto a CRS (by its
     text), filled here, so that the maps of one CRS reproject them once, not once each."""
@@ -198,8 +199,7 @@ def _region_counts(
                 raise AreaCheckError(f"{map_path}: no CRS: the districts cannot be placed on it")
             crs, placed = crs_text(mp.crs), {} if placed is None else placed
             shapes = placed[crs] = placed.get(crs) or on_map(districts, crs)
-        n_domains = 1 + (len(districts.names) if districts is not None else 0)
-        cells = np.zeros((n_domains, CELLS), np.int64)
+        foreign = int(cells[:, FOREIGN].sum())
         with rasterio.Env(GDAL_CACHEMAX=cache_bytes(mp) + cache_bytes(lab)):
             for row0, row1, spans in bands(windows, mp.height, mp.width):
                 col0, col1 = spans[0][0], spans[-1][1]  # one read per band, then the spans
@@ -213,10 +213,11 @@ def _region_counts(
                         part = slice(None), slice(a - col0, b - col0)
                         _add_cells(cells, ids, None if local is None else local[part],
                                    m[part], r[part])  # fmt: skip
-    if cells[:, FOREIGN].any():  # counted again as pairs, to name the values found
+        pixel_ha = map_pixel_ha(mp, map_path)  # after the counts, as it was read after them
+    if cells[:, FOREIGN].sum() > foreign:  # counted again as pairs, to name the values found
         _joint_of(_region_pairs(map_path, label_path, windows),
                   f"{map_path} or its labels {label_path}")  # fmt: skip
-    return cells[:, : N_L3 * N_L3].reshape(n_domains, N_L3, N_L3)
+    return pixel_ha
 
 
 def _region_pairs(map_path: Path, label_path: Path, windows: Sequence[Window]) -> np.ndarray:
@@ -283,12 +284,12 @@ def read_population(
     each region's map and aligned labels (region -> path), as its joint histogram; with
     ``districts``, per domain too (a district may span regions: its counts add up)."""
     n_domains = 1 + (len(districts.names) if districts is not None else 0)
-    counts, areas, placed = np.zeros((n_domains, N_L3, N_L3), np.int64), {}, {}
+    cells, areas, placed = np.zeros((n_domains, CELLS), np.int64), {}, {}
     for region, index_path in indexes.items():
         windows = windows_of_test_tiles(read_index(index_path, ()), index_path)
-        counts += _region_counts(Path(maps[region]), Path(labels[region]), windows, districts,
-                                 placed)  # fmt: skip
-        areas[region] = pixel_hectares(maps[region])
+        areas[region] = _count_region(cells, Path(maps[region]), Path(labels[region]), windows,
+                                      districts, placed)  # fmt: skip
+    counts = cells[:, : N_L3 * N_L3].reshape(n_domains, N_L3, N_L3)
     if not areas:
         raise AreaCheckError("no region to check: the run trains on no region with test tiles")
     first = next(iter(areas.values()))
