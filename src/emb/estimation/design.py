@@ -52,6 +52,9 @@ from emb.estimation.sample_size import SampleSize
 from emb.provenance import digest_file
 
 log = logging.getLogger(__name__)
+# pixels searched at once for drawn ranks: a chunk sorts the pixels of the strata drawn in it,
+# so a smaller one sorts fewer (a few strata of the strip's), a larger one costs fewer calls
+RANK_CHUNK = 1 << 16
 SENTINEL = np.iinfo(np.int64).max  # a stratum's next drawn rank when all are found
 PIXEL_AREA_RTOL = 1e-6  # maps' pixel areas that differ by less are one pixel size
 
@@ -354,8 +357,8 @@ def _pick_ranked(
                 flat = _strata_of(src.read(1, window=win), shapes, src.transform, win, table,
                                   n_classes, k)  # fmt: skip
                 before = seen.copy()
-                for start in range(0, flat.size, CHUNK):
-                    part = flat[start : start + CHUNK]
+                for start in range(0, flat.size, RANK_CHUNK):
+                    part = flat[start : start + RANK_CHUNK]
                     counts = np.bincount(part, minlength=max(256, k + 1))[:k]
                     hits = np.flatnonzero(drawn.next < seen + counts)
                     if hits.size:
