@@ -9,12 +9,14 @@ strata of all districts together are one stratified sample of the whole.
 Reproducible from the seed: the strata are counted by streaming the maps, each stratum's drawn
 ranks come from one generator in class order, and a second streaming pass picks the pixels of
 those ranks in a fixed scan order (maps in the order given, each row-major). The first pass keeps
-each strip's counts (256 per strip of a few MB: about 0.5 MB a Gpx), so the second reads only
-the strips that hold a drawn rank: n units touch at most n strips, and the design takes little
-more than one read of the maps at the scale of a state (``bench/state_scale.py``). Memory stays
-flat in the maps' size but for those counts. The points go out as a CSV to fill in
-(``reference``), a GeoPackage of the same points, and a JSON record of the design beside them,
-which the estimate needs.
+each strip's counts per stratum (K per strip of a few MB, (D + 1) x K with districts: about
+50 MB a Gpx with 100 districts at L3), so the second reads only the strips that hold a drawn
+rank: n units touch at most n strips (a design by district, whose minimums make n large,
+touches nearly all). Both passes burn the districts per strip, cut to it, and count a strip
+per (district near it, map value): their cost against one read of the maps is measured by
+``bench/state_scale.py``. Memory stays flat in the maps' size but for those counts. The
+points go out as a CSV to fill in (``reference``), a GeoPackage of the same points, and a JSON
+record of the design beside them, which the estimate needs.
 """
 
 from __future__ import annotations
