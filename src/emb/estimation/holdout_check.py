@@ -206,13 +206,13 @@ def _count_region(
                 step = max(1, STRIP_BYTES // (col1 - col0))
                 for top in range(row0, row1, step):
                     win = Window(col0, top, col1 - col0, min(step, row1 - top))
-                    m, r = mp.read(1, window=win), lab.read(1, window=win)
+                    codes = _read_codes(mp, lab, win)
                     local, ids = (None, WHOLE) if shapes is None else district_burn(
                         shapes, mp.transform, win)  # fmt: skip
                     for a, b in spans:
                         part = slice(None), slice(a - col0, b - col0)
                         _add_cells(cells, ids, None if local is None else local[part],
-                                   m[part], r[part])  # fmt: skip
+                                   codes[part])  # fmt: skip
         pixel_ha = map_pixel_ha(mp, map_path)  # after the counts, as it was read after them
     if cells[:, FOREIGN].sum() > foreign:  # counted again as pairs, to name the values found
         _joint_of(_region_pairs(map_path, label_path, windows),
@@ -249,30 +249,41 @@ CELL_OF = _cell_table()
 WHOLE = np.zeros(1, np.int64)  # the domains of a region counted without districts: the whole
 
 
+def _read_codes(mp: rasterio.DatasetReader, lab: rasterio.DatasetReader, win: Window) -> np.ndarray:
+    """(h, w) uint16 codes ``map << 8 | CDL`` of a window: each raster read straight into its
+    byte of one (h, w, 2) buffer (GDAL writes with a pixel stride), seen as little-endian
+    uint16: no copy to pair them."""
+    both = np.empty((int(win.height), int(win.width), 2), np.uint8)
+    lab.read(1, window=win, out=both[:, :, 0])
+    mp.read(1, window=win, out=both[:, :, 1])
+    return both.view("<u2")[:, :, 0]
+
+
 def _add_cells(
-    cells: np.ndarray, ids: np.ndarray, local: np.ndarray | None, mapped: np.ndarray,
-    reference: np.ndarray,
-) -> None:  # fmt: skip
-    """Add to ``cells`` (D + 1, CELLS) the pixels per (domain, cell) of aligned uint8 ``mapped``
-    and ``reference``, a pixel's domain ``ids[local]`` (``ids[0]`` for all without ``local``):
-    one table look-up per pixel (the two bytes side by side read as one uint16 code) and one
-    bincount over the window's few domains (L + 1 of them, not D + 1; a window in one district
-    skips them), in chunks (bincount copies its input as int64)."""
-    m, r = mapped.ravel(), reference.ravel()
+    cells: np.ndarray, ids: np.ndarray, local: np.ndarray | None, codes: np.ndarray
+) -> None:
+    """Add to ``cells`` (D + 1, CELLS) the pixels per (domain, cell) of uint16 ``codes``
+    (``map << 8 | CDL``), a pixel's domain ``ids[local]`` (``ids[0]`` for all without
+    ``local``). A window in one domain bincounts its codes (65536 bins, folded into cells
+    once); one across districts looks each code up to its cell and bincounts (local id,
+    cell) over its few domains (L + 1, not D + 1); in chunks (bincount copies its input as
+    int64)."""
+    code = codes.ravel()
     near = None if local is None or len(ids) == 1 else local.ravel()
     if near is not None and near.size and near.min() == near.max():
         ids, near = ids[int(near[0]) : int(near[0]) + 1], None
-    ids = ids[:1] if near is None else ids
+    if near is None:
+        pairs = np.zeros(PAIRS, np.int64)
+        for start in range(0, code.size, CHUNK):
+            pairs += np.bincount(code[start : start + CHUNK], minlength=PAIRS)
+        cells[ids[0]] += np.bincount(CELL_OF, weights=pairs, minlength=CELLS).astype(np.int64)
+        return
     width = CELLS * len(ids)
-    both = np.empty((min(CHUNK, m.size), 2), np.uint8)
     counts = np.zeros(width, np.int64)
-    for start in range(0, m.size, CHUNK):
-        part = both[: min(CHUNK, m.size - start)]
-        part[:, 0], part[:, 1] = r[start : start + len(part)], m[start : start + len(part)]
-        cell = CELL_OF[part.view("<u2").ravel()]
-        if near is not None:
-            cell = near[start : start + len(part)].astype(np.int32) * CELLS + cell
-        counts += np.bincount(cell, minlength=width)
+    for start in range(0, code.size, CHUNK):
+        key = near[start : start + CHUNK].astype(np.int32) * CELLS
+        key += CELL_OF[code[start : start + CHUNK]]
+        counts += np.bincount(key, minlength=width)
     cells[ids] += counts.reshape(-1, CELLS)
 
 
