@@ -427,7 +427,8 @@ def _found_in(
     wanted = np.zeros(max(256, len(seen) + 1), bool)
     wanted[hits] = True
     where = np.flatnonzero(wanted[part])
-    held = part[where].astype(np.uint16 if len(wanted) <= 1 << 16 else np.int64)
+    held = part[where]  # 8 or 16 bits: a radix sort
+    held = held if held.dtype.itemsize <= 2 else held.astype(np.int64)
     order = np.argsort(held, kind="stable")  # a radix sort on 16 bits
     first = np.searchsorted(held[order], stratum)  # each stratum's start in the sort
     return where[order[first + ranks - seen[stratum]]], stratum
@@ -443,6 +444,8 @@ def _strata_of(
     if shapes is None:
         return table[values.ravel()]
     local, ids = _one_district(*district_burn(shapes, transform, win))
+    # uint16 strata while they fit: a quarter of int64's bytes to write, count and sort
+    strata = _strata_table(ids, table, k, h).astype(np.uint16 if h < 1 << 16 else np.int64)
     if local is None:
-        return _strata_table(ids, table, k, h)[values.ravel()]
-    return _strata_table(ids, table, k, h)[_strip_keys(values, local, len(ids))]
+        return strata[values.ravel()]
+    return strata[_strip_keys(values, local, len(ids))]
