@@ -1,5 +1,6 @@
 """The area stages at the scale of a state (issue 58, item 5): the sample design and the test
-split's check over 1,000 regions of 1024 x 1024 px maps (1.05 Gpx), against reading the maps once.
+split's check over 1,000 regions of 1024 x 1024 px maps (1.05 Gpx) and 100 districts, against
+reading the maps once.
 
 Writes a synthetic collection into a temporary folder: per region a class map (L3 ids, fields
 of 32 px in 40 classes, 5% speckle, a nodata border; tiled GeoTIFF, 512 px blocks, DEFLATE, as
@@ -7,33 +8,43 @@ predict writes the full resolution of its COGs), its CDL labels (the map with a 
 given another class, and an unlabelled border) and an ``index.json`` whose test tiles (64 px,
 stride 64, as ``config/config.yaml``) cover ``--test-share`` of the region (default all of it:
 the check's worst case, a test split of 1.05 Gpx, which the check before issue 58 held as
-per-pixel arrays: about 20 GB). To save time and disk, the regions share ``--distinct`` (4)
-rasters, hard-linked under each region's name; a region's files are still opened, decoded and
-counted as its own. Then, each in a fresh process (so one peak cannot hide another), timed from
-its first read (imports excluded) and its peak RSS measured by the parent of that one process
-(``getrusage(RUSAGE_CHILDREN).ru_maxrss``, interpreter and imports included):
+per-pixel arrays: about 20 GB). The regions lie side by side on a square grid (UTM 15N). To save
+time, they share ``--distinct`` (4) rasters, copied under each region's name and placed at its
+own corner (the georeferencing tags only); a region's files are opened, decoded and counted as
+its own. The districts (``districts.geojson``) are as counties come: 100 of them, a 10 x 10
+grid over the regions' extent whose edges cross regions (about 10 regions a district, a region
+in one to four), each edge a vertex every 100 m, in WGS84, so each stage moves them onto the
+maps' CRS and burns them.
+
+Then, each in a fresh process (so one peak cannot hide another), timed from its first read
+(imports and reading the districts file excluded) and its peak RSS measured by the parent of
+that one process (``getrusage(RUSAGE_CHILDREN).ru_maxrss``, interpreter and imports included):
 
 - read: every map read once, block by block (rasterio), the yardstick;
-- check: ``holdout_check.read_population`` over every region's test tiles (map and labels) and
-  ``check`` with 200 draws (the schema's other settings);
-- design: ``design.draw_points`` over every map (two streaming passes and a SHA-256 each).
+- check: as the stage runs it with ``area_estimates.districts`` set: the population per
+  district (``holdout_check.read_population(..., districts)``, map and labels), ``check``
+  with ``--draws`` (200) draws, then ``district_check.check_districts`` with
+  ``--district-draws`` (default ``--draws``; its draws are a fixed cost, ~1-4 s each, apart
+  from the pixels: the report gives the population pass and each part of the draws);
+- design: ``design.draw_points(..., districts)`` over every map (two streaming passes and a
+  SHA-256 each; strata district x class, n raised to every stratum's minimum, as the check
+  by district raises it: a sample of ~80,000 units at 1,000 regions, the second pass reading
+  every strip). With ``EMB_STATE_SCALE_POINTS=PATH`` the drawn points are written there (to
+  compare two trees' designs).
 
 The files are fresh in the page cache for all three (hot reads). Goals: RSS < 2 GiB, design
 and check each within 3x the read.
 
-Districts (100 of 10 regions each) are written to ``districts.json`` but not measured yet: the
-per-district estimates are another engineer's part; they enter as a third contender beside the
-check and the design (``child_districts``, to come), over the same collection.
-
 Usage: ``python bench/state_scale.py [--regions 1000] [--size 1024] [--test-share 1.0]
-[--draws 200] [--distinct 4] [--json PATH] [--workdir DIR] [--keep]``; the default path in its
-smallest mode (tests/bench): ``--regions 4 --size 256``.
+[--draws 200] [--district-draws N] [--distinct 4] [--json PATH] [--workdir DIR] [--keep]``;
+the default path in its smallest mode (tests/bench): ``--regions 4 --size 256 --draws 2``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import resource
 import shutil
@@ -41,19 +52,27 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import rasterio
 from rasterio.crs import CRS
 from rasterio.transform import from_origin
 
+if TYPE_CHECKING:
+    from emb.estimation.districts import Districts
+
 REPO = Path(__file__).resolve().parents[1]
 CLASSES = REPO / "config" / "classes.csv"
 FIELD, NOISE, WRONG = 32, 0.05, 0.2  # field side (px), speckle, share of fields the map errs on
 CLASSES_USED = 40  # L3 ids 0..39: 40 strata x the minimum of 20 fit the default n of 1000
 TILE = 64  # test tile side and stride (config/config.yaml: tiles)
-DISTRICTS = 100
+DISTRICTS = 100  # a 10 x 10 grid over the regions, written in WGS84
+EDGE_M = 100.0  # a district edge's vertices, every 100 m
+X0, Y0, PIXEL_M = 300_000.0, 4_500_000.0, 10.0  # the first region's corner (UTM 15N), its pixel
+POINTS_ENV = "EMB_STATE_SCALE_POINTS"  # a file for the design's points (compare trees)
 GOALS = {"rss_mib": 2048.0, "ratio": 3.0}
 
 
@@ -63,7 +82,7 @@ def raster(path: Path, data: np.ndarray) -> None:
     profile = {
         "driver": "GTiff", "width": data.shape[1], "height": data.shape[0], "count": 1,
         "dtype": "uint8", "crs": CRS.from_epsg(32615), "nodata": 255, "tiled": True,
-        "transform": from_origin(300_000, 4_500_000, 10, 10), "compress": "deflate",
+        "transform": from_origin(X0, Y0, PIXEL_M, PIXEL_M), "compress": "deflate",
         "blockxsize": block, "blockysize": block,
     }  # fmt: skip
     with rasterio.open(path, "w", **profile) as dst:
@@ -91,7 +110,8 @@ def scene(size: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def write_collection(root: Path, regions: int, size: int, share: float, distinct: int) -> dict:
-    """Maps, labels and indexes of ``regions`` regions (``distinct`` rasters hard-linked)."""
+    """Maps, labels and indexes of ``regions`` regions side by side on a grid (``distinct``
+    rasters, copied and placed), and the districts over them."""
     rng = np.random.default_rng(0)
     (root / "distinct").mkdir(parents=True)
     for d in range(min(distinct, regions)):
@@ -100,13 +120,17 @@ def write_collection(root: Path, regions: int, size: int, share: float, distinct
         raster(root / "distinct" / f"labels{d}.tif", labels)
     files: dict[str, dict[str, str]] = {"maps": {}, "labels": {}, "indexes": {}}
     grid = [(r, c) for r in range(0, size, TILE) for c in range(0, size, TILE)]
+    columns, span = math.ceil(math.sqrt(regions)), size * PIXEL_M
     for i in range(regions):
         region, d = f"r{i:04d}", i % distinct
         folder = root / region
         folder.mkdir()
+        origin = from_origin(X0 + i % columns * span, Y0 - i // columns * span, PIXEL_M, PIXEL_M)
         for kind, name in (("maps", f"{region}.tif"), ("labels", "labels.tif")):
             source = root / "distinct" / f"{'map' if kind == 'maps' else 'labels'}{d}.tif"
-            os.link(source, folder / name)
+            shutil.copyfile(source, folder / name)
+            with rasterio.open(folder / name, "r+") as dst:
+                dst.transform = origin  # the region's own place (tags only: data untouched)
             files[kind][region] = str(folder / name)
         test = [grid[j] for j in np.flatnonzero(rng.random(len(grid)) < share)] or grid[:1]
         index = {"region": region, "tile_size": TILE,
@@ -114,19 +138,38 @@ def write_collection(root: Path, regions: int, size: int, share: float, distinct
                                                 for r, c in test}}}}  # fmt: skip
         (folder / "index.json").write_text(json.dumps(index))
         files["indexes"][region] = str(folder / "index.json")
-    # where districts enter: 100 of them, each a run of regions (not measured yet)
-    names = sorted(files["maps"])
-    per = -(-len(names) // DISTRICTS)
-    districts = {n: f"d{j // per:03d}" for j, n in enumerate(names)}
-    (root / "districts.json").write_text(json.dumps(districts))
+    rows = -(-regions // columns)
+    write_districts(root / "districts.geojson", (X0, Y0 - rows * span, X0 + columns * span, Y0))
     (root / "files.json").write_text(json.dumps(files))
     return files
+
+
+def write_districts(path: Path, bounds: tuple[float, float, float, float]) -> None:
+    """``DISTRICTS`` districts as counties come: a 10 x 10 grid of rectangles over the
+    regions' extent (so their edges cross regions, about 10 regions a district), each edge cut
+    every ``EDGE_M`` (a surveyed border's vertices), in WGS84 (moved onto the maps' UTM)."""
+    import shapely  # noqa: PLC0415 - the districts' one use
+    from pyproj import Transformer  # noqa: PLC0415
+
+    side = math.isqrt(DISTRICTS)
+    xs = np.linspace(bounds[0], bounds[2], side + 1)
+    ys = np.linspace(bounds[3], bounds[1], side + 1)
+    to_wgs84 = Transformer.from_crs(32615, 4326, always_xy=True)
+    features = []
+    for j in range(DISTRICTS):
+        box = shapely.box(xs[j % side], ys[j // side + 1], xs[j % side + 1], ys[j // side])
+        ring = shapely.get_coordinates(shapely.segmentize(box, EDGE_M))
+        lon, lat = to_wgs84.transform(ring[:, 0], ring[:, 1])
+        ring = np.column_stack([lon, lat]).tolist()
+        features.append({"type": "Feature", "properties": {"name": f"d{j:03d}"},
+                         "geometry": {"type": "Polygon", "coordinates": [ring]}})  # fmt: skip
+    path.write_text(json.dumps({"type": "FeatureCollection", "features": features}))
 
 
 # --- the contenders, each in a child process (``--child NAME FILES DRAWS``) ---------------
 
 
-def child_read(files: dict, draws: int) -> dict:
+def child_read(files: dict, draws: int, district_draws: int) -> dict:
     """Every map read once, block by block: the yardstick."""
     start, pixels = time.perf_counter(), 0
     for path in files["maps"].values():
@@ -136,43 +179,71 @@ def child_read(files: dict, draws: int) -> dict:
     return {"s": time.perf_counter() - start, "pixels": pixels}
 
 
-def child_check(files: dict, draws: int) -> dict:
-    """The test split's check as the stage runs it: the population, then the draws."""
+def districts_of(files: dict) -> Districts:
+    """The collection's districts (read as the stage reads them; their time not counted)."""
+    from emb.estimation.districts import read_districts  # noqa: PLC0415
+
+    return read_districts(Path(files["indexes"][next(iter(files["indexes"]))]).parents[1]
+                          / "districts.geojson", "name")  # fmt: skip
+
+
+def child_check(files: dict, draws: int, district_draws: int) -> dict:
+    """The test split's check as the stage runs it with districts: the population (per
+    district), the whole's draws, then the districts' draws."""
     from emb.classes import load_class_map  # noqa: PLC0415 - imports are not the stage's time
+    from emb.estimation.district_check import check_districts  # noqa: PLC0415
     from emb.estimation.holdout_check import check, read_population  # noqa: PLC0415
     from emb.estimation.settings import from_json  # noqa: PLC0415
 
     cmap, settings = load_class_map(CLASSES), from_json(json.dumps({"draws": draws}))
+    districts = districts_of(files)
     start = time.perf_counter()
-    population = read_population(files["maps"], files["labels"], files["indexes"])
+    population = read_population(files["maps"], files["labels"], files["indexes"], districts)
     read_s = time.perf_counter() - start
     checks = check(population, cmap, settings)
-    return {"s": time.perf_counter() - start, "population_s": read_s,
-            "draws_s": time.perf_counter() - start - read_s, "test_px": population.pixels,
-            "levels": len(checks)}  # fmt: skip
+    whole_s = time.perf_counter() - start - read_s
+    by_district = check_districts(population, cmap, replace(settings, draws=district_draws),
+                                  int(settings.n))  # fmt: skip
+    end = time.perf_counter()
+    return {"s": end - start, "population_s": read_s, "draws_s": whole_s,
+            "district_draws_s": end - start - read_s - whole_s, "district_draws": district_draws,
+            "test_px": population.pixels,
+            "levels": len(checks), "domains": len(by_district.domains)}  # fmt: skip
 
 
-def child_design(files: dict, draws: int) -> dict:
-    """The sample design over every map, with the schema's settings."""
+def child_design(files: dict, draws: int, district_draws: int) -> dict:
+    """The sample design over every map with districts (strata district x class), with the
+    schema's settings."""
     from emb.classes import load_class_map  # noqa: PLC0415
     from emb.estimation.design import draw_points  # noqa: PLC0415
     from emb.estimation.settings import from_json  # noqa: PLC0415
 
     cmap, settings = load_class_map(CLASSES), from_json("{}")
+    districts = districts_of(files)
     maps = [Path(p) for p in files["maps"].values()]
+    # n: every district x class stratum's minimum at least (the check by district raises n
+    # so too; the schema's n of 1000 is below 100 x 40 minimums, which the design refuses)
+    n = max(int(settings.n), (DISTRICTS + 1) * CLASSES_USED * settings.min_per_class)
     start = time.perf_counter()
-    design = draw_points(maps, settings.level, cmap, settings.n, settings.min_per_class,
-                         settings.seed)  # fmt: skip
-    return {"s": time.perf_counter() - start, "units": int(design.record.n_drawn)}
+    design = draw_points(maps, settings.level, cmap, n, settings.min_per_class, settings.seed,
+                         districts=districts)  # fmt: skip
+    out = {"s": time.perf_counter() - start, "units": int(design.record.n_drawn)}
+    if os.environ.get(POINTS_ENV):  # the drawn points, to compare two trees' designs
+        Path(os.environ[POINTS_ENV]).write_text(json.dumps(
+            {"x": design.points.x.tolist(), "y": design.points.y.tolist(),
+             "region": design.points.region.tolist(), "district": design.district.tolist(),
+             "class": design.map_class.tolist()}))  # fmt: skip
+    return out
 
 
 CHILDREN = {"read": child_read, "check": child_check, "design": child_design}
 
 
-def measure(name: str, files_json: Path, draws: int) -> dict:
+def measure(name: str, files_json: Path, draws: int, district_draws: int) -> dict:
     """One contender in a fresh process: its own figures, its wall time from start to exit,
     and its peak RSS (the only child this process has waited for, so RUSAGE_CHILDREN is its)."""
-    cmd = [sys.executable, __file__, "--child", name, str(files_json), str(draws)]
+    cmd = [sys.executable, __file__, "--child", name, str(files_json), str(draws),
+           str(district_draws)]  # fmt: skip
     start = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode:
@@ -189,9 +260,10 @@ def run(work: Path, args: argparse.Namespace) -> dict:
     figures: dict = {"regions": args.regions, "size": args.size, "test_share": args.test_share,
                      "gpx": args.regions * args.size**2 / 1e9, "draws": args.draws,
                      "generate_s": time.perf_counter() - start}  # fmt: skip
+    district_draws = args.draws if args.district_draws is None else args.district_draws
     for name in CHILDREN:  # each measured by a process of its own (a fresh RUSAGE_CHILDREN)
         cmd = [sys.executable, __file__, "--measure", name, str(work / "files.json"),
-               str(args.draws)]  # fmt: skip
+               str(args.draws), str(district_draws)]  # fmt: skip
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode:
             raise SystemExit(f"{name}: exit {done.returncode}\n{done.stderr[-3000:]}")
@@ -221,8 +293,10 @@ def report(figures: dict) -> None:
         print(f"{name:8s} {f['s']:8.2f} {f['wall_s']:8.2f} {f['rss_mib']:8.1f} {shown:>7s}  {met}")
     check = figures["check"]
     print(
-        f"check: population {check['population_s']:.2f} s ({check['test_px']} test px), "
-        f"{figures['draws']} draws {check['draws_s']:.2f} s"
+        f"check: population {check['population_s']:.2f} s ({check['test_px']} test px, "
+        f"{DISTRICTS} districts), {figures['draws']} draws {check['draws_s']:.2f} s, by "
+        f"district ({check['district_draws']} draws) {check['district_draws_s']:.2f} s "
+        f"({check['domains']} domains)"
     )
 
 
@@ -237,16 +311,18 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="write all figures as one JSON object")
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--keep", action="store_true")
-    parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
-    parser.add_argument("--measure", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--district-draws", type=int, default=None,
+                        help="the check by district's draws (default: --draws)")  # fmt: skip
+    parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument("--measure", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child or args.measure:
-        name, files_json, draws = args.child or args.measure
+        name, files_json, draws, district_draws = args.child or args.measure
         if args.measure:
-            print(json.dumps(measure(name, Path(files_json), int(draws))))
+            print(json.dumps(measure(name, Path(files_json), int(draws), int(district_draws))))
         else:
             files = json.loads(Path(files_json).read_text())
-            print(json.dumps(CHILDREN[name](files, int(draws))))
+            print(json.dumps(CHILDREN[name](files, int(draws), int(district_draws))))
         return
     work = Path(tempfile.mkdtemp(prefix="emb-state-", dir=args.workdir))
     try:

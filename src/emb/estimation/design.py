@@ -9,12 +9,14 @@ strata of all districts together are one stratified sample of the whole.
 Reproducible from the seed: the strata are counted by streaming the maps, each stratum's drawn
 ranks come from one generator in class order, and a second streaming pass picks the pixels of
 those ranks in a fixed scan order (maps in the order given, each row-major). The first pass keeps
-each strip's counts (256 per strip of a few MB: about 0.5 MB a Gpx), so the second reads only
-the strips that hold a drawn rank: n units touch at most n strips, and the design takes little
-more than one read of the maps at the scale of a state (``bench/state_scale.py``). Memory stays
-flat in the maps' size but for those counts. The points go out as a CSV to fill in
-(``reference``), a GeoPackage of the same points, and a JSON record of the design beside them,
-which the estimate needs.
+each strip's counts per stratum (K per strip of a few MB, (D + 1) x K with districts: about
+50 MB a Gpx with 100 districts at L3), so the second reads only the strips that hold a drawn
+rank: n units touch at most n strips (a design by district, whose minimums make n large,
+touches nearly all). Both passes burn the districts per strip, cut to it, and count a strip
+per (district near it, map value): their cost against one read of the maps is measured by
+``bench/state_scale.py``. Memory stays flat in the maps' size but for those counts. The
+points go out as a CSV to fill in (``reference``), a GeoPackage of the same points, and a JSON
+record of the design beside them, which the estimate needs.
 """
 
 from __future__ import annotations
@@ -26,21 +28,16 @@ from pathlib import Path
 
 import numpy as np
 import rasterio
+from affine import Affine
 from pyproj import CRS
+from rasterio.windows import Window
 
 from emb import geo
 from emb.classes import IGNORE, N_L3, ClassMap
-from emb.estimation.districts import (
-    Districts,
-    MapDistricts,
-    district_ids,
-    district_strips,
-    on_map,
-)
+from emb.estimation.districts import Districts, MapDistricts, district_burn, on_map
 from emb.estimation.population import (
     CHUNK,
     Points,
-    check_map,
     collapse_counts,
     count_l3_strips,
     crs_text,
@@ -54,10 +51,13 @@ from emb.estimation.population import (
 )
 from emb.estimation.sample_record import MapRecord, SampleRecord, StrataDistricts
 from emb.estimation.sample_size import SampleSize
-from emb.io import reading
 from emb.provenance import digest_file
 
 log = logging.getLogger(__name__)
+# pixels searched at once for drawn ranks: a chunk sorts the pixels of the strata drawn in it,
+# so a smaller one sorts fewer (a few strata of the strip's), a larger one costs fewer calls
+RANK_CHUNK = 1 << 16
+SENTINEL = np.iinfo(np.int64).max  # a stratum's next drawn rank when all are found
 PIXEL_AREA_RTOL = 1e-6  # maps' pixel areas that differ by less are one pixel size
 
 
@@ -139,62 +139,102 @@ def _largest_remainder(total: int, weights: list[int]) -> list[int]:
 
 
 def _map_record(
-    path: Path, level: int, cmap: ClassMap, districts: Districts | None
-) -> tuple[MapRecord, np.ndarray, np.ndarray]:
+    path: Path, level: int, cmap: ClassMap, districts: Districts | None,
+    placed: dict[str, MapDistricts] | None = None,
+) -> tuple[MapRecord, np.ndarray, np.ndarray, tuple[Affine, str]]:  # fmt: skip
     """A map's record, (H,) pixels per stratum and (S, H) per strip (the first streaming
-    pass); H = K classes at ``level``, or (D + 1) * K with districts."""
-    with reading(path), rasterio.open(path) as src:
-        check_map(src, path)
+    pass), and its transform and WKT (for the points); H = K classes at ``level``, or (D + 1) * K
+    with districts (the map opened once for all)."""
+    with streaming(path) as src:
         pixel_ha = map_pixel_ha(src, path)
         crs, width, height = crs_text(src.crs), src.width, src.height
+        grid = (src.transform, src.crs.to_wkt())
+        if districts is not None:
+            strata_strips, l3 = _district_strata_strips(src, path, level, cmap, districts, placed)
     if districts is None:
         per_strip = count_l3_strips(path)
         table = level_table(level, cmap)[:N_L3]
         onehot = np.zeros((256, len(level_names(level, cmap))), np.int64)
         onehot[np.arange(N_L3), table] = 1  # L3 value -> its class at the level; nodata: none
         strata_strips, l3 = per_strip @ onehot, per_strip.sum(0)
-    else:
-        strata_strips, l3 = _district_strata_strips(path, level, cmap, districts)
     record = MapRecord(
         region=path.stem, path=str(path), sha256=digest_file(path), crs=crs,
         pixel_ha=pixel_ha, width=width, height=height,
         pixels=int(collapse_counts(l3, level, cmap).sum()),
     )  # fmt: skip
-    return record, strata_strips.sum(0), strata_strips
+    return record, strata_strips.sum(0), strata_strips, grid
 
 
-def _strata_of(
-    values: np.ndarray, ids: np.ndarray | None, table: np.ndarray, k: int, h: int
-) -> np.ndarray:
-    """Flat stratum ids of a strip's pixels: class at the level (plus ``district * k``), and
-    ``h`` (one past the last stratum) on nodata; the classes alone, 255 on nodata, without
-    districts (as the design has always ranked them)."""
-    classes = table[values].ravel()
-    if ids is None:
-        return classes
-    return np.where(classes == IGNORE, h, ids.ravel().astype(np.int64) * k + classes)
+def _strata_table(ids: np.ndarray, table: np.ndarray, k: int, h: int) -> np.ndarray:
+    """((L + 1) * 256,) int64 the stratum of each key ``local << 8 | map value`` of a strip
+    whose districts are ``ids`` (:func:`emb.estimation.districts.district_burn`): class at the
+    level plus ``district * k``, and ``h`` (one past the last stratum) on nodata."""
+    classes = table[:256].astype(np.int64)
+    strata = ids.astype(np.int64)[:, None] * k + classes[None, :]
+    return np.where(classes[None, :] == IGNORE, h, strata).ravel()
+
+
+def _strip_keys(values: np.ndarray, local: np.ndarray, n_local: int) -> np.ndarray:
+    """Flat keys ``local << 8 | value`` of a strip's pixels (uint16 while they fit)."""
+    wide = np.uint16 if n_local <= 256 else np.int64
+    return (local.ravel().astype(wide) << 8) | values.ravel()
 
 
 def _district_strata_strips(
-    path: Path, level: int, cmap: ClassMap, districts: Districts
-) -> tuple[np.ndarray, np.ndarray]:
+    src: rasterio.DatasetReader, path: Path, level: int, cmap: ClassMap, districts: Districts,
+    placed: dict[str, MapDistricts] | None = None,
+) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     """(S, (D + 1) * K) int64 pixels per (district, class) stratum of each strip, and (256,)
-    pixels per map value (values that are no class refused), streamed strip by strip."""
+    pixels per map value (values that are no class refused), streamed strip by strip: a strip
+    is counted per (district near it, map value), (L + 1) x 256 counts, then folded into its
+    strata (a strip in one district is one histogram). ``src``: the map at ``path``, open
+    (:func:`emb.estimation.population.streaming`). ``placed``: the districts moved onto a
+    CRS (by its text), shared by the maps of that CRS."""
     table, k = level_table(level, cmap), len(level_names(level, cmap))
     h = (len(districts.names) + 1) * k
     rows, l3 = [], np.zeros(256, np.int64)
-    with streaming(path) as src:
-        shapes = on_map(districts, crs_text(src.crs))
-        for win, ids in district_strips(src, shapes):
-            values = src.read(1, window=win)
-            l3 += histogram(values)
-            flat = _strata_of(values, ids, table, k, h)
-            counts = np.zeros(h + 1, np.int64)
-            for start in range(0, flat.size, CHUNK):
-                counts += np.bincount(flat[start : start + CHUNK], minlength=h + 1)
-            rows.append(counts[:h])
+    shapes = _placed(districts, src, placed)
+    for win in strips(src):
+        values = src.read(1, window=win)
+        local, ids = _one_district(*district_burn(shapes, src.transform, win))
+        if local is None:
+            hist = histogram(values)[None]
+        else:
+            hist = _key_counts(_strip_keys(values, local, len(ids)), len(ids) * 256)
+        hist = hist.reshape(len(ids), 256)
+        l3 += hist.sum(0)
+        keys = _strata_table(ids, table, k, h)
+        counts = np.bincount(keys, weights=hist.ravel(), minlength=h + 1)
+        rows.append(np.rint(counts[:h]).astype(np.int64))
     refuse_foreign(path, l3)
     return np.array(rows, np.int64).reshape(-1, h), l3
+
+
+def _one_district(local: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
+    """(None, [its id]) where a strip's pixels all lie in one domain (no per-pixel key then),
+    else ``(local, ids)`` as they are."""
+    if len(ids) == 1:
+        return None, ids
+    if local.size and local.min() == local.max():
+        return None, ids[int(local.flat[0]) :][:1]
+    return local, ids
+
+
+def _key_counts(keys: np.ndarray, width: int) -> np.ndarray:
+    """(width,) int64 occurrences of each key, bincounted in chunks (an int64 copy each)."""
+    counts = np.zeros(width, np.int64)
+    for start in range(0, keys.size, CHUNK):
+        counts += np.bincount(keys[start : start + CHUNK], minlength=width)
+    return counts
+
+
+def _placed(
+    districts: Districts, src: rasterio.DatasetReader, placed: dict[str, MapDistricts] | None
+) -> MapDistricts:
+    """The districts on ``src``'s CRS, moved once per CRS (kept in ``placed``)."""
+    crs, placed = crs_text(src.crs), {} if placed is None else placed
+    shapes = placed[crs] = placed.get(crs) or on_map(districts, crs)
+    return shapes
 
 
 def _check_maps(maps: list[Path], records: list[MapRecord]) -> float:
@@ -244,26 +284,28 @@ def draw_points(
     :mod:`emb.estimation.districts`)."""
     maps = [Path(m) for m in maps]
     table, names = level_table(level, cmap), level_names(level, cmap)
-    firsts = [_map_record(m, level, cmap, districts) for m in maps]
-    records = [r for r, _, _ in firsts]
+    placed: dict[str, MapDistricts] = {}  # the districts moved onto each CRS, once
+    firsts = [_map_record(m, level, cmap, districts, placed) for m in maps]
+    records = [r for r, _, _, _ in firsts]
     pixel_ha = _check_maps(maps, records)
-    strata_px = np.sum([c for _, c, _ in firsts], axis=0).astype(np.int64)
+    strata_px = np.sum([c for _, c, _, _ in firsts], axis=0).astype(np.int64)
     _check_mapped(records)
     size = sized(strata_px) if sized is not None else None
     allocation = size.units if size is not None else allocate(strata_px, n, min_per_class)
     rng = np.random.default_rng(seed)
     ranks = [np.sort(rng.choice(int(px), int(k), replace=False)) for px, k in
              zip(strata_px, allocation, strict=True)]  # fmt: skip
-    found = _pick_ranked(maps, table, len(names), ranks, strata_px, [s for _, _, s in firsts],
-                         districts)  # fmt: skip
+    found = _pick_ranked(maps, table, len(names), ranks, strata_px, [s for _, _, s, _ in firsts],
+                         districts, placed)  # fmt: skip
     region = np.concatenate([np.full(len(rows), m.stem) for m, (rows, _, _) in
                              zip(maps, found, strict=True)])  # fmt: skip
     xs, ys, crs, lon, lat = [], [], [], [], []
-    for path, record, (rows, cols, _) in zip(maps, records, found, strict=True):
-        with rasterio.open(path) as src:
-            x, y = src.transform * (cols + 0.5, rows + 0.5)
-            map_crs = CRS.from_user_input(src.crs.to_wkt())
-        lo, la = geo.transformer(map_crs, geo.WGS84).transform(x, y)
+    to_wgs84 = {}  # per CRS (its WKT), once: building one costs more than a map's points
+    for (record, _, _, (transform, wkt)), (rows, cols, _) in zip(firsts, found, strict=True):
+        x, y = transform * (cols + 0.5, rows + 0.5)
+        if wkt not in to_wgs84:
+            to_wgs84[wkt] = geo.transformer(CRS.from_user_input(wkt), geo.WGS84)
+        lo, la = to_wgs84[wkt].transform(x, y)
         xs.append(np.asarray(x, np.float64))
         ys.append(np.asarray(y, np.float64))
         lon.append(np.asarray(lo, np.float64))
@@ -292,43 +334,41 @@ def draw_points(
 def _pick_ranked(
     maps: list[Path], table: np.ndarray, n_classes: int, ranks: list[np.ndarray],
     strata_px: np.ndarray, strata_strips: list[np.ndarray], districts: Districts | None,
+    placed: dict[str, MapDistricts] | None = None,
 ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:  # fmt: skip
     """Second streaming pass: per map, (rows, cols, stratum) of the pixels whose rank within
     their stratum (in scan order) was drawn, sorted row-major. A strip that holds no drawn
     rank (its first pass counts, ``strata_strips``: (S, H) per map, say so) is not read; a
     strip that is read is counted again and refused if it changed since. With ``districts``
-    a read strip's districts are burned again (:func:`district_ids`), the same ids as the
-    first pass gave it."""
+    a read strip's districts are burned again (:func:`district_burn`), the same ids as the
+    first pass gave it, and its strata looked up per pixel from (district near it, map value).
+    In a chunk, the drawn ranks of every stratum it holds are found at once
+    (:func:`_found_in`): thousands of district x class strata cost no scan each."""
     k = len(ranks)
+    drawn = _Drawn(ranks, strata_px)
     seen = np.zeros(k, np.int64)  # pixels of each stratum passed so far
-    taken = np.zeros(k, np.int64)  # drawn ranks of each stratum found so far
-    sentinel = np.iinfo(np.int64).max
-    # the next drawn rank of each stratum, kept up to date as ranks are taken
-    nxt = np.array([r[0] if len(r) else sentinel for r in ranks], np.int64)
     out = []
     for path, per_strip in zip(maps, strata_strips, strict=True):
         rows, cols, classes = [], [], []
         with streaming(path) as src:
-            shapes = None if districts is None else on_map(districts, crs_text(src.crs))
+            shapes = None if districts is None else _placed(districts, src, placed)
             for win, strip_px in zip(strips(src), per_strip, strict=True):
-                if not (nxt < seen + strip_px).any():
+                if not (drawn.next < seen + strip_px).any():
                     seen += strip_px
                     continue
-                flat = _strata_of(src.read(1, window=win), _ids(shapes, src, win), table,
+                flat = _strata_of(src.read(1, window=win), shapes, src.transform, win, table,
                                   n_classes, k)  # fmt: skip
                 before = seen.copy()
-                for start in range(0, flat.size, CHUNK):
-                    part = flat[start : start + CHUNK]
+                for start in range(0, flat.size, RANK_CHUNK):
+                    part = flat[start : start + RANK_CHUNK]
                     counts = np.bincount(part, minlength=max(256, k + 1))[:k]
-                    for h in np.flatnonzero(nxt < seen + counts):
-                        end = np.searchsorted(ranks[h], seen[h] + counts[h])
-                        want = ranks[h][taken[h] : end] - seen[h]
-                        index = start + np.flatnonzero(part == h)[want]
+                    hits = np.flatnonzero(drawn.next < seen + counts)
+                    if hits.size:
+                        index, stratum = _found_in(part, hits, seen, counts, drawn)
+                        index += start
                         rows.append(int(win.row_off) + index // int(win.width))
                         cols.append(int(win.col_off) + index % int(win.width))
-                        classes.append(np.full(len(want), h, np.int64))
-                        taken[h] = end
-                        nxt[h] = ranks[h][end] if end < len(ranks[h]) else sentinel
+                        classes.append(stratum)
                     seen += counts
                 if not np.array_equal(seen - before, strip_px):
                     raise SampleDesignError(
@@ -341,9 +381,7 @@ def _pick_ranked(
                                  for v in (rows, cols, classes))  # fmt: skip
         order = np.lexsort((cols_a, rows_a))
         out.append((rows_a[order], cols_a[order], cls_a[order]))
-    if not np.array_equal(seen, strata_px) or any(
-        t != len(r) for r, t in zip(ranks, taken, strict=True)
-    ):
+    if not np.array_equal(seen, strata_px) or not np.array_equal(drawn.taken, drawn.ends):
         raise SampleDesignError(
             f"maps {[str(m) for m in maps]} changed while the sample was drawn: pixels per "
             f"stratum {seen.tolist()} on the second pass, {strata_px.tolist()} on the first"
@@ -351,8 +389,63 @@ def _pick_ranked(
     return out
 
 
-def _ids(
-    shapes: MapDistricts | None, src: rasterio.DatasetReader, win: rasterio.windows.Window
-) -> np.ndarray | None:
-    """The district ids of a strip's pixels, None without districts."""
-    return None if shapes is None else district_ids(shapes, src.transform, win)
+class _Drawn:
+    """Every stratum's drawn ranks (each sorted) in one array, ``flat``, stratum h's from
+    ``taken[h]`` (the next not found yet) to ``ends[h]``; ``keys`` = h * ``big`` + rank, sorted
+    as a whole, so the ranks of many strata below their bounds are one search; ``next`` each
+    stratum's next drawn rank (SENTINEL when all are found)."""
+
+    def __init__(self, ranks: list[np.ndarray], strata_px: np.ndarray) -> None:
+        sizes = np.array([len(r) for r in ranks], np.int64)
+        self.ends = np.cumsum(sizes)
+        self.taken = self.ends - sizes
+        self.flat = np.concatenate([np.asarray(r, np.int64) for r in ranks] + [[SENTINEL]])
+        self.big = int(np.max(strata_px, initial=0)) + 1
+        strata = np.repeat(np.arange(len(ranks), dtype=np.int64), sizes)
+        self.keys = strata * self.big + self.flat[:-1]
+        self.next = np.where(sizes > 0, self.flat[self.taken], SENTINEL)
+
+    def take(self, hits: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(ranks, their strata) of the strata ``hits`` below ``bounds`` (one per hit) not
+        taken yet, in stratum then rank order; taken now."""
+        end = np.searchsorted(self.keys, hits * self.big + bounds)
+        first = self.taken[hits]
+        lens = end - first
+        units = np.repeat(first - np.cumsum(lens) + lens, lens) + np.arange(int(lens.sum()))
+        self.taken[hits] = end
+        self.next[hits] = np.where(end < self.ends[hits], self.flat[end], SENTINEL)
+        return self.flat[units], np.repeat(hits, lens)
+
+
+def _found_in(
+    part: np.ndarray, hits: np.ndarray, seen: np.ndarray, counts: np.ndarray, drawn: _Drawn
+) -> tuple[np.ndarray, np.ndarray]:
+    """(positions in ``part``, strata) of the drawn pixels a chunk holds: the chunk's pixels of
+    the strata ``hits`` (those with a drawn rank in it) in stratum order, scan order within
+    one (a stable sort), the drawn rank r of stratum h the (r - seen[h])-th of h's."""
+    ranks, stratum = drawn.take(hits, seen[hits] + counts[hits])
+    wanted = np.zeros(max(256, len(seen) + 1), bool)
+    wanted[hits] = True
+    where = np.flatnonzero(wanted[part])
+    held = part[where]  # 8 or 16 bits: a radix sort
+    held = held if held.dtype.itemsize <= 2 else held.astype(np.int64)
+    order = np.argsort(held, kind="stable")  # a radix sort on 16 bits
+    first = np.searchsorted(held[order], stratum)  # each stratum's start in the sort
+    return where[order[first + ranks - seen[stratum]]], stratum
+
+
+def _strata_of(
+    values: np.ndarray, shapes: MapDistricts | None, transform: Affine, win: Window,
+    table: np.ndarray, k: int, h: int,
+) -> np.ndarray:  # fmt: skip
+    """Flat stratum ids of a strip's pixels: class at the level (plus ``district * k``), and
+    ``h`` (one past the last stratum) on nodata; the classes alone, 255 on nodata, without
+    districts (as the design has always ranked them)."""
+    if shapes is None:
+        return table[values.ravel()]
+    local, ids = _one_district(*district_burn(shapes, transform, win))
+    # uint16 strata while they fit: a quarter of int64's bytes to write, count and sort
+    strata = _strata_table(ids, table, k, h).astype(np.uint16 if h < 1 << 16 else np.int64)
+    if local is None:
+        return strata[values.ravel()]
+    return strata[_strip_keys(values, local, len(ids))]

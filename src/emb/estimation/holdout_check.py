@@ -42,7 +42,7 @@ from rasterio.windows import Window
 
 from emb.classes import IGNORE, N_L1, N_L2, N_L3, ClassMap
 from emb.estimation.design import allocate
-from emb.estimation.districts import Districts, district_ids, on_map
+from emb.estimation.districts import Districts, MapDistricts, district_burn, on_map
 from emb.estimation.estimators import (
     AreaEstimates,
     AreaShares,
@@ -59,7 +59,7 @@ from emb.estimation.population import (
     cache_bytes,
     crs_text,
     level_table,
-    pixel_hectares,
+    map_pixel_ha,
 )
 from emb.estimation.settings import AreaSettings
 from emb.io import reading
@@ -183,16 +183,19 @@ def bands(windows: Sequence[Window], height: int, width: int) -> Iterator[tuple[
         yield held[0], held[1], [(a, b) for a, b in held[2]]
 
 
-def _region_counts(
-    map_path: Path, label_path: Path, windows: Sequence[Window], districts: Districts | None
-) -> np.ndarray:
-    """(D + 1, N_L3, N_L3) pixels per (domain, map, CDL) of one region's test tiles, each pixel
-    once (D = 0 without ``districts``: one domain, the whole), read a band of tile rows at a
-    time (in strips of at most STRIP_BYTES per raster) under a GDAL block cache of two block
-    rows per raster: a block is decoded once, memory is flat in the number of tiles and
-    regions. A pixel's domain is the district holding its centre
-    (:func:`emb.estimation.districts.district_ids`), burned per strip: the counts, 30 KB a
-    district, are all that grows."""
+def _count_region(
+    cells: np.ndarray, map_path: Path, label_path: Path, windows: Sequence[Window],
+    districts: Districts | None, placed: dict[str, MapDistricts] | None = None,
+) -> float:  # fmt: skip
+    """Add to ``cells`` (D + 1, CELLS) the pixels per (domain, cell) of one region's test
+    tiles, each pixel once (D = 0 without ``districts``: one domain, the whole); return its
+    map's pixel area (ha), from the map open here (no second open for it). Read a band of
+    tile rows at a time (in strips of at most STRIP_BYTES per raster) under a GDAL block cache
+    of two block rows per raster: a block is decoded once, memory is flat in the number of
+    tiles and regions. A pixel's domain is the district holding its centre
+    (:func:`emb.estimation.districts.district_burn`), burned once per strip: the counts, 30 KB
+    a district, are all that grows. ``placed``: the districts already moved onto a CRS (by its
+    text), filled here, so that the maps of one CRS reproject them once, not once each."""
     opened = (reading(map_path), reading(label_path))
     with opened[0], opened[1], rasterio.open(map_path) as mp, rasterio.open(label_path) as lab:
         if (mp.height, mp.width) != (lab.height, lab.width) or mp.transform != lab.transform:
@@ -205,38 +208,94 @@ def _region_counts(
         if districts is not None:
             if mp.crs is None:
                 raise AreaCheckError(f"{map_path}: no CRS: the districts cannot be placed on it")
-            shapes = on_map(districts, crs_text(mp.crs))
-        n_domains = 1 + (len(districts.names) if districts is not None else 0)
-        pairs = np.zeros(PAIRS, np.int64)
-        domains = np.zeros(n_domains * N_L3 * N_L3, np.int64)
+            crs, placed = crs_text(mp.crs), {} if placed is None else placed
+            shapes = placed[crs] = placed.get(crs) or on_map(districts, crs)
+        foreign = int(cells[:, FOREIGN].sum())
         with rasterio.Env(GDAL_CACHEMAX=cache_bytes(mp) + cache_bytes(lab)):
             for row0, row1, spans in bands(windows, mp.height, mp.width):
                 col0, col1 = spans[0][0], spans[-1][1]  # one read per band, then the spans
                 step = max(1, STRIP_BYTES // (col1 - col0))
                 for top in range(row0, row1, step):
                     win = Window(col0, top, col1 - col0, min(step, row1 - top))
-                    m, r = mp.read(1, window=win), lab.read(1, window=win)
-                    ids = None if shapes is None else district_ids(shapes, mp.transform, win)
+                    codes = _read_codes(mp, lab, win)
+                    local, ids = (None, WHOLE) if shapes is None else district_burn(
+                        shapes, mp.transform, win)  # fmt: skip
                     for a, b in spans:
                         part = slice(None), slice(a - col0, b - col0)
-                        _add_pairs(pairs, m[part], r[part])
-                        if ids is not None:
-                            _add_domains(domains, ids[part], m[part], r[part])
-    joint = _joint_of(pairs, f"{map_path} or its labels {label_path}")
-    if shapes is None:
-        return joint[None]
-    return domains.reshape(n_domains, N_L3, N_L3)
+                        _add_cells(cells, ids, None if local is None else local[part],
+                                   codes[part])  # fmt: skip
+        pixel_ha = map_pixel_ha(mp, map_path)  # after the counts, as it was read after them
+    if cells[:, FOREIGN].sum() > foreign:  # counted again as pairs, to name the values found
+        _joint_of(_region_pairs(map_path, label_path, windows),
+                  f"{map_path} or its labels {label_path}")  # fmt: skip
+    return pixel_ha
 
 
-def _add_domains(
-    domains: np.ndarray, ids: np.ndarray, mapped: np.ndarray, reference: np.ndarray
+def _region_pairs(map_path: Path, label_path: Path, windows: Sequence[Window]) -> np.ndarray:
+    """(PAIRS,) pixels per code of a region's test tiles: the values a refusal names."""
+    pairs = np.zeros(PAIRS, np.int64)
+    with rasterio.open(map_path) as mp, rasterio.open(label_path) as lab:
+        for row0, row1, spans in bands(windows, mp.height, mp.width):
+            for a, b in spans:
+                win = Window(a, row0, b - a, row1 - row0)
+                _add_pairs(pairs, mp.read(1, window=win), lab.read(1, window=win))
+    return pairs
+
+
+def _cell_table() -> np.ndarray:
+    """(PAIRS,) uint16 the cell of each code ``map << 8 | CDL``: ``i * N_L3 + j`` for two L3
+    ids, UNLABELLED where a side is 255 (and neither is foreign), FOREIGN where a side is
+    neither an L3 id nor 255."""
+    mapped, reference = np.divmod(np.arange(PAIRS), 256)
+    table = np.where((mapped < N_L3) & (reference < N_L3), mapped * N_L3 + reference, UNLABELLED)
+    foreign = ((mapped >= N_L3) & (mapped != IGNORE)) | (
+        (reference >= N_L3) & (reference != IGNORE)
+    )
+    return np.where(foreign, FOREIGN, table).astype(np.uint16)
+
+
+UNLABELLED, FOREIGN = N_L3 * N_L3, N_L3 * N_L3 + 1  # the two cells past the (map, CDL) pairs
+CELLS = N_L3 * N_L3 + 2
+CELL_OF = _cell_table()
+WHOLE = np.zeros(1, np.int64)  # the domains of a region counted without districts: the whole
+
+
+def _read_codes(mp: rasterio.DatasetReader, lab: rasterio.DatasetReader, win: Window) -> np.ndarray:
+    """(h, w) uint16 codes ``map << 8 | CDL`` of a window: each raster read straight into its
+    byte of one (h, w, 2) buffer (GDAL writes with a pixel stride), seen as little-endian
+    uint16: no copy to pair them."""
+    both = np.empty((int(win.height), int(win.width), 2), np.uint8)
+    lab.read(1, window=win, out=both[:, :, 0])
+    mp.read(1, window=win, out=both[:, :, 1])
+    return both.view("<u2")[:, :, 0]
+
+
+def _add_cells(
+    cells: np.ndarray, ids: np.ndarray, local: np.ndarray | None, codes: np.ndarray
 ) -> None:
-    """Add to ``domains`` ((D + 1) * N_L3 * N_L3,) the pixels per (domain, map, CDL) of the
-    pixels both label (the others are left out, or refused by :func:`_joint_of`)."""
-    labelled = (mapped < N_L3) & (reference < N_L3)
-    keys = (ids[labelled].astype(np.int64) * N_L3 + mapped[labelled]) * N_L3 + reference[labelled]
-    for start in range(0, keys.size, CHUNK):
-        domains += np.bincount(keys[start : start + CHUNK], minlength=domains.size)
+    """Add to ``cells`` (D + 1, CELLS) the pixels per (domain, cell) of uint16 ``codes``
+    (``map << 8 | CDL``), a pixel's domain ``ids[local]`` (``ids[0]`` for all without
+    ``local``). A window in one domain bincounts its codes (65536 bins, folded into cells
+    once); one across districts looks each code up to its cell and bincounts (local id,
+    cell) over its few domains (L + 1, not D + 1); in chunks (bincount copies its input as
+    int64)."""
+    code = codes.ravel()
+    near = None if local is None or len(ids) == 1 else local.ravel()
+    if near is not None and near.size and near.min() == near.max():
+        ids, near = ids[int(near[0]) : int(near[0]) + 1], None
+    if near is None:
+        pairs = np.zeros(PAIRS, np.int64)
+        for start in range(0, code.size, CHUNK):
+            pairs += np.bincount(code[start : start + CHUNK], minlength=PAIRS)
+        cells[ids[0]] += np.bincount(CELL_OF, weights=pairs, minlength=CELLS).astype(np.int64)
+        return
+    width = CELLS * len(ids)
+    counts = np.zeros(width, np.int64)
+    for start in range(0, code.size, CHUNK):
+        key = near[start : start + CHUNK].astype(np.int32) * CELLS
+        key += CELL_OF[code[start : start + CHUNK]]
+        counts += np.bincount(key, minlength=width)
+    cells[ids] += counts.reshape(-1, CELLS)
 
 
 def read_population(
@@ -247,11 +306,12 @@ def read_population(
     each region's map and aligned labels (region -> path), as its joint histogram; with
     ``districts``, per domain too (a district may span regions: its counts add up)."""
     n_domains = 1 + (len(districts.names) if districts is not None else 0)
-    counts, areas = np.zeros((n_domains, N_L3, N_L3), np.int64), {}
+    cells, areas, placed = np.zeros((n_domains, CELLS), np.int64), {}, {}
     for region, index_path in indexes.items():
         windows = windows_of_test_tiles(read_index(index_path, ()), index_path)
-        counts += _region_counts(Path(maps[region]), Path(labels[region]), windows, districts)
-        areas[region] = pixel_hectares(maps[region])
+        areas[region] = _count_region(cells, Path(maps[region]), Path(labels[region]), windows,
+                                      districts, placed)  # fmt: skip
+    counts = cells[:, : N_L3 * N_L3].reshape(n_domains, N_L3, N_L3)
     if not areas:
         raise AreaCheckError("no region to check: the run trains on no region with test tiles")
     first = next(iter(areas.values()))
