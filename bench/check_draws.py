@@ -32,13 +32,8 @@ import numpy as np
 
 from emb.classes import N_L3, load_class_map
 from emb.estimation.district_check import check_districts
-from emb.estimation.holdout_check import (
-    LEVEL_CLASSES,
-    StratifiedSampler,
-    TestSplitCounts,
-    check,
-    estimate_at,
-)
+from emb.estimation.holdout_check import StratifiedSampler, check, estimate_at
+from emb.estimation.holdout_counts import LEVEL_CLASSES, TestSplitCounts
 from emb.estimation.population import level_table
 from emb.estimation.settings import from_json
 

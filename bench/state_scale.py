@@ -22,7 +22,7 @@ that one process (``getrusage(RUSAGE_CHILDREN).ru_maxrss``, interpreter and impo
 
 - read: every map read once, block by block (rasterio), the yardstick;
 - check: as the stage runs it with ``area_estimates.districts`` set: the population per
-  district (``holdout_check.read_population(..., districts)``, map and labels), ``check``
+  district (``holdout_counts.read_population(..., districts)``, map and labels), ``check``
   with ``--draws`` (200) draws, then ``district_check.check_districts`` with
   ``--district-draws`` (default ``--draws``; its draws are a fixed cost, ~1-4 s each, apart
   from the pixels: the report gives the population pass and each part of the draws);
@@ -192,7 +192,8 @@ def child_check(files: dict, draws: int, district_draws: int) -> dict:
     district), the whole's draws, then the districts' draws."""
     from emb.classes import load_class_map  # noqa: PLC0415 - imports are not the stage's time
     from emb.estimation.district_check import check_districts  # noqa: PLC0415
-    from emb.estimation.holdout_check import check, read_population  # noqa: PLC0415
+    from emb.estimation.holdout_check import check  # noqa: PLC0415
+    from emb.estimation.holdout_counts import read_population  # noqa: PLC0415
     from emb.estimation.settings import from_json  # noqa: PLC0415
 
     cmap, settings = load_class_map(CLASSES), from_json(json.dumps({"draws": draws}))

@@ -20,6 +20,7 @@ BENCH = REPO / "bench"
 SMALLEST: dict[str, list[str] | str] = {
     "areas.py": ["--quick"],
     "bootstrap.py": ["--blocks", "20", "--resamples", "20", "--repeats", "1"],
+    "check_draws.py": ["--draws", "4", "--pixels", "100000", "--repeat", "1"],
     "coverage.py": ["--quick"],
     "data.py": ["--quick"],
     "dry_run.py": ["--sizes", "10", "20", "--repeats", "1"],

@@ -33,15 +33,14 @@ from emb.estimation.estimators import (
     unit_matrix,
 )
 from emb.estimation.holdout_check import (
-    LEVEL_CLASSES,
     ClassCoverage,
     StratifiedSampler,
-    TestSplitCounts,
     check,
     draw_all,
     estimate_at,
     tally_draws,
 )
+from emb.estimation.holdout_counts import LEVEL_CLASSES, TestSplitCounts
 from emb.estimation.population import level_table
 
 

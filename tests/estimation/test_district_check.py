@@ -21,7 +21,8 @@ from emb.estimation.district_check import allocation, check_districts
 from emb.estimation.district_layer import LAYER
 from emb.estimation.estimates_table import ALL, CHECK, DISTRICT_CHECK
 from emb.estimation.estimators import olofsson
-from emb.estimation.holdout_check import StratifiedSampler, TestSplitCounts
+from emb.estimation.holdout_check import StratifiedSampler
+from emb.estimation.holdout_counts import TestSplitCounts
 
 NAMES = ("outside", "north", "middle", "south")
 DRAWS = 1000

@@ -18,13 +18,8 @@ from rasterio.windows import Window
 from emb.classes import IGNORE, load_class_map
 from emb.estimation import area_estimates
 from emb.estimation.estimates_table import COLUMNS
-from emb.estimation.holdout_check import (
-    AreaCheckError,
-    StratifiedSampler,
-    TestSplitCounts,
-    check,
-    read_population,
-)
+from emb.estimation.holdout_check import StratifiedSampler, check
+from emb.estimation.holdout_counts import AreaCheckError, TestSplitCounts, read_population
 from emb.estimation.settings import AreaSettings, from_json
 from emb.io import JSONFileError
 from emb.prep.region_index import RegionIndexError, windows_of_test_tiles

@@ -20,12 +20,8 @@ from test_holdout_check import (
 )  # fmt: skip
 
 from emb.estimation.design import allocate
-from emb.estimation.holdout_check import (
-    AreaCheckError,
-    TestSplitCounts,
-    check,
-    read_population,
-)
+from emb.estimation.holdout_check import check
+from emb.estimation.holdout_counts import AreaCheckError, TestSplitCounts, read_population
 
 
 def test_a_pixel_the_cdl_leaves_unlabelled_is_left_out_where_the_map_has_a_class(

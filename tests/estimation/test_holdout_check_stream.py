@@ -21,14 +21,9 @@ from test_holdout_check import (
     write_raster,
 )  # fmt: skip
 
-from emb.estimation import holdout_check
-from emb.estimation.holdout_check import (
-    AreaCheckError,
-    TestSplitCounts,
-    bands,
-    check,
-    read_population,
-)
+from emb.estimation import holdout_counts
+from emb.estimation.holdout_check import check
+from emb.estimation.holdout_counts import AreaCheckError, TestSplitCounts, bands, read_population
 
 
 def test_the_bands_cover_the_union_of_the_tiles_each_pixel_once() -> None:
@@ -62,7 +57,7 @@ def test_the_population_is_read_without_arrays_of_its_pixels(
     """4 Mpx of test tiles: per-pixel vectors (and a mask of the raster) would take 16 MB or
     more; streamed in strips of 1 MB, numpy's allocations stay near 5 MB (a strip of each
     raster, a chunk's bincount), whatever the pixels."""
-    monkeypatch.setattr(holdout_check, "STRIP_BYTES", 1 << 20)
+    monkeypatch.setattr(holdout_counts, "STRIP_BYTES", 1 << 20)
     side = 2048
     data = np.random.default_rng(0).integers(0, 61, (side, side), dtype=np.uint8)
     maps = write_raster(tmp_path / "big.tif", data)

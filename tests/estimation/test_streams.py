@@ -28,7 +28,7 @@ from emb.estimation.districts import (
     on_map,
     read_districts,
 )
-from emb.estimation.holdout_check import AreaCheckError, read_population
+from emb.estimation.holdout_counts import AreaCheckError, read_population
 from emb.estimation.population import level_names, level_table
 
 ORIGIN = (400_000.0, 4_500_000.0)  # the maps' corner (UTM 15N, 10 m pixels)

@@ -121,10 +121,11 @@ NOT_SETTINGS = {
     ("emb/models/segformer.py", "drop_path"): "a block's own rate, as in deeplab.py",
 }
 # Config schema leaves the code uses as plain words for other things (a raster's block, a
-# confidence level, a count, a tile's size, a process's threads, a thing's name): a literal
-# under one of these names is not read as the setting. The train schema's names are all
-# distinctive enough.
-GENERIC_CONFIG_NAMES = {"n", "size", "seed", "block", "level", "threads", "workers", "name"}
+# confidence level, a count, a tile's size, a process's threads, a thing's name, an embedding
+# source beside districts.source): a literal under one of these names is not read as the
+# setting. The train schema's names are all distinctive enough.
+GENERIC_CONFIG_NAMES = {"n", "size", "seed", "block", "level", "threads", "workers", "name",
+                        "source"}  # fmt: skip
 
 
 def train_settings() -> dict[str, list[tuple[str, Any]]]:

@@ -43,7 +43,8 @@ from emb.estimation.estimates_table import (
     largest,
     table,
 )
-from emb.estimation.holdout_check import check, error_matrix, read_population
+from emb.estimation.holdout_check import check, error_matrix
+from emb.estimation.holdout_counts import read_population
 from emb.estimation.labelled_estimates import estimate_by_district, estimate_sample
 from emb.estimation.sample_files import LabelledSample, read_labelled
 from emb.estimation.sample_size import allocation, write_sample_size

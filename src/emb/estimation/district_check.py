@@ -8,7 +8,7 @@ level (domain 0, the outside, the pixels no district holds, is a domain of its o
 sampled, reported, never dropped), and each district's estimates use its strata only: Olofsson
 et al. 2014 within the district at the design level, Stehman 2014 at the other levels, with
 the intervals that hold. The population is the check's count table per domain
-(:attr:`emb.estimation.holdout_check.TestSplitCounts.domains`): memory is counts only.
+(:attr:`emb.estimation.holdout_counts.TestSplitCounts.domains`): memory is counts only.
 
 The allocation (kept simple): one call of :func:`emb.estimation.design.allocate` over every
 district x class stratum, so each stratum with pixels gets ``min_per_class`` (or all it
@@ -38,17 +38,16 @@ from emb.classes import N_L3, ClassMap
 from emb.estimation.design import allocate
 from emb.estimation.estimators import AreaEstimates, AreaShares, ClassEstimate, Estimate
 from emb.estimation.holdout_check import (
-    LEVEL_CLASSES,
     SHARES_CHUNK,
     ClassCoverage,
     LevelCheck,
     StratifiedSampler,
-    TestSplitCounts,
     draw_all,
     estimate_at,
     shares_at,
     tally_draws,
 )
+from emb.estimation.holdout_counts import LEVEL_CLASSES, TestSplitCounts
 from emb.estimation.population import level_table
 from emb.estimation.settings import AreaSettings
 

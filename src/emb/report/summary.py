@@ -340,7 +340,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--pairs-png", type=Path, help="pairs.png (the forest plot)")
     parser.add_argument("--areas", type=Path, nargs="+",
                         help="each run's area table, in --runs' order")  # fmt: skip
-    parser.add_argument("--district-layers", type=Path, nargs="*", default=[],
+    parser.add_argument("--district-layers", type=Path, nargs="*",
                         help="each run's district layer, in --runs' order")  # fmt: skip
     add_option(parser, "--area-settings")
     args = parser.parse_args(argv)
@@ -372,7 +372,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.html:
         with atomic_path(args.html) as tmp:
             areas = dict(zip(args.runs, args.areas, strict=True)) if args.areas else None
-            layers = dict(zip(args.runs, args.district_layers, strict=False))
+            layers = dict(zip(args.runs, args.district_layers or [], strict=False))
             tmp.write_text(summary_page(table, metas, pairs, forest_png, areas, area_settings,
                                         layers))  # fmt: skip
     if args.provenance:
