@@ -13,7 +13,7 @@ import os
 import re
 from collections.abc import Iterable, Mapping
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Protocol
@@ -169,6 +169,8 @@ class Raster:
     transform: Affine
     shape: tuple[int, int]
     tags: dict[str, str] = field(default_factory=dict, compare=False)
+    # (device, inode), from the reader's stat: one file under two paths (links) is one file
+    identity: tuple[int, int] = field(default=(0, 0), compare=False)
     # held open while its row is checked: the labels check reads the CDL through it
     dataset: DatasetReader | None = field(default=None, compare=False, repr=False)
 
@@ -311,16 +313,20 @@ def _outcome(outcome: Outcome) -> Raster | None:
 def _open_checked(file: str, column: str, where: str, held: ExitStack) -> Raster:
     """The raster's facts, after the checks that need only its header (its dataset stays open
     in ``held``)."""
-    if not Path(file).exists():
+    try:
+        stat = os.stat(file)  # one stat: the file is there, and which file it is
+    except (FileNotFoundError, NotADirectoryError, ValueError):  # where Path.exists is False
         hint = " (the cell has spaces around the path)" if file != file.strip() else ""
-        raise RegionsError(f"{where}: file not found: {shown(file)}{hint}")
+        raise RegionsError(f"{where}: file not found: {shown(file)}{hint}") from None
+    identity = (stat.st_dev, stat.st_ino)
     if column == "tessera" and file.lower().endswith(".npy"):
-        return _open_tessera_npy(file, where)
+        return replace(_open_tessera_npy(file, where), identity=identity)
     _check_vrt_sources(file, where)
     try:
         src = held.enter_context(rasterio.open(file))
         count, dtype, crs, transform = src.count, src.dtypes[0], src.crs, src.transform
-        raster = Raster(file, crs, src.bounds, transform, (src.height, src.width), src.tags(), src)
+        raster = Raster(file, crs, src.bounds, transform, (src.height, src.width), src.tags(),
+                        identity, src)  # fmt: skip
         src.read(1, window=Window(0, 0, 1, 1))  # the header alone may hide unreadable data
     except RasterioIOError as err:
         raise RegionsError(f"{where}: cannot read {file} as a raster ({err})") from err
@@ -401,7 +407,7 @@ def _check_not_seen(
     An AEF and a TESSERA raster on one grid are fine: each source has its own shards; so are
     two years on one grid (multi-year training: their blocks share one split draw)."""
     grid = (raster.crs.to_string(), tuple(raster.transform), raster.shape)
-    keys = [("file", source, os.path.realpath(raster.file)), ("grid", source, year, *grid)]
+    keys = [("file", source, raster.identity), ("grid", source, year, *grid)]
     for key in keys:
         if key in seen:
             what = "the same file" if key[0] == "file" else "a raster on the same grid"
