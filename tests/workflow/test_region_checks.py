@@ -94,3 +94,20 @@ def test_the_tables_last_rows_are_checked_in_order(
         RegionsError, match=rf"row {named} \(region 'r{named}'\), column '{column}'"
     ):
         check_regions(read_regions(path), path)
+
+
+@pytest.mark.parametrize("link", ["symlink", "hardlink"])
+def test_one_raster_under_two_paths_is_the_same_file(tmp_path: Path, link: str) -> None:
+    """A link is the same pixels: listed under two regions it would leak between splits."""
+    path = table_of(tmp_path, 2)
+    first = tmp_path / "r1_aef.tif"
+    other = tmp_path / "elsewhere" / "aef.tif"
+    other.parent.mkdir()
+    if link == "symlink":
+        other.symlink_to(first)
+    else:
+        other.hardlink_to(first)
+    path.write_text(path.read_text().replace(str(tmp_path / "r2_aef.tif"), str(other)))
+    named = r"row 2 \(region 'r2'\), column 'aef': .*elsewhere/aef\.tif is the same file as "
+    with pytest.raises(RegionsError, match=named + r".*row 1 \(region 'r1'\), column 'aef'"):
+        check_regions(read_regions(path), path)
