@@ -111,3 +111,11 @@ def test_one_raster_under_two_paths_is_the_same_file(tmp_path: Path, link: str) 
     named = r"row 2 \(region 'r2'\), column 'aef': .*elsewhere/aef\.tif is the same file as "
     with pytest.raises(RegionsError, match=named + r".*row 1 \(region 'r1'\), column 'aef'"):
         check_regions(read_regions(path), path)
+
+
+def test_a_duplicate_id_names_its_first_row(tmp_path: Path) -> None:
+    path = table_of(tmp_path, 4)
+    path.write_text(path.read_text().replace("r3\t", "r2\t", 1))
+    with pytest.raises(RegionsError, match=r"row 3 \(region 'r2'\), column 'region': duplicate "
+                       r"region id, already used in row 2$"):  # fmt: skip
+        check_regions(read_regions(path), path)

@@ -59,17 +59,17 @@ def where_in(path: Path, row: int, region: str, column: str) -> str:
 
 
 def check_unique_ids(table: pd.DataFrame, path: Path) -> None:
-    rows = [str(r) for r in table.index]
-    for row, region in enumerate(rows, start=1):
+    first: dict[str, int] = {}  # each id's first row (a list's index() was quadratic)
+    for row, region in enumerate((str(r) for r in table.index), start=1):
         if not region or region.startswith("-"):  # '-h' would reach a command line as an option
             raise RegionsError(
                 f"{where_in(path, row, region, 'region')}: expected an id starting with a letter, "
                 f"digit or '_', found {region!r}"
             )
-        if rows.index(region) + 1 != row:
+        if first.setdefault(region, row) != row:
             raise RegionsError(
                 f"{where_in(path, row, region, 'region')}: duplicate region id, "
-                f"already used in row {rows.index(region) + 1}"
+                f"already used in row {first[region]}"
             )
 
 
