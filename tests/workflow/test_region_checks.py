@@ -7,12 +7,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import rasterio
 from rasterio.transform import from_origin
 
 from emb.prep.regions import RegionsError, read_regions
-from emb.workflow.region_checks import READERS, check_regions
+from emb.workflow.region_checks import READERS, check_regions, records
 
 HEADER = "region\tyear\taef\ttessera\tcdl\tsplit"
 KINDS = (("aef", 64, "int8"), ("tessera", 128, "float32"), ("cdl", 1, "uint8"))
@@ -119,3 +120,17 @@ def test_a_duplicate_id_names_its_first_row(tmp_path: Path) -> None:
     with pytest.raises(RegionsError, match=r"row 3 \(region 'r2'\), column 'region': duplicate "
                        r"region id, already used in row 2$"):  # fmt: skip
         check_regions(read_regions(path), path)
+
+
+def test_the_rows_are_read_as_iterrows_gave_them(tmp_path: Path) -> None:
+    """records(): plain dicts, each row's cells as a Series of it held them, in table order,
+    a missing cell (a row an area added without that column) included."""
+    path = table_of(tmp_path, 3)
+    table = read_regions(path)
+    table = pd.concat([table, pd.DataFrame({"region": ["a_1"], "aef": ["x.vrt"]}, index=["a_1"])])
+    got = list(records(table))
+    assert [region for region, _ in got] == ["r1", "r2", "r3", "a_1"]
+    expected = [(region, rec.to_dict()) for region, rec in table.iterrows()]
+    assert [(r, {k: str(v) for k, v in c.items()}) for r, c in got] == [
+        (r, {k: str(v) for k, v in c.items()}) for r, c in expected
+    ]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -84,10 +84,16 @@ class Listed(Protocol):
 CDL_FILE_YEAR = re.compile(r"(?<![0-9])([0-9]{4})_(?:10|30)m_cdls", re.IGNORECASE)
 
 
+def records(table: pd.DataFrame) -> Iterator[tuple[str, dict]]:
+    """Each row of ``table`` as (region, its cells by column), in order: plain dicts (iterrows
+    built a Series per row: 0.14 s of CPU a pass over 1,000 regions, against 0.01)."""
+    return zip(table.index, table.to_dict("records"), strict=True)
+
+
 def check_predict_only(table: pd.DataFrame, path: Path, run_sources: dict[str, str]) -> None:
     """A prediction-only row is there to be mapped: some run (``run_sources``: run -> source)
     must have one of its sources."""
-    for row, (region, rec) in enumerate(table.iterrows(), start=1):
+    for row, (region, rec) in enumerate(records(table), start=1):
         if not is_predict_only(rec.get("split", "")):
             continue
         sources = [s for s in SOURCES if rec.get(s, "")]
@@ -100,7 +106,7 @@ def check_predict_only(table: pd.DataFrame, path: Path, run_sources: dict[str, s
             )
 
 
-def check_row_kind(rec: pd.Series, where: str) -> None:
+def check_row_kind(rec: Mapping[str, str], where: str) -> None:
     """A training row needs its labels; a prediction-only row must not name any (which one
     did the user mean?)."""
     cdl = rec.get("cdl", "")
@@ -219,7 +225,7 @@ def check_regions(
     seen: dict[tuple, str] = {}  # an embedding raster's file or grid -> where it was listed
     checks = RegionChecks()
     listed: dict[str, list[Footprint]] = {s: [] for s in SOURCES}
-    rows = enumerate(table.iterrows(), start=1)
+    rows = enumerate(records(table), start=1)
     read_row = partial(_read_row, path=path, generated=generated)
     for (row, (region, rec)), read in in_threads(read_row, rows, READERS):
         check_row_kind(rec, where_in(path, row, region, "cdl"))
@@ -271,7 +277,7 @@ Outcome = Raster | Exception | None
 
 
 def _read_row(
-    item: tuple[int, tuple[str, pd.Series]], path: Path, generated: set[str]
+    item: tuple[int, tuple[str, Mapping[str, str]]], path: Path, generated: set[str]
 ) -> dict[str, Outcome]:
     """A row's rasters opened and header-checked, and the CDL's labels under each embedding
     raster, as check_regions meets them (in a reader thread): each column's :class:`Raster`,
