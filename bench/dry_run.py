@@ -26,7 +26,20 @@ alternating the sizes so both see the same machine, and keeps each one's best ti
   ``inspect.signature`` 8% over the run, the profile's string resources ``eval``-ed per job;
   the log handler's flush per line 8%). At 100 regions the fixed cost: the windows import
   25%, the train-config resolutions 14%, Snakemake's imports 11%, the regions table's
-  row-by-row validation 8%.
+  row-by-row validation 8%. 2026-12-07 (issue 58 item 6; load 6-11, a full suite running):
+  a 1,000-region lumi dry run under cProfile (CPU clock, 266 s profiled): printing the job
+  list 29% (each job's resources evaluated 14%, its shell command formatted three times 7%,
+  file lists 4%, logging 2%), building the DAG 30%, the group jobs' ready check 17% (inside
+  both: quadratic in a group's 100 members, each member's computed twice per pass, once for a
+  debug f-string), ``inspect.signature`` 9%: all Snakemake's. Ours: the parse 13% (the
+  regions check 8%, a realpath per raster 2% of it; the 8 train-config resolutions 2%; the
+  table's validation 1%). Now Snakemake's signature lookups are made once per function
+  (emb.workflow.signatures), the regions check knows a file by its reader's stat and its
+  rows as dicts. CPU seconds of lumi 1,000, main / this change alternated, no profiler:
+  38.9 / 36.2, 38.5 / 33.4 (without the signature memo: 45.0, 40.8); ``--baseline`` with
+  ``--repeats 1``, CPU ratios lumi 100: 1.16, 1,000: 0.98; betzy 100: 0.95, 1,000: 1.15: the
+  load's noise (+-15%) is larger than the change (~-10%). Under 20 s for 1,000 regions needs
+  Snakemake's per-job costs cut, not ours.
 - growth_{cluster}: time for the large table / time for the small one; ~10 for 10x the
   regions is linear, more means something quadratic in the DAG is back.
 - group_{cluster}_{n}: the widest group job as Snakemake submits it (its side-by-side members
