@@ -36,7 +36,8 @@ alternating the sizes so both see the same machine, and keeps each one's best ti
   table's validation 1%). Now Snakemake's signature lookups are made once per function
   (emb.workflow.signatures), the regions check knows a file by its reader's stat and its
   rows as dicts. CPU seconds of lumi 1,000, main / this change alternated, no profiler:
-  38.9 / 36.2, 38.5 / 33.4 (without the signature memo: 45.0, 40.8); ``--baseline`` with
+  38.9 / 36.2, 38.5 / 33.4 (without the signature memo: 45.0, 40.8); at a load of 3-6, user +
+  system: 40.9 / 34.0, 44.8 / 39.8, 46.1 / 39.2 (0.83, 0.89, 0.85); ``--baseline`` with
   ``--repeats 1``, CPU ratios lumi 100: 1.16, 1,000: 0.98; betzy 100: 0.95, 1,000: 1.15: the
   load's noise (+-15%) is larger than the change (~-10%). Under 20 s for 1,000 regions needs
   Snakemake's per-job costs cut, not ours.
