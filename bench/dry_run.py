@@ -26,20 +26,43 @@ alternating the sizes so both see the same machine, and keeps each one's best ti
   ``inspect.signature`` 8% over the run, the profile's string resources ``eval``-ed per job;
   the log handler's flush per line 8%). At 100 regions the fixed cost: the windows import
   25%, the train-config resolutions 14%, Snakemake's imports 11%, the regions table's
-  row-by-row validation 8%.
+  row-by-row validation 8%. 2026-12-07 (issue 58 item 6; load 6-11, a full suite running):
+  a 1,000-region lumi dry run under cProfile (CPU clock, 266 s profiled): printing the job
+  list 29% (each job's resources evaluated 14%, its shell command formatted three times 7%,
+  file lists 4%, logging 2%), building the DAG 30%, the group jobs' ready check 17% (inside
+  both: quadratic in a group's 100 members, each member's computed twice per pass, once for a
+  debug f-string), ``inspect.signature`` 9%: all Snakemake's. Ours: the parse 13% (the
+  regions check 8%, a realpath per raster 2% of it; the 8 train-config resolutions 2%; the
+  table's validation 1%). Now Snakemake's signature lookups are made once per function
+  (emb.workflow.signatures), the regions check knows a file by its reader's stat and its
+  rows as dicts. CPU seconds of lumi 1,000, main / this change alternated, no profiler:
+  38.9 / 36.2, 38.5 / 33.4 (without the signature memo: 45.0, 40.8); at a load of 3-6, user +
+  system: 40.9 / 34.0, 44.8 / 39.8, 46.1 / 39.2 (0.83, 0.89, 0.85); ``--baseline`` with
+  ``--repeats 1``, CPU ratios lumi 100: 1.16, 1,000: 0.98; betzy 100: 0.95, 1,000: 1.15: the
+  load's noise (+-15%) is larger than the change (~-10%). Under 20 s for 1,000 regions needs
+  Snakemake's per-job costs cut, not ours.
 - growth_{cluster}: time for the large table / time for the small one; ~10 for 10x the
   regions is linear, more means something quadratic in the DAG is back.
 - group_{cluster}_{n}: the widest group job as Snakemake submits it (its side-by-side members
   summed, ``tests/cluster/listed_groups.py``) next to a node of its partition as the profile
   states it: cores, MB and minutes asked / the node's (each must be <= 1).
 
-Usage: ``python bench/dry_run.py [--sizes 100 1000] [--repeats 2] [--json PATH]``.
+- cpu_s_{cluster}_{n}: CPU seconds of the dry run's processes (user + system): steadier than
+  wall time on a loaded machine.
+- with ``--baseline CHECKOUT`` (another checkout, e.g. main's): the same dry runs of its
+  Snakefile, profiles and src, each run of this tree's right after the baseline's (both see
+  the same minute), and ``ratio_{cluster}_{n}``: this tree's best / the baseline's, wall and CPU.
+
+Usage: ``python bench/dry_run.py [--sizes 100 1000] [--repeats 2] [--baseline DIR] [--json PATH]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import resource
+import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -49,7 +72,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "cluster")]  # the tests' table builder
 
 from listed_groups import group_requests  # noqa: E402
-from test_profiles import cluster_env, dry_run  # noqa: E402
+from test_profiles import cluster_env  # noqa: E402
 from test_scale_dry_run import many_regions, submitted  # noqa: E402
 
 CLUSTERS = ("lumi", "betzy")
@@ -69,35 +92,61 @@ def widest_group(stdout: str) -> dict[str, object]:
     }
 
 
+def dry_run(tree: Path, work: Path, cluster: str, table: Path) -> tuple[str, float, float]:
+    """The tests' cluster dry run (tests/cluster/test_profiles.dry_run) of ``tree``'s Snakefile,
+    profile and src: its listing, wall and CPU seconds."""
+    work.mkdir()
+    shutil.copytree(tree / "config", work / "config")
+    env = {**cluster_env(work), "PYTHONPATH": str(tree / "src")}  # that tree's code, not the venv's
+    profile = tree / "profiles" / cluster
+    cmd = ["snakemake", "-s", str(tree / "Snakefile"), "-d", str(work), "-n", "--profile",
+           str(profile), "--cores", "64", "--config", f"regions={table}"]  # fmt: skip
+    before, started = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
+    done = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=600)
+    wall, after = time.perf_counter() - started, resource.getrusage(resource.RUSAGE_CHILDREN)
+    if done.returncode != 0:
+        raise SystemExit(f"{tree}, {cluster}, {table}: {done.stderr[-3000:]}")
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    return done.stdout, wall, cpu
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs=2, default=[100, 1000])
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--baseline", type=Path, help="another checkout, run alternately")
     args = parser.parse_args()
+    trees = {"": REPO, **({"baseline_": args.baseline.resolve()} if args.baseline else {})}
     results: dict[str, object] = {}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         tables = {n: many_regions(root / f"inputs{n}", n) for n in args.sizes}
         for cluster in CLUSTERS:
-            best = {n: float("inf") for n in args.sizes}
+            best = {(t, n, k): float("inf") for t in trees for n in args.sizes for k in "wc"}
             for repeat in range(args.repeats):
                 for n, table in tables.items():
-                    work = root / f"{cluster}-{n}-{repeat}"
-                    work.mkdir()
-                    started = time.perf_counter()
-                    env = {**cluster_env(work), "PYTHONPATH": str(REPO / "src")}  # this tree
-                    done = dry_run(work, REPO / "profiles" / cluster, env,
-                                   "--config", f"regions={table}")  # fmt: skip
-                    best[n] = min(best[n], time.perf_counter() - started)
-                    if done.returncode != 0:
-                        raise SystemExit(f"{cluster}, {n} regions: {done.stderr[-3000:]}")
-                    results[f"slurm_jobs_{cluster}_{n}"] = sum(submitted(done.stdout).values())
-                    results[f"group_{cluster}_{n}"] = widest_group(done.stdout)
-            for n in args.sizes:
-                results[f"dry_run_s_{cluster}_{n}"] = round(best[n], 2)
+                    for tag, tree in reversed(trees.items()):  # the baseline first
+                        work = root / f"{tag}{cluster}-{n}-{repeat}"
+                        stdout, wall, cpu = dry_run(tree, work, cluster, table)
+                        best[tag, n, "w"] = min(best[tag, n, "w"], wall)
+                        best[tag, n, "c"] = min(best[tag, n, "c"], cpu)
+                        results[f"{tag}slurm_jobs_{cluster}_{n}"] = sum(submitted(stdout).values())
+                        if not tag:
+                            results[f"group_{cluster}_{n}"] = widest_group(stdout)
             small, large = args.sizes
-            results[f"growth_{cluster}"] = round(best[large] / best[small], 2)
+            for tag in trees:
+                for n in args.sizes:
+                    results[f"{tag}dry_run_s_{cluster}_{n}"] = round(best[tag, n, "w"], 2)
+                    results[f"{tag}cpu_s_{cluster}_{n}"] = round(best[tag, n, "c"], 2)
+                growth = best[tag, large, "w"] / best[tag, small, "w"]
+                results[f"{tag}growth_{cluster}"] = round(growth, 2)
+            if args.baseline:
+                for n in args.sizes:
+                    results[f"ratio_{cluster}_{n}"] = {
+                        k: round(best["", n, x] / best["baseline_", n, x], 2)
+                        for k, x in (("wall", "w"), ("cpu", "c"))
+                    }
     text = json.dumps(results, indent=2)
     print(text)
     if args.json:

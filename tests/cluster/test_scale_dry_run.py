@@ -19,7 +19,8 @@ import pytest
 import rasterio
 from conftest import REPO
 from rasterio.transform import from_origin
-from test_profiles import CPU_PARTITION, cluster_env, dry_run, jobs_of, real_run
+from test_profiles import CPU_PARTITION, dry_run, jobs_of, real_run
+from test_profiles import cluster_env as login_env
 
 from emb.workflow.cluster_fit import Node, Request, check_fits
 
@@ -28,6 +29,13 @@ LOCAL_RULES = {"regions_table", "train_config", "manifest", "summary", "curves",
 GROUPED = {"tessera_npy", "align_labels", "shards"}
 PREP_PER_JOB = 50  # group-components prep in profiles/{lumi,betzy}
 REGIONS = 1000
+
+
+def cluster_env(tmp_path: Path) -> dict[str, str]:
+    """A login shell's settings (test_profiles.cluster_env) whose workflow imports this
+    checkout's src, not whichever checkout the venv's editable install names (a worktree's
+    new module would be missing, or an old one tested), as bench/dry_run.py does."""
+    return {**login_env(tmp_path), "PYTHONPATH": str(REPO / "src")}
 
 
 def many_regions(root: Path, n: int) -> Path:

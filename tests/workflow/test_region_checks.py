@@ -7,12 +7,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import rasterio
 from rasterio.transform import from_origin
 
 from emb.prep.regions import RegionsError, read_regions
-from emb.workflow.region_checks import READERS, check_regions
+from emb.workflow.region_checks import READERS, check_regions, records
 
 HEADER = "region\tyear\taef\ttessera\tcdl\tsplit"
 KINDS = (("aef", 64, "int8"), ("tessera", 128, "float32"), ("cdl", 1, "uint8"))
@@ -94,3 +95,42 @@ def test_the_tables_last_rows_are_checked_in_order(
         RegionsError, match=rf"row {named} \(region 'r{named}'\), column '{column}'"
     ):
         check_regions(read_regions(path), path)
+
+
+@pytest.mark.parametrize("link", ["symlink", "hardlink"])
+def test_one_raster_under_two_paths_is_the_same_file(tmp_path: Path, link: str) -> None:
+    """A link is the same pixels: listed under two regions it would leak between splits."""
+    path = table_of(tmp_path, 2)
+    first = tmp_path / "r1_aef.tif"
+    other = tmp_path / "elsewhere" / "aef.tif"
+    other.parent.mkdir()
+    if link == "symlink":
+        other.symlink_to(first)
+    else:
+        other.hardlink_to(first)
+    path.write_text(path.read_text().replace(str(tmp_path / "r2_aef.tif"), str(other)))
+    named = r"row 2 \(region 'r2'\), column 'aef': .*elsewhere/aef\.tif is the same file as "
+    with pytest.raises(RegionsError, match=named + r".*row 1 \(region 'r1'\), column 'aef'"):
+        check_regions(read_regions(path), path)
+
+
+def test_a_duplicate_id_names_its_first_row(tmp_path: Path) -> None:
+    path = table_of(tmp_path, 4)
+    path.write_text(path.read_text().replace("r3\t", "r2\t", 1))
+    with pytest.raises(RegionsError, match=r"row 3 \(region 'r2'\), column 'region': duplicate "
+                       r"region id, already used in row 2$"):  # fmt: skip
+        check_regions(read_regions(path), path)
+
+
+def test_the_rows_are_read_as_iterrows_gave_them(tmp_path: Path) -> None:
+    """records(): plain dicts, each row's cells as a Series of it held them, in table order,
+    a missing cell (a row an area added without that column) included."""
+    path = table_of(tmp_path, 3)
+    table = read_regions(path)
+    table = pd.concat([table, pd.DataFrame({"region": ["a_1"], "aef": ["x.vrt"]}, index=["a_1"])])
+    got = list(records(table))
+    assert [region for region, _ in got] == ["r1", "r2", "r3", "a_1"]
+    expected = [(region, rec.to_dict()) for region, rec in table.iterrows()]
+    assert [(r, {k: str(v) for k, v in c.items()}) for r, c in got] == [
+        (r, {k: str(v) for k, v in c.items()}) for r, c in expected
+    ]
