@@ -20,15 +20,10 @@ import torch
 from conftest import TinyDemo
 
 from emb.loading.batch_reader import round_robin
-from emb.loading.batches import (
-    LoaderError,
-    LoaderSpec,
-    eval_batches,
-    shard_sample_counts,
-    train_batches,
-)
+from emb.loading.batches import LoaderError, LoaderSpec, eval_batches, train_batches
 from emb.loading.buffer_pool import BufferPool
 from emb.loading.shard_index import scan_shard
+from emb.loading.shard_manifest import shard_sample_counts
 
 IN_DIM = {"aef": 64, "tessera": 128}
 

@@ -16,14 +16,9 @@ import torch
 import webdataset as wds
 from conftest import TINY, TinyDemo
 
-from emb.loading.batches import (
-    LoaderError,
-    LoaderSpec,
-    eval_batches,
-    shard_sample_counts,
-    train_batches,
-)
+from emb.loading.batches import LoaderError, LoaderSpec, eval_batches, train_batches
 from emb.loading.shard_index import ShardError, scan_shard
+from emb.loading.shard_manifest import shard_sample_counts
 from emb.loading.sidecar import MissingSidecarWarning, read_sidecar, sidecar_path
 from emb.prep.channel_stats import channel_stats
 from emb.prep.shards import build_region

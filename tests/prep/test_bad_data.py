@@ -14,13 +14,8 @@ import rasterio
 from affine import Affine
 from conftest import TINY, TinyDemo, venv_env
 
-from emb.loading.batches import (
-    LoaderError,
-    LoaderSpec,
-    eval_batches,
-    shard_sample_counts,
-    train_batches,
-)
+from emb.loading.batches import LoaderError, LoaderSpec, eval_batches, train_batches
+from emb.loading.shard_manifest import shard_sample_counts
 from emb.prep.align_labels import AlignmentError, align_labels
 from emb.prep.shards import build_region
 from emb.prep.spatial_split import SplitSpec, TilingError
