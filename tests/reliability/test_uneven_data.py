@@ -23,10 +23,10 @@ from emb.loading.batches import (
     LoaderError,
     LoaderSpec,
     eval_batches,
-    shards_for_rank,
     train_batches,
     train_steps_per_epoch,
 )
+from emb.loading.shard_manifest import shards_for_rank
 from emb.prep.shards import TarShard, encode_npy
 
 pytestmark = pytest.mark.reliability
