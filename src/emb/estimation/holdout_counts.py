@@ -26,6 +26,9 @@ from emb.estimation.population import (
     AHEAD,
     CHUNK,
     STRIP_BYTES,
+    StripBuffer,
+    StripRing,
+    as_bytes,
     cache_bytes,
     crs_text,
     level_table,
@@ -187,7 +190,7 @@ def test_boxes(index: Mapping, path: Path | str) -> np.ndarray:
 
 
 def _region_reads(
-    region: str, map_path: Path, label_path: Path, index_path: Path, ring: _Ring
+    region: str, map_path: Path, label_path: Path, index_path: Path, ring: StripRing
 ) -> Iterator[tuple]:
     """The reads of one region's test tiles, in the order they are counted (by
     :func:`read_population`, maybe in a thread of their own): ``("grid", region, map, labels,
@@ -215,19 +218,6 @@ def _region_reads(
                     yield ("strip", win, [(a - col0, b - col0) for a, b in spans],
                            _read_codes(mp, lab, win, ring.next()))  # fmt: skip
         yield "area", map_pixel_ha(mp, map_path)  # after the counts, as it was read after them
-
-
-class _Ring:
-    """``size`` strip buffers (:class:`_Codes`) handed out in turn: a reader ahead of the
-    counting (:func:`emb.estimation.population.read_ahead`) writes one the counting is done
-    with, ``AHEAD`` + 2 of them."""
-
-    def __init__(self, size: int) -> None:
-        self.buffers, self.at = [_Codes() for _ in range(size)], -1
-
-    def next(self) -> _Codes:
-        self.at = (self.at + 1) % len(self.buffers)
-        return self.buffers[self.at]
 
 
 def _on_crs(
@@ -271,36 +261,21 @@ CELL_OF = _cell_table()
 # local domains a strip counts in one bincount of its codes as they are ((L + 1) x 64K bins:
 # 8 MB at most); past them each code is looked up to its cell first
 DIRECT_DOMAINS = 16
-CODE_BYTES = 8  # a pixel's code in a strip's buffer (:class:`_Codes`): STRIP_BYTES hold so many
+CODE_BYTES = 8  # a pixel's code in a strip's buffer (StripBuffer): STRIP_BYTES hold so many
 WHOLE = np.zeros(1, np.int64)  # the domains of a region counted without districts: the whole
 
 
 def _read_codes(
-    mp: rasterio.DatasetReader, lab: rasterio.DatasetReader, win: Window, codes: _Codes
+    mp: rasterio.DatasetReader, lab: rasterio.DatasetReader, win: Window, codes: StripBuffer
 ) -> np.ndarray:
     """(h, w) int64 codes ``map << 8 | CDL`` of a window: each raster read straight into its
     byte of one int64 buffer (GDAL writes with a pixel stride; the other bytes stay 0), so
     bincount counts it as it is: no copy to pair the rasters, none to cast to intp."""
     out = codes.window(int(win.height), int(win.width))
-    both = out.view(np.uint8).reshape(*out.shape, 8)
+    both = as_bytes(out)
     lab.read(1, window=win, out=both[:, :, 0])
     mp.read(1, window=win, out=both[:, :, 1])
     return out
-
-
-class _Codes:
-    """A reused little-endian int64 buffer of a strip's codes: byte 0 the CDL, byte 1 the
-    map, bytes 2-3 a pixel's local domain while it is counted (:func:`_add_cells`), zero
-    otherwise (kept so between strips: a fresh buffer a strip would cost its page faults)."""
-
-    def __init__(self) -> None:
-        self.flat = np.zeros(0, "<i8")
-
-    def window(self, height: int, width: int) -> np.ndarray:
-        """(height, width) int64 view of the buffer, grown (zeroed) when too small."""
-        if self.flat.size < height * width:
-            self.flat = np.zeros(height * width, "<i8")
-        return self.flat[: height * width].reshape(height, width)
 
 
 def _add_cells(
@@ -309,7 +284,8 @@ def _add_cells(
 ) -> None:  # fmt: skip
     """Add to ``cells`` (D + 1, CELLS) the pixels per (domain, cell) of the columns ``spans``
     (of ``codes``' own columns) of int64 ``codes`` (``map << 8 | CDL``, bytes 2-3 zero,
-    :class:`_Codes`), a pixel's domain ``ids[local]`` (``ids[0]`` for all without ``local``).
+    :class:`StripBuffer`), a pixel's domain ``ids[local]`` (``ids[0]`` for all without
+    ``local``).
     A pixel's local domain goes into bytes 2-3 of its code (columns out of the spans: one
     past the last, a bin left out), so one bincount of the buffer as it is counts (local
     domain, map, CDL) over the strip's few domains (L + 1, not D + 1), folded into cells once.
@@ -391,7 +367,7 @@ def read_population(
     n_domains = 1 + (len(districts.names) if districts is not None else 0)
     cells, areas = np.zeros((n_domains, CELLS), np.int64), {}
     placed: dict[str, MapDistricts] = {}  # the districts on each CRS (by its text), moved once
-    ring = _Ring(1 if threads <= 1 else AHEAD + 2)
+    ring = StripRing(1 if threads <= 1 else AHEAD + 2)
 
     def reads() -> Iterator[tuple]:
         for region, index_path in indexes.items():

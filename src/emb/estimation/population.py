@@ -166,6 +166,42 @@ def streaming(path: Path | str) -> Iterator[rasterio.DatasetReader]:
             yield src
 
 
+class StripBuffer:
+    """A reused little-endian int64 buffer of a strip's pixels as bincount's keys: rasters
+    read straight into its low bytes (GDAL writes with a pixel stride), a pixel's local domain
+    written into the next ones while it is counted and zeroed after (a fresh buffer a strip
+    would cost its page faults), so bincount counts it as it is: no copy to pair bytes, none
+    to cast to intp (bincount's own copy of a uint8 or uint16 input)."""
+
+    def __init__(self) -> None:
+        self.flat = np.zeros(0, "<i8")
+
+    def window(self, height: int, width: int) -> np.ndarray:
+        """(height, width) int64 view of the buffer, grown (zeroed) when too small."""
+        if self.flat.size < height * width:
+            self.flat = np.zeros(height * width, "<i8")
+        return self.flat[: height * width].reshape(height, width)
+
+
+class StripRing:
+    """``size`` strip buffers handed out in turn: a reader ahead of the counting
+    (:func:`read_ahead`) writes only one the counting is done with when there are ``AHEAD`` +
+    2 of them (the one taken, the queue's, the one being read)."""
+
+    def __init__(self, size: int) -> None:
+        self.buffers, self.at = [StripBuffer() for _ in range(size)], -1
+
+    def next(self) -> StripBuffer:
+        """The next buffer in turn."""
+        self.at = (self.at + 1) % len(self.buffers)
+        return self.buffers[self.at]
+
+
+def as_bytes(keys: np.ndarray) -> np.ndarray:
+    """(h, w, 8) uint8 view of (h, w) little-endian int64 keys: byte 0 the lowest."""
+    return keys.view(np.uint8).reshape(*keys.shape, 8)
+
+
 def read_ahead(items: Iterator[T], threads: int, ahead: int = AHEAD) -> Iterator[T]:
     """``items`` in their order; with ``threads`` > 1 produced by a thread of their own up to
     ``ahead`` items before they are taken (a bounded queue: memory stays that of a few strips),
