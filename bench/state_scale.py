@@ -35,8 +35,14 @@ that one process (``getrusage(RUSAGE_CHILDREN).ru_maxrss``, interpreter and impo
 The files are fresh in the page cache for all three (hot reads). Goals: RSS < 2 GiB, design
 and check each within 3x the read.
 
+With ``--threads`` (default 2, as the stages' rules declare) the population pass and the design
+read the maps in a thread of their own, a few strips ahead of the counting; the read, the
+yardstick, stays in one thread. Each part's CPU time (user + system, its whole process) is
+reported beside its wall time: on a loaded machine the ratio of CPU times is the steadier.
+
 Usage: ``python bench/state_scale.py [--regions 1000] [--size 1024] [--test-share 1.0]
-[--draws 200] [--district-draws N] [--distinct 4] [--json PATH] [--workdir DIR] [--keep]``;
+[--draws 200] [--district-draws N] [--distinct 4] [--threads 2] [--json PATH] [--workdir DIR]
+[--keep]``;
 the default path in its smallest mode (tests/bench): ``--regions 4 --size 256 --draws 2``.
 """
 
@@ -169,8 +175,9 @@ def write_districts(path: Path, bounds: tuple[float, float, float, float]) -> No
 # --- the contenders, each in a child process (``--child NAME FILES DRAWS``) ---------------
 
 
-def child_read(files: dict, draws: int, district_draws: int) -> dict:
-    """Every map read once, block by block: the yardstick."""
+def child_read(files: dict, draws: int, district_draws: int, threads: int) -> dict:
+    """Every map read once, block by block, in one thread (whatever ``--threads``): the
+    yardstick."""
     start, pixels = time.perf_counter(), 0
     for path in files["maps"].values():
         with rasterio.open(path) as src:
@@ -187,7 +194,7 @@ def districts_of(files: dict) -> Districts:
                           / "districts.geojson", "name")  # fmt: skip
 
 
-def child_check(files: dict, draws: int, district_draws: int) -> dict:
+def child_check(files: dict, draws: int, district_draws: int, threads: int) -> dict:
     """The test split's check as the stage runs it with districts: the population (per
     district), the whole's draws, then the districts' draws."""
     from emb.classes import load_class_map  # noqa: PLC0415 - imports are not the stage's time
@@ -199,7 +206,8 @@ def child_check(files: dict, draws: int, district_draws: int) -> dict:
     cmap, settings = load_class_map(CLASSES), from_json(json.dumps({"draws": draws}))
     districts = districts_of(files)
     start = time.perf_counter()
-    population = read_population(files["maps"], files["labels"], files["indexes"], districts)
+    population = read_population(files["maps"], files["labels"], files["indexes"], districts,
+                                 threads)  # fmt: skip
     read_s = time.perf_counter() - start
     checks = check(population, cmap, settings)
     whole_s = time.perf_counter() - start - read_s
@@ -212,7 +220,7 @@ def child_check(files: dict, draws: int, district_draws: int) -> dict:
             "levels": len(checks), "domains": len(by_district.domains)}  # fmt: skip
 
 
-def child_design(files: dict, draws: int, district_draws: int) -> dict:
+def child_design(files: dict, draws: int, district_draws: int, threads: int) -> dict:
     """The sample design over every map with districts (strata district x class), with the
     schema's settings."""
     from emb.classes import load_class_map  # noqa: PLC0415
@@ -227,7 +235,7 @@ def child_design(files: dict, draws: int, district_draws: int) -> dict:
     n = max(int(settings.n), (DISTRICTS + 1) * CLASSES_USED * settings.min_per_class)
     start = time.perf_counter()
     design = draw_points(maps, settings.level, cmap, n, settings.min_per_class, settings.seed,
-                         districts=districts)  # fmt: skip
+                         districts=districts, threads=threads)  # fmt: skip
     out = {"s": time.perf_counter() - start, "units": int(design.record.n_drawn)}
     if os.environ.get(POINTS_ENV):  # the drawn points, to compare two trees' designs
         Path(os.environ[POINTS_ENV]).write_text(json.dumps(
@@ -240,18 +248,20 @@ def child_design(files: dict, draws: int, district_draws: int) -> dict:
 CHILDREN = {"read": child_read, "check": child_check, "design": child_design}
 
 
-def measure(name: str, files_json: Path, draws: int, district_draws: int) -> dict:
+def measure(name: str, files_json: Path, draws: int, district_draws: int, threads: int) -> dict:
     """One contender in a fresh process: its own figures, its wall time from start to exit,
     and its peak RSS (the only child this process has waited for, so RUSAGE_CHILDREN is its)."""
     cmd = [sys.executable, __file__, "--child", name, str(files_json), str(draws),
-           str(district_draws)]  # fmt: skip
+           str(district_draws), str(threads)]  # fmt: skip
     start = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode:
         raise SystemExit(f"{name}: exit {done.returncode}\n{done.stderr[-3000:]}")
     figures = json.loads(done.stdout.strip().splitlines()[-1])
     figures["wall_s"] = time.perf_counter() - start
-    figures["rss_mib"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    figures["rss_mib"] = usage.ru_maxrss / 1024
+    figures["cpu_s"] = usage.ru_utime + usage.ru_stime  # the process's, imports included
     return figures
 
 
@@ -260,11 +270,12 @@ def run(work: Path, args: argparse.Namespace) -> dict:
     write_collection(work, args.regions, args.size, args.test_share, args.distinct)
     figures: dict = {"regions": args.regions, "size": args.size, "test_share": args.test_share,
                      "gpx": args.regions * args.size**2 / 1e9, "draws": args.draws,
+                     "threads": args.threads,
                      "generate_s": time.perf_counter() - start}  # fmt: skip
     district_draws = args.draws if args.district_draws is None else args.district_draws
     for name in CHILDREN:  # each measured by a process of its own (a fresh RUSAGE_CHILDREN)
         cmd = [sys.executable, __file__, "--measure", name, str(work / "files.json"),
-               str(args.draws), str(district_draws)]  # fmt: skip
+               str(args.draws), str(district_draws), str(args.threads)]  # fmt: skip
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode:
             raise SystemExit(f"{name}: exit {done.returncode}\n{done.stderr[-3000:]}")
@@ -276,9 +287,12 @@ def run(work: Path, args: argparse.Namespace) -> dict:
 
 def report(figures: dict) -> None:
     print(f"{figures['regions']} regions of {figures['size']} px ({figures['gpx']:.3f} Gpx), "
-          f"test share {figures['test_share']:g}, {figures['draws']} draws; generated in "
+          f"test share {figures['test_share']:g}, {figures['draws']} draws, "
+          f"{figures['threads']} thread(s) (the read: one); generated in "
           f"{figures['generate_s']:.1f} s")  # fmt: skip
-    print(f"{'part':8s} {'s':>8s} {'wall_s':>8s} {'rss_mib':>8s} {'x read':>7s}  goals")
+    print(
+        f"{'part':8s} {'s':>8s} {'wall_s':>8s} {'cpu_s':>8s} {'rss_mib':>8s} {'x read':>7s}  goals"
+    )
     for name in CHILDREN:
         f = figures[name]
         ratio = f.get("ratio")
@@ -291,7 +305,8 @@ def report(figures: dict) -> None:
             f"rss < {GOALS['rss_mib']:g}: {'met' if f['rss_mib'] < GOALS['rss_mib'] else 'MISSED'}"
         )
         shown = "" if ratio is None else f"{ratio:7.2f}"
-        print(f"{name:8s} {f['s']:8.2f} {f['wall_s']:8.2f} {f['rss_mib']:8.1f} {shown:>7s}  {met}")
+        print(f"{name:8s} {f['s']:8.2f} {f['wall_s']:8.2f} {f['cpu_s']:8.2f} {f['rss_mib']:8.1f} "
+              f"{shown:>7s}  {met}")  # fmt: skip
     check = figures["check"]
     print(
         f"check: population {check['population_s']:.2f} s ({check['test_px']} test px, "
@@ -314,16 +329,20 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true")
     parser.add_argument("--district-draws", type=int, default=None,
                         help="the check by district's draws (default: --draws)")  # fmt: skip
-    parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
-    parser.add_argument("--measure", nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument("--threads", type=int, default=2,
+                        help="threads of the check's population pass and of the design (the "
+                        "stages' rules' threads); the read stays in one")  # fmt: skip
+    parser.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
+    parser.add_argument("--measure", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child or args.measure:
-        name, files_json, draws, district_draws = args.child or args.measure
+        name, files_json, draws, district_draws, threads = args.child or args.measure
+        numbers = int(draws), int(district_draws), int(threads)
         if args.measure:
-            print(json.dumps(measure(name, Path(files_json), int(draws), int(district_draws))))
+            print(json.dumps(measure(name, Path(files_json), *numbers)))
         else:
             files = json.loads(Path(files_json).read_text())
-            print(json.dumps(CHILDREN[name](files, int(draws), int(district_draws))))
+            print(json.dumps(CHILDREN[name](files, *numbers)))
         return
     work = Path(tempfile.mkdtemp(prefix="emb-state-", dir=args.workdir))
     try:

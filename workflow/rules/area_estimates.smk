@@ -57,7 +57,7 @@ rule area_estimates:
         "benchmarks/area_estimates/{run}.tsv"
     conda:
         "../../envs/emb.yaml"
-    threads: 1
+    threads: 2
     resources:
         mem_mb=4000,
         runtime=30,
@@ -78,7 +78,7 @@ rule area_estimates:
         " --indexes {input.indexes:q} --labels {input.labels:q} --classes={input.classes:q}"
         " --settings={params.settings:q} {params.labelled:q} {params.gpkg:q}"
         " --csv={output.csv:q} --png={output.png:q} --sample-size={output.sample_size:q}"
-        " > {log:q} 2>&1"
+        " --threads={threads} > {log:q} 2>&1"
 
 
 rule sample_design:
@@ -98,7 +98,7 @@ rule sample_design:
         "benchmarks/sample_design/{run}.tsv"
     conda:
         "../../envs/emb.yaml"
-    threads: 1
+    threads: 2
     resources:
         mem_mb=2000,
         runtime=30,
@@ -118,4 +118,4 @@ rule sample_design:
         "python -m emb.estimation.sample_design --maps {params.maps:q}"
         " --classes={input.classes:q} --settings={params.settings:q}"
         " {params.sample_size:q} --out-dir={params.out_dir:q}"
-        " > {log:q} 2>&1"
+        " --threads={threads} > {log:q} 2>&1"

@@ -92,6 +92,9 @@ def main_args(argv: list[str] | None) -> argparse.Namespace:
         type=Path,
         help="{run}_districts.gpkg: the districts' estimates (with districts only)",
     )
+    p.add_argument("--threads", type=int, default=1,
+                   help="threads of the test split's pass (2: the maps read beside the "
+                   "counting; the rule's threads)")  # fmt: skip
     args = p.parse_args(argv)  # fmt: skip
     if len(args.indexes) != len(args.labels):
         p.error(f"--labels: expected one per --indexes ({len(args.indexes)}), "
@@ -186,6 +189,7 @@ def main(argv: list[str] | None = None) -> None:
         dict(zip(regions, args.labels, strict=True)),
         dict(zip(regions, args.indexes, strict=True)),
         districts,
+        args.threads,
     )
     log.info("%s: test split of %s: %d labelled pixels (%.1f ha)", args.run, ", ".join(regions),
              population.pixels, population.pixels * population.pixel_ha)  # fmt: skip

@@ -22,7 +22,7 @@ record of the design beside them, which the estimate needs.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,15 +36,18 @@ from emb import geo
 from emb.classes import IGNORE, N_L3, ClassMap
 from emb.estimation.districts import Districts, MapDistricts, district_burn, on_map
 from emb.estimation.population import (
+    AHEAD,
     CHUNK,
     Points,
+    StripRing,
+    as_bytes,
     collapse_counts,
     count_l3_strips,
     crs_text,
-    histogram,
     level_names,
     level_table,
     map_pixel_ha,
+    read_ahead,
     refuse_foreign,
     streaming,
     strips,
@@ -138,31 +141,128 @@ def _largest_remainder(total: int, weights: list[int]) -> list[int]:
     return shares
 
 
-def _map_record(
-    path: Path, level: int, cmap: ClassMap, districts: Districts | None,
-    placed: dict[str, MapDistricts] | None = None,
-) -> tuple[MapRecord, np.ndarray, np.ndarray, tuple[Affine, str]]:  # fmt: skip
-    """A map's record, (H,) pixels per stratum and (S, H) per strip (the first streaming
+def _map_records(
+    maps: list[Path], level: int, cmap: ClassMap, districts: Districts | None,
+    placed: dict[str, MapDistricts], threads: int = 1,
+) -> list[tuple[MapRecord, np.ndarray, np.ndarray, tuple[Affine, str]]]:  # fmt: skip
+    """Per map its record, (H,) pixels per stratum and (S, H) per strip (the first streaming
     pass), and its transform and WKT (for the points); H = K classes at ``level``, or (D + 1) * K
-    with districts (the map opened once for all)."""
-    with streaming(path) as src:
-        pixel_ha = map_pixel_ha(src, path)
-        crs, width, height = crs_text(src.crs), src.width, src.height
-        grid = (src.transform, src.crs.to_wkt())
-        if districts is not None:
-            strata_strips, l3 = _district_strata_strips(src, path, level, cmap, districts, placed)
+    with districts. With districts the maps' strips come through :func:`_map_reads` (with
+    ``threads`` > 1 read by a thread of their own, a few strips ahead of the counting)."""
     if districts is None:
-        per_strip = count_l3_strips(path)
-        table = level_table(level, cmap)[:N_L3]
-        onehot = np.zeros((256, len(level_names(level, cmap))), np.int64)
-        onehot[np.arange(N_L3), table] = 1  # L3 value -> its class at the level; nodata: none
-        strata_strips, l3 = per_strip @ onehot, per_strip.sum(0)
+        return [_map_record(m, level, cmap) for m in maps]
+    out, ring = [], StripRing(1 if threads <= 1 else AHEAD + 2)
+    reads = (item for m in maps for item in _map_reads(m, ring))
+    counter = None
+    for item in read_ahead(reads, threads):
+        if item[0] == "strip":
+            counter.add(item[2], item[3])
+        elif item[0] == "map":
+            path, head = item[1], item[2]
+            counter = _StrataCounter(level, cmap, districts, _placed(districts, head[6], placed),
+                                     head[5])  # fmt: skip
+        else:
+            strata_strips, l3 = counter.result(path)
+            out.append(_record_of(path, head, level, cmap, strata_strips, l3))
+    return out
+
+
+def _map_record(
+    path: Path, level: int, cmap: ClassMap
+) -> tuple[MapRecord, np.ndarray, np.ndarray, tuple[Affine, str]]:
+    """:func:`_map_records` of one map without districts (strata: its classes)."""
+    with streaming(path) as src:
+        head = _head(src, path)
+    per_strip = count_l3_strips(path)
+    table = level_table(level, cmap)[:N_L3]
+    onehot = np.zeros((256, len(level_names(level, cmap))), np.int64)
+    onehot[np.arange(N_L3), table] = 1  # L3 value -> its class at the level; nodata: none
+    return _record_of(path, head, level, cmap, per_strip @ onehot, per_strip.sum(0))
+
+
+def _head(src: rasterio.DatasetReader, path: Path) -> tuple:
+    """(pixel ha, CRS text, width, height, (transform, WKT), transform, CRS) of an open map."""
+    pixel_ha = map_pixel_ha(src, path)
+    return (pixel_ha, crs_text(src.crs), src.width, src.height,
+            (src.transform, src.crs.to_wkt()), src.transform, src.crs)  # fmt: skip
+
+
+def _record_of(
+    path: Path, head: tuple, level: int, cmap: ClassMap, strata_strips: np.ndarray,
+    l3: np.ndarray,
+) -> tuple[MapRecord, np.ndarray, np.ndarray, tuple[Affine, str]]:  # fmt: skip
+    """A map's entry of :func:`_map_records` from its :func:`_head` and counts."""
+    pixel_ha, crs, width, height, grid = head[:5]
     record = MapRecord(
         region=path.stem, path=str(path), sha256=digest_file(path), crs=crs,
         pixel_ha=pixel_ha, width=width, height=height,
         pixels=int(collapse_counts(l3, level, cmap).sum()),
     )  # fmt: skip
     return record, strata_strips.sum(0), strata_strips, grid
+
+
+def _map_reads(path: Path, ring: StripRing, wanted: np.ndarray | None = None) -> Iterator[tuple]:
+    """The reads of one map, in the order they are counted (maybe in a thread of their own,
+    :func:`emb.estimation.population.read_ahead`): ``("map", path, head)`` (:func:`_head`),
+    ``("strip", i, window, keys)`` for each strip i (only where ``wanted[i]``, when given),
+    ``("end", path)``; ``keys`` (h, w) int64 of a buffer of ``ring`` holding each pixel's map
+    value in byte 0, its other bytes 0 (:class:`emb.estimation.population.StripBuffer`)."""
+    with streaming(path) as src:
+        yield "map", path, _head(src, path)
+        for i, win in enumerate(strips(src)):
+            if wanted is None or wanted[i]:
+                keys = ring.next().window(int(win.height), int(win.width))
+                src.read(1, window=win, out=as_bytes(keys)[:, :, 0])
+                yield "strip", i, win, keys
+    yield "end", path
+
+
+class _StrataCounter:
+    """A map's first pass with districts: (S, (D + 1) * K) int64 pixels per (district, class)
+    stratum of each strip, and (256,) pixels per map value. A strip is counted per (district
+    near it, map value): the local district written into byte 1 of its keys (map value in
+    byte 0), one bincount of them as they are ((L + 1) x 256 counts), folded into its strata
+    (a strip in one district is one histogram)."""
+
+    def __init__(
+        self, level: int, cmap: ClassMap, districts: Districts, shapes: MapDistricts,
+        transform: Affine,
+    ) -> None:  # fmt: skip
+        self.table, self.k = level_table(level, cmap), len(level_names(level, cmap))
+        self.h = (len(districts.names) + 1) * self.k
+        self.shapes, self.transform = shapes, transform
+        self.rows: list[np.ndarray] = []
+        self.l3 = np.zeros(256, np.int64)
+
+    def add(self, win: Window, keys: np.ndarray) -> None:
+        """Count one strip (its keys: :func:`_map_reads`)."""
+        local, ids = _one_district(*district_burn(self.shapes, self.transform, win))
+        hist = _local_counts(keys, local, ids).reshape(len(ids), 256)
+        self.l3 += hist.sum(0)
+        strata = _strata_table(ids, self.table, self.k, self.h)
+        counts = np.bincount(strata, weights=hist.ravel(), minlength=self.h + 1)
+        self.rows.append(np.rint(counts[: self.h]).astype(np.int64))
+
+    def result(self, path: Path) -> tuple[np.ndarray, np.ndarray]:
+        """(S, H) per strip and (256,) per value; values that are no class refused."""
+        refuse_foreign(path, self.l3)
+        return np.array(self.rows, np.int64).reshape(-1, self.h), self.l3
+
+
+def _local_counts(keys: np.ndarray, local: np.ndarray | None, ids: np.ndarray) -> np.ndarray:
+    """((L + 1) * 256,) int64 a strip's pixels per key ``local << 8 | map value``: the local
+    district written into byte 1 of ``keys`` and back to 0 after (past 255 districts near, the
+    keys built apart)."""
+    if local is None:
+        return np.bincount(keys.ravel(), minlength=256)
+    if len(ids) > 256:
+        values = as_bytes(keys)[:, :, 0]
+        return _key_counts(_strip_keys(values, local, len(ids)), len(ids) * 256)
+    byte = as_bytes(keys)[:, :, 1]
+    byte[...] = local
+    counts = np.bincount(keys.ravel(), minlength=len(ids) * 256)
+    byte[...] = 0
+    return counts
 
 
 def _strata_table(ids: np.ndarray, table: np.ndarray, k: int, h: int) -> np.ndarray:
@@ -178,36 +278,6 @@ def _strip_keys(values: np.ndarray, local: np.ndarray, n_local: int) -> np.ndarr
     """Flat keys ``local << 8 | value`` of a strip's pixels (uint16 while they fit)."""
     wide = np.uint16 if n_local <= 256 else np.int64
     return (local.ravel().astype(wide) << 8) | values.ravel()
-
-
-def _district_strata_strips(
-    src: rasterio.DatasetReader, path: Path, level: int, cmap: ClassMap, districts: Districts,
-    placed: dict[str, MapDistricts] | None = None,
-) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
-    """(S, (D + 1) * K) int64 pixels per (district, class) stratum of each strip, and (256,)
-    pixels per map value (values that are no class refused), streamed strip by strip: a strip
-    is counted per (district near it, map value), (L + 1) x 256 counts, then folded into its
-    strata (a strip in one district is one histogram). ``src``: the map at ``path``, open
-    (:func:`emb.estimation.population.streaming`). ``placed``: the districts moved onto a
-    CRS (by its text), shared by the maps of that CRS."""
-    table, k = level_table(level, cmap), len(level_names(level, cmap))
-    h = (len(districts.names) + 1) * k
-    rows, l3 = [], np.zeros(256, np.int64)
-    shapes = _placed(districts, src, placed)
-    for win in strips(src):
-        values = src.read(1, window=win)
-        local, ids = _one_district(*district_burn(shapes, src.transform, win))
-        if local is None:
-            hist = histogram(values)[None]
-        else:
-            hist = _key_counts(_strip_keys(values, local, len(ids)), len(ids) * 256)
-        hist = hist.reshape(len(ids), 256)
-        l3 += hist.sum(0)
-        keys = _strata_table(ids, table, k, h)
-        counts = np.bincount(keys, weights=hist.ravel(), minlength=h + 1)
-        rows.append(np.rint(counts[:h]).astype(np.int64))
-    refuse_foreign(path, l3)
-    return np.array(rows, np.int64).reshape(-1, h), l3
 
 
 def _one_district(local: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
@@ -229,11 +299,11 @@ def _key_counts(keys: np.ndarray, width: int) -> np.ndarray:
 
 
 def _placed(
-    districts: Districts, src: rasterio.DatasetReader, placed: dict[str, MapDistricts] | None
+    districts: Districts, crs: rasterio.crs.CRS, placed: dict[str, MapDistricts] | None
 ) -> MapDistricts:
-    """The districts on ``src``'s CRS, moved once per CRS (kept in ``placed``)."""
-    crs, placed = crs_text(src.crs), {} if placed is None else placed
-    shapes = placed[crs] = placed.get(crs) or on_map(districts, crs)
+    """The districts on a map's CRS, moved once per CRS (kept in ``placed``)."""
+    text, placed = crs_text(crs), {} if placed is None else placed
+    shapes = placed[text] = placed.get(text) or on_map(districts, text)
     return shapes
 
 
@@ -275,17 +345,19 @@ def _check_mapped(records: list[MapRecord]) -> None:
 def draw_points(
     maps: list[Path], level: int, cmap: ClassMap, n: int | str, min_per_class: int, seed: int,
     sized: Callable[[np.ndarray], SampleSize] | None = None, districts: Districts | None = None,
+    threads: int = 1,
 ) -> Design:  # fmt: skip
     """Draw a stratified random sample of ``n`` pixel centres over ``maps`` (one per region,
     the stratum of a pixel its map class at ``level``); never on nodata. ``sized``: the units
     per stratum for these strata's pixels instead (``n: auto``, the recommended size).
     ``districts``: strata are (district, class) pairs instead, district 0 the outside, the
     minimum per pair, the rest by area over all pairs (a district is a pixel's by its centre,
-    :mod:`emb.estimation.districts`)."""
+    :mod:`emb.estimation.districts`). ``threads`` > 1: with districts, the maps are read and
+    decoded by a thread of their own, a few strips ahead of the counting (both passes)."""
     maps = [Path(m) for m in maps]
     table, names = level_table(level, cmap), level_names(level, cmap)
     placed: dict[str, MapDistricts] = {}  # the districts moved onto each CRS, once
-    firsts = [_map_record(m, level, cmap, districts, placed) for m in maps]
+    firsts = _map_records(maps, level, cmap, districts, placed, threads)
     records = [r for r, _, _, _ in firsts]
     pixel_ha = _check_maps(maps, records)
     strata_px = np.sum([c for _, c, _, _ in firsts], axis=0).astype(np.int64)
@@ -296,7 +368,7 @@ def draw_points(
     ranks = [np.sort(rng.choice(int(px), int(k), replace=False)) for px, k in
              zip(strata_px, allocation, strict=True)]  # fmt: skip
     found = _pick_ranked(maps, table, len(names), ranks, strata_px, [s for _, _, s, _ in firsts],
-                         districts, placed)  # fmt: skip
+                         districts, placed, threads)  # fmt: skip
     region = np.concatenate([np.full(len(rows), m.stem) for m, (rows, _, _) in
                              zip(maps, found, strict=True)])  # fmt: skip
     xs, ys, crs, lon, lat = [], [], [], [], []
@@ -334,58 +406,96 @@ def draw_points(
 def _pick_ranked(
     maps: list[Path], table: np.ndarray, n_classes: int, ranks: list[np.ndarray],
     strata_px: np.ndarray, strata_strips: list[np.ndarray], districts: Districts | None,
-    placed: dict[str, MapDistricts] | None = None,
+    placed: dict[str, MapDistricts] | None = None, threads: int = 1,
 ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:  # fmt: skip
     """Second streaming pass: per map, (rows, cols, stratum) of the pixels whose rank within
     their stratum (in scan order) was drawn, sorted row-major. A strip that holds no drawn
-    rank (its first pass counts, ``strata_strips``: (S, H) per map, say so) is not read; a
-    strip that is read is counted again and refused if it changed since. With ``districts``
-    a read strip's districts are burned again (:func:`district_burn`), the same ids as the
-    first pass gave it, and its strata looked up per pixel from (district near it, map value).
-    In a chunk, the drawn ranks of every stratum it holds are found at once
-    (:func:`_found_in`): thousands of district x class strata cost no scan each."""
+    rank (its first pass counts, ``strata_strips``: (S, H) per map, say so) is not read
+    (:func:`_wanted_strips`); a strip that is read is counted again and refused if it changed
+    since. With ``districts`` a read strip's districts are burned again (:func:`district_burn`),
+    the same ids as the first pass gave it. A strip is searched a chunk of RANK_CHUNK pixels
+    at a time in its keys (:func:`_strip_keys_of`): the chunk's pixels per key bincounted as
+    they are, folded into strata; where a stratum's drawn rank falls in the chunk, the drawn
+    ranks of every stratum it holds are found at once (:func:`_found_in`): thousands of
+    district x class strata cost no scan each. ``threads`` > 1: the strips read by a thread of
+    their own, a few ahead."""
     k = len(ranks)
+    wanted = _wanted_strips(ranks, strata_px, strata_strips)
     drawn = _Drawn(ranks, strata_px)
     seen = np.zeros(k, np.int64)  # pixels of each stratum passed so far
-    out = []
-    for path, per_strip in zip(maps, strata_strips, strict=True):
-        rows, cols, classes = [], [], []
-        with streaming(path) as src:
-            shapes = None if districts is None else _placed(districts, src, placed)
-            for win, strip_px in zip(strips(src), per_strip, strict=True):
-                if not (drawn.next < seen + strip_px).any():
-                    seen += strip_px
-                    continue
-                flat = _strata_of(src.read(1, window=win), shapes, src.transform, win, table,
-                                  n_classes, k)  # fmt: skip
-                before = seen.copy()
-                for start in range(0, flat.size, RANK_CHUNK):
-                    part = flat[start : start + RANK_CHUNK]
-                    counts = np.bincount(part, minlength=max(256, k + 1))[:k]
-                    hits = np.flatnonzero(drawn.next < seen + counts)
-                    if hits.size:
-                        index, stratum = _found_in(part, hits, seen, counts, drawn)
-                        index += start
-                        rows.append(int(win.row_off) + index // int(win.width))
-                        cols.append(int(win.col_off) + index % int(win.width))
-                        classes.append(stratum)
-                    seen += counts
-                if not np.array_equal(seen - before, strip_px):
-                    raise SampleDesignError(
-                        f"{path} changed while the sample was drawn: pixels per stratum of rows "
-                        f"{win.row_off}..{win.row_off + win.height - 1} "
-                        f"{(seen - before).tolist()} on the second pass, {strip_px.tolist()} "
-                        "on the first"
-                    )
-        rows_a, cols_a, cls_a = (np.concatenate(v) if v else np.zeros(0, np.int64)
-                                 for v in (rows, cols, classes))  # fmt: skip
-        order = np.lexsort((cols_a, rows_a))
-        out.append((rows_a[order], cols_a[order], cls_a[order]))
+    out: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    ring = StripRing(1 if threads <= 1 else AHEAD + 2)
+    reads = (item for m, w in zip(maps, wanted, strict=True) for item in _map_reads(m, ring, w))
+    at, found = 0, ([], [], [])
+    for item in read_ahead(reads, threads):
+        if item[0] == "map":
+            path, head, at, found = item[1], item[2], 0, ([], [], [])
+            per_strip = strata_strips[len(out)]
+            shapes = None if districts is None else _placed(districts, head[6], placed)
+            continue
+        if item[0] == "end":
+            seen += per_strip[at:].sum(0)  # the strips after the last read
+            rows_a, cols_a, cls_a = (np.concatenate(v) if v else np.zeros(0, np.int64)
+                                     for v in found)  # fmt: skip
+            order = np.lexsort((cols_a, rows_a))
+            out.append((rows_a[order], cols_a[order], cls_a[order]))
+            continue
+        _, i, win, keys = item
+        seen += per_strip[at:i].sum(0)  # the strips skipped, no drawn rank in them
+        at = i + 1
+        before = seen.copy()
+        strata, flat = _strip_keys_of(keys, shapes, head[5], win, table, n_classes, k)
+        for start in range(0, flat.size, RANK_CHUNK):
+            part = flat[start : start + RANK_CHUNK]
+            counts = _strata_counts(part, strata, k)
+            hits = np.flatnonzero(drawn.next < seen + counts)
+            if hits.size:
+                index, stratum = _found_in(part, strata, hits, seen, counts, drawn)
+                index += start
+                found[0].append(int(win.row_off) + index // int(win.width))
+                found[1].append(int(win.col_off) + index % int(win.width))
+                found[2].append(stratum)
+            seen += counts
+        if shapes is not None:
+            as_bytes(keys)[:, :, 1] = 0  # the buffer's byte 1 back to 0 for the next strip
+        if not np.array_equal(seen - before, per_strip[i]):
+            raise SampleDesignError(
+                f"{path} changed while the sample was drawn: pixels per stratum of rows "
+                f"{win.row_off}..{win.row_off + win.height - 1} "
+                f"{(seen - before).tolist()} on the second pass, {per_strip[i].tolist()} "
+                "on the first"
+            )
     if not np.array_equal(seen, strata_px) or not np.array_equal(drawn.taken, drawn.ends):
         raise SampleDesignError(
             f"maps {[str(m) for m in maps]} changed while the sample was drawn: pixels per "
             f"stratum {seen.tolist()} on the second pass, {strata_px.tolist()} on the first"
         )
+    return out
+
+
+def _strata_counts(part: np.ndarray, strata: np.ndarray, k: int) -> np.ndarray:
+    """(k,) int64 pixels per stratum of int64 keys ``part`` (``strata``: each key's): the
+    keys bincounted as they are (no cast), folded into their strata."""
+    per_key = np.bincount(part, minlength=len(strata))
+    folded = np.bincount(strata, weights=per_key, minlength=max(256, k + 1))
+    return np.rint(folded[:k]).astype(np.int64)
+
+
+def _wanted_strips(
+    ranks: list[np.ndarray], strata_px: np.ndarray, strata_strips: list[np.ndarray]
+) -> list[np.ndarray]:
+    """Per map, (S,) bool the strips holding a drawn rank, from the first pass's counts (what
+    the second would find before it reads a strip): only those are read."""
+    drawn, seen, out = _Drawn(ranks, strata_px), np.zeros(len(ranks), np.int64), []
+    for per_strip in strata_strips:
+        wanted = np.zeros(len(per_strip), bool)
+        for i, strip_px in enumerate(per_strip):
+            hits = np.flatnonzero(drawn.next < seen + strip_px)
+            if hits.size:
+                wanted[i] = True
+                drawn.take(hits, seen[hits] + strip_px[hits])
+            seen += strip_px
+        out.append(wanted)
     return out
 
 
@@ -418,34 +528,41 @@ class _Drawn:
 
 
 def _found_in(
-    part: np.ndarray, hits: np.ndarray, seen: np.ndarray, counts: np.ndarray, drawn: _Drawn
-) -> tuple[np.ndarray, np.ndarray]:
-    """(positions in ``part``, strata) of the drawn pixels a chunk holds: the chunk's pixels of
-    the strata ``hits`` (those with a drawn rank in it) in stratum order, scan order within
-    one (a stable sort), the drawn rank r of stratum h the (r - seen[h])-th of h's."""
+    part: np.ndarray, strata: np.ndarray, hits: np.ndarray, seen: np.ndarray,
+    counts: np.ndarray, drawn: _Drawn,
+) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """(positions in ``part``, strata) of the drawn pixels a chunk of keys holds (``strata``:
+    each key's stratum): the chunk's pixels of the strata ``hits`` (those with a drawn rank in
+    it) in stratum order, scan order within one (a stable sort), the drawn rank r of stratum
+    h the (r - seen[h])-th of h's."""
     ranks, stratum = drawn.take(hits, seen[hits] + counts[hits])
     wanted = np.zeros(max(256, len(seen) + 1), bool)
     wanted[hits] = True
-    where = np.flatnonzero(wanted[part])
-    held = part[where]  # 8 or 16 bits: a radix sort
+    where = np.flatnonzero(wanted[strata][part])
+    held = strata[part[where]]  # 8 or 16 bits: a radix sort
     held = held if held.dtype.itemsize <= 2 else held.astype(np.int64)
     order = np.argsort(held, kind="stable")  # a radix sort on 16 bits
     first = np.searchsorted(held[order], stratum)  # each stratum's start in the sort
     return where[order[first + ranks - seen[stratum]]], stratum
 
 
-def _strata_of(
-    values: np.ndarray, shapes: MapDistricts | None, transform: Affine, win: Window,
+def _strip_keys_of(
+    keys: np.ndarray, shapes: MapDistricts | None, transform: Affine, win: Window,
     table: np.ndarray, k: int, h: int,
-) -> np.ndarray:  # fmt: skip
-    """Flat stratum ids of a strip's pixels: class at the level (plus ``district * k``), and
-    ``h`` (one past the last stratum) on nodata; the classes alone, 255 on nodata, without
-    districts (as the design has always ranked them)."""
+) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """(strata, flat keys) of a strip read by :func:`_map_reads`: each key's stratum (class at
+    the level, plus ``district * k``; ``h``, one past the last, on nodata; without districts
+    the classes alone, 255 on nodata, as the design has always ranked them), and the strip's
+    keys as int64 (``local << 8 | map value``: the local district written into byte 1; the
+    caller sets it back to 0)."""
     if shapes is None:
-        return table[values.ravel()]
+        return table[:256], keys.ravel()
     local, ids = _one_district(*district_burn(shapes, transform, win))
-    # uint16 strata while they fit: a quarter of int64's bytes to write, count and sort
+    # uint16 strata while they fit: a quarter of int64's bytes to look up and sort
     strata = _strata_table(ids, table, k, h).astype(np.uint16 if h < 1 << 16 else np.int64)
     if local is None:
-        return strata[values.ravel()]
-    return strata[_strip_keys(values, local, len(ids))]
+        return strata, keys.ravel()
+    if len(ids) > 256:  # past a byte of local districts: the keys built apart
+        return strata, _strip_keys(as_bytes(keys)[:, :, 0], local, len(ids)).astype(np.int64)
+    as_bytes(keys)[:, :, 1] = local
+    return strata, keys.ravel()

@@ -10,10 +10,13 @@ which the sample design ranks a stratum's pixels.
 
 from __future__ import annotations
 
+import queue
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import rasterio
@@ -28,6 +31,8 @@ LEVELS = (1, 2, 3)  # L1 crop/non-crop, L2 groups, L3 classes
 STRIP_BYTES = 4 << 20  # at most this many pixels (uint8) in one strip read
 CHUNK = 1 << 18  # pixels per bincount call: it copies its input as int64 (8 bytes a pixel)
 MIN_CACHE_BYTES = 8 << 20  # GDAL's block cache while streaming (at least)
+AHEAD = 2  # strips a reader thread may have read before the counting takes them
+T = TypeVar("T")
 
 
 class MapCrsError(ValueError):
@@ -159,6 +164,95 @@ def streaming(path: Path | str) -> Iterator[rasterio.DatasetReader]:
         check_map(src, path)
         with rasterio.Env(GDAL_CACHEMAX=cache_bytes(src)):
             yield src
+
+
+class StripBuffer:
+    """A reused little-endian int64 buffer of a strip's pixels as bincount's keys: rasters
+    read straight into its low bytes (GDAL writes with a pixel stride), a pixel's local domain
+    written into the next ones while it is counted and zeroed after (a fresh buffer a strip
+    would cost its page faults), so bincount counts it as it is: no copy to pair bytes, none
+    to cast to intp (bincount's own copy of a uint8 or uint16 input)."""
+
+    def __init__(self) -> None:
+        self.flat = np.zeros(0, "<i8")
+
+    def window(self, height: int, width: int) -> np.ndarray:
+        """(height, width) int64 view of the buffer, grown (zeroed) when too small."""
+        if self.flat.size < height * width:
+            self.flat = np.zeros(height * width, "<i8")
+        return self.flat[: height * width].reshape(height, width)
+
+
+class StripRing:
+    """``size`` strip buffers handed out in turn: a reader ahead of the counting
+    (:func:`read_ahead`) writes only one the counting is done with when there are ``AHEAD`` +
+    2 of them (the one taken, the queue's, the one being read)."""
+
+    def __init__(self, size: int) -> None:
+        self.buffers, self.at = [StripBuffer() for _ in range(size)], -1
+
+    def next(self) -> StripBuffer:
+        """The next buffer in turn."""
+        self.at = (self.at + 1) % len(self.buffers)
+        return self.buffers[self.at]
+
+
+def as_bytes(keys: np.ndarray) -> np.ndarray:
+    """(h, w, 8) uint8 view of (h, w) little-endian int64 keys: byte 0 the lowest."""
+    return keys.view(np.uint8).reshape(*keys.shape, 8)
+
+
+def read_ahead(items: Iterator[T], threads: int, ahead: int = AHEAD) -> Iterator[T]:
+    """``items`` in their order; with ``threads`` > 1 produced by a thread of their own up to
+    ``ahead`` items before they are taken (a bounded queue: memory stays that of a few strips),
+    so that reading and decoding a strip (GDAL lets go of the GIL) overlaps counting the one
+    before. The producer's error is raised here in its place; closing this generator stops the
+    producer. A strip buffer reused by the producer must outlast ``ahead`` + 2 items (the one
+    taken, the queue's, the one being read)."""
+    if threads <= 1:
+        yield from items
+        return
+    handed: queue.Queue = queue.Queue(maxsize=ahead)
+    stop = threading.Event()
+    done = object()
+
+    def produce() -> None:
+        try:
+            for item in items:
+                while not stop.is_set():
+                    try:
+                        handed.put((item, None), timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            handed.put((done, None))
+        except BaseException as err:  # noqa: BLE001 - raised in the consumer's thread
+            handed.put((done, err))
+        finally:
+            close = getattr(items, "close", None)
+            if close is not None:
+                close()
+
+    worker = threading.Thread(target=produce, name="read-ahead", daemon=True)
+    worker.start()
+    try:
+        while True:
+            item, err = handed.get()
+            if err is not None:
+                raise err
+            if item is done:
+                return
+            yield item
+    finally:
+        stop.set()
+        while worker.is_alive():  # a producer blocked on a full queue sees the stop
+            try:
+                handed.get(timeout=0.1)
+            except queue.Empty:
+                continue
+        worker.join()
 
 
 def count_l3(path: Path | str, mask_window: Window | None = None) -> np.ndarray:

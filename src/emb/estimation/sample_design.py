@@ -46,6 +46,9 @@ def main(argv: list[str] | None = None) -> None:
     add_option(p)
     p.add_argument("--sample-size", type=Path, help="{run}_sample_size.json (with n: auto)")
     p.add_argument("--out-dir", type=Path, required=True, help="results/samples/{run}")
+    p.add_argument("--threads", type=int, default=1,
+                   help="threads of the design's passes (2: the maps read beside the counting; "
+                   "the rule's threads)")  # fmt: skip
     args = p.parse_args(argv)
     settings = parsed_option(p, args.settings)
     try:  # with districts (settings.districts), strata are district x class
@@ -65,7 +68,8 @@ def main(argv: list[str] | None = None) -> None:
                               settings.min_per_class, settings.confidence)  # fmt: skip
 
     design = draw_points(args.maps, settings.level, load_class_map(args.classes), settings.n,
-                         settings.min_per_class, settings.seed, sized, districts)  # fmt: skip
+                         settings.min_per_class, settings.seed, sized, districts,
+                         args.threads)  # fmt: skip
     args.out_dir.mkdir(parents=True, exist_ok=True)
     paths = write_sample(design, args.out_dir)
     record = design.record

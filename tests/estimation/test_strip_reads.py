@@ -1,0 +1,141 @@
+"""The strips as the streaming passes read them (issue 58, item 5): a reader thread a few strips
+ahead of the counting (same items, same order, its error in its place, stopped when the
+counting stops), strips read into int64 keys bincounted as they are (a buffer reused from strip
+to strip, its spare bytes back to 0), the cells folded from the (map, CDL) codes in sums; each
+set against a whole-array count or a pass without them."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from rasterio.transform import from_origin
+from test_design import write_map
+from test_streams import ORIGIN, wavy_districts, whole_burn, write_region
+
+from emb.classes import N_L3, ClassMap
+from emb.estimation import holdout_counts, population
+from emb.estimation.design import draw_points
+from emb.estimation.districts import Districts, read_districts
+from emb.estimation.holdout_counts import (
+    CELL_OF,
+    CELLS,
+    PAIRS,
+    _fold,
+    box_bands,
+    read_population,
+)
+from emb.estimation.population import read_ahead
+
+
+@pytest.fixture
+def districts(tmp_path: Path) -> Districts:
+    return read_districts(wavy_districts(tmp_path / "districts.geojson", 3, 5000.0, 1), "name")
+
+
+def test_a_reader_thread_hands_the_items_in_order_and_its_error_in_its_place() -> None:
+    def items() -> Iterator[int]:
+        yield from range(10)
+        raise ValueError("the eleventh read failed")
+
+    got = []
+    with pytest.raises(ValueError, match="the eleventh read failed"):
+        for item in read_ahead(items(), threads=2):
+            got.append(item)
+    assert got == list(range(10))
+
+
+def test_a_reader_thread_stops_when_the_counting_stops() -> None:
+    closed, closer = threading.Event(), []
+
+    def endless() -> Iterator[int]:
+        try:
+            i = 0
+            while True:
+                yield i
+                i += 1
+        finally:
+            closer.append(threading.current_thread().name)
+            closed.set()
+
+    taken = read_ahead(endless(), threads=2)
+    assert [next(taken) for _ in range(3)] == [0, 1, 2]
+    taken.close()
+    assert closed.wait(5)
+    assert closer == ["read-ahead"]  # the reads' files closed by the thread that opened them
+    assert not any(t.name == "read-ahead" and t.is_alive() for t in threading.enumerate())
+
+
+def test_tiles_side_by_side_are_one_read() -> None:
+    """A grid of tiles, in any order, one over another: one band, one span (one read)."""
+    boxes = np.array([(r, r + 64, c, c + 64) for c in (192, 0, 64, 128) for r in (64, 0, 128)]
+                     + [(0, 64, 0, 64)])  # fmt: skip
+    assert list(box_bands(boxes, 200, 300)) == [(0, 192, [(0, 256)])]
+
+
+def test_the_cells_folded_in_sums_are_the_cell_table_looked_up() -> None:
+    rng = np.random.default_rng(2)
+    pairs = rng.integers(0, 1000, (3, PAIRS))  # every code, foreign ones and 255 among them
+    want = [np.bincount(CELL_OF, weights=p, minlength=CELLS).astype(np.int64) for p in pairs]
+    assert np.array_equal(_fold(pairs), np.array(want))
+
+
+@pytest.mark.parametrize(("threads", "direct"), [(1, 16), (2, 16), (1, 1), (2, 1)])
+def test_the_population_in_thin_strips_is_a_whole_array_count(
+    tmp_path: Path, districts: Districts, monkeypatch: pytest.MonkeyPatch, threads: int,
+    direct: int,
+) -> None:  # fmt: skip
+    """Strips of 9 rows (one buffer reused: strips across districts, then in one, then across),
+    tiles with gaps between them, one bincount of the keys as they are or (``direct`` 1) each
+    code looked up to its cell first, a reader thread or none: per (domain, map, CDL) the
+    pixels a whole-array count gives."""
+    monkeypatch.setattr(holdout_counts, "STRIP_BYTES", 9 * 256 * holdout_counts.CODE_BYTES)
+    monkeypatch.setattr(holdout_counts, "DIRECT_DOMAINS", direct)
+    rng = np.random.default_rng(6)
+    maps, labels, indexes, want = {}, {}, {}, np.zeros((10, N_L3, N_L3), np.int64)
+    for k, origin in enumerate((ORIGIN, (ORIGIN[0] + 2560.0, ORIGIN[1] - 1280.0))):
+        mapped = rng.integers(0, N_L3, (256, 256), dtype=np.uint8)
+        truth = np.where(rng.random((256, 256)) < 0.7, mapped, rng.integers(0, N_L3, (256, 256)))
+        mapped[:10], truth[:, :7] = 255, 255
+        tiles = [(0, 0), (0, 128), (32, 32), (100, 192), (192, 0), (192, 128), (150, 60)]
+        name = f"r{k}"
+        maps[name], labels[name], indexes[name] = write_region(
+            tmp_path / name, name, mapped, truth.astype(np.uint8), origin, tiles)  # fmt: skip
+        inside = np.zeros((256, 256), bool)
+        for r, c in tiles:
+            inside[r : r + 64, c : c + 64] = True
+        ids = whole_burn(districts, "EPSG:32615", from_origin(*origin, 10.0, 10.0), (256, 256))
+        ok = inside & (mapped < N_L3) & (truth < N_L3)
+        np.add.at(want, (ids[ok], mapped[ok], truth[ok]), 1)
+    got = read_population(maps, labels, indexes, districts, threads=threads)
+    assert (want.sum((1, 2)) > 0).sum() >= 4
+    assert np.array_equal(got.domains, want)
+
+
+def test_the_design_draws_the_same_points_in_thin_strips_and_with_a_reader_thread(
+    tmp_path: Path, districts: Districts, class_map: ClassMap, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Strips of 16 rows (one int64 buffer reused through strips across districts and strips
+    in one), a reader thread or none: the same points as whole-map strips draw."""
+    rng = np.random.default_rng(3)
+    maps = []
+    for name, origin in (("a", ORIGIN), ("b", (ORIGIN[0] + 1000.0, ORIGIN[1] - 2600.0))):
+        values = rng.integers(0, N_L3, (300, 260), dtype=np.uint8)
+        values[rng.random(values.shape) < 0.1] = 255
+        maps.append(write_map(tmp_path / f"{name}.tif", values, origin=origin))
+
+    def points(threads: int) -> list:
+        design = draw_points(maps, 2, class_map, 900, 5, 11, districts=districts,
+                             threads=threads)  # fmt: skip
+        return list(zip(design.points.region.tolist(), design.points.x.tolist(),
+                        design.points.y.tolist(), design.district.tolist(),
+                        design.map_class.tolist(), strict=True))  # fmt: skip
+
+    whole = points(1)
+    monkeypatch.setattr(population, "STRIP_BYTES", 16 * 260)
+    assert points(1) == whole
+    assert points(2) == whole
+    assert len(whole) == 900
