@@ -34,6 +34,7 @@ from emb.estimation.estimators import (
 )
 from emb.estimation.holdout_check import (
     ClassCoverage,
+    StrataChoices,
     StratifiedSampler,
     check,
     draw_all,
@@ -175,6 +176,48 @@ def test_the_sampler_keeps_its_random_stream() -> None:
                 hit = np.searchsorted(np.cumsum(joint.ravel()[cells]), ranks, side="right")
                 np.add.at(want, cells[hit], 1)
         assert np.array_equal(got.ravel(), want), seed
+
+
+STRATA_KINDS = {  # (size, count) of each path of numpy's choice, and their edges
+    "floyd, few of many": lambda r: (int(r.integers(2, 10**9)), int(r.integers(1, 60))),
+    "floyd, most of few": lambda r: (s := int(r.integers(1, 30)), int(r.integers(1, s + 1))),
+    "floyd, below the tail's size": lambda r: (s := int(r.integers(50, 10_001)),
+                                               int(r.integers(1, s + 1))),
+    "floyd, beyond 32 bits": lambda r: (2**33 + int(r.integers(0, 99)), int(r.integers(1, 9))),
+    "tail of a shuffle": lambda r: (s := int(r.integers(10_001, 40_000)),
+                                    int(r.integers(s // 50 + 1, s // 50 + 3000))),
+    "tail, taken whole": lambda r: (s := int(r.integers(10_001, 12_000)), s),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_strata_choices_are_numpys_choice_of_each_stratum_in_turn(seed: int) -> None:
+    """Every path of ``Generator.choice(size, count, replace=False)`` (Floyd's algorithm, its
+    repeats replayed; the tail of a partial shuffle; a stratum taken whole), strata after
+    strata from one stream: the same ranks as numpy's own calls."""
+    meta = np.random.default_rng(seed)
+    kinds = list(STRATA_KINDS.values())
+    strata, start = [], 0
+    for _ in range(int(meta.integers(1, 12))):
+        size, count = kinds[int(meta.integers(0, len(kinds)))](meta)
+        strata.append((size, count, start))
+        start += size
+    choices = StrataChoices(strata)
+    for d in range(3):
+        stream = np.random.default_rng([seed, d])
+        want = [stream.choice(size, count, replace=False) + at for size, count, at in strata]
+        got = choices.ranks(np.random.default_rng([seed, d]))
+        assert np.array_equal(got, np.sort(np.concatenate(want))), (d, strata)
+
+
+def test_strata_choices_replay_floyd_where_a_rank_repeats() -> None:
+    """A stratum of 3 of 4 pixels: Floyd's draws meet often (replayed), its ranks distinct."""
+    choices = StrataChoices([(4, 3, 0), (10**6, 2, 4)])
+    for d in range(50):
+        stream = np.random.default_rng(d)
+        want = [stream.choice(4, 3, replace=False), stream.choice(10**6, 2, replace=False) + 4]
+        assert np.array_equal(choices.ranks(np.random.default_rng(d)),
+                              np.sort(np.concatenate(want)))  # fmt: skip
 
 
 def test_draw_all_refuses_no_draw() -> None:
