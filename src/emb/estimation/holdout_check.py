@@ -328,6 +328,55 @@ def draw_all(
     return out
 
 
+class DrawTallies:
+    """:func:`tally_draws` of many populations at once (rows: e.g. the domains of the check by
+    district), as arrays: each row's draws counted against its CDL pixels per class, all
+    classes and rows in one pass per chunk of draws, the same counts and half-width sums
+    (added one draw after another) as a :class:`ClassCoverage` per row and class."""
+
+    def __init__(self, cdl_px: np.ndarray, total: np.ndarray) -> None:
+        self.cdl_px = np.asarray(cdl_px, np.int64)  # (R, K)
+        self.truth = self.cdl_px / np.asarray(total, np.int64)[:, None]
+        shape = self.cdl_px.shape
+        self.counts = {name: np.zeros(shape, np.int64) for name in _COUNTS}
+        self.half_width = np.zeros(shape)
+
+    def add(self, shares: AreaShares, z: float) -> None:
+        """Count the draws' area shares, arrays (R, B, K), in draw order."""
+        truth = self.truth[:, None, :]
+        listed = shares.listed
+        value, se, lo, hi = shares.value, shares.se, shares.lo, shares.hi
+        bounded = listed & ~np.isnan(lo)
+        exact = bounded & (lo == hi)
+        interval = bounded & ~exact
+        wald = listed & ~np.isnan(se) & (se != 0)
+        with np.errstate(invalid="ignore", divide="ignore"):  # NaN where no interval: not read
+            widths = np.where(interval & (value > 0), (hi - lo) / 2 / value, 0.0)
+        found = {
+            "covered": interval & (lo <= truth) & (truth <= hi),
+            "with_interval": interval,
+            "exact": exact,
+            "wald_covered": wald & (value - z * se <= truth) & (truth <= value + z * se),
+            "wald_with": wald,
+        }
+        for name, hit in found.items():
+            self.counts[name] += hit.sum(1)
+        self.counts["units_reference"] += np.where(listed, shares.units_reference, 0).sum(1)
+        for b in range(widths.shape[1]):  # one draw after another: the sums round as they did
+            self.half_width = self.half_width + widths[:, b]
+
+    def coverage(self, row: int) -> dict[int, ClassCoverage]:
+        """Row ``row``'s tallies: every class its CDL holds, ascending."""
+        return {
+            int(cls): ClassCoverage(**{n: int(c[row, cls]) for n, c in self.counts.items()},
+                                    half_width=float(self.half_width[row, cls]))
+            for cls in np.flatnonzero(self.cdl_px[row])
+        }  # fmt: skip
+
+
+_COUNTS = ("covered", "with_interval", "exact", "wald_covered", "wald_with", "units_reference")
+
+
 def tally_draws(
     coverage: dict[int, ClassCoverage], shares: AreaShares, cdl_px: np.ndarray, total: int,
     z: float,

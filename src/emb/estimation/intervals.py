@@ -94,6 +94,74 @@ def area(strata_px: np.ndarray, units: np.ndarray, hits: np.ndarray, confidence:
     return adjusted_wald(proportion(strata_px, units, hits), confidence)
 
 
+def area_by_stratum(
+    strata_px: np.ndarray, units: np.ndarray, hits: np.ndarray, confidence: float
+) -> Bounds:
+    """:func:`area` of counts laid out stratum by stratum, many domains at once: strata_px
+    (..., H) N_h of each domain (broadcast against units); units (..., H) n_h; hits (..., H, K)
+    the units of reference k per stratum, K >= 2; bounds (..., K). Bit for bit ``area(
+    strata_px, units[..., None, :], swapaxes(hits, -1, -2), confidence)`` of each domain (the
+    layout in which :func:`area`'s sums run one stratum after another), at a fraction of its
+    cost: only the two categories an area has (the third, units of neither, is empty), and
+    each stratum's terms of a class without a hit there (most: a stratum's units fall in a
+    few classes) computed once per stratum, not once per class; every term is the one
+    :func:`smoothed` computes, every sum over the strata taken in its order."""
+    big_n = np.broadcast_to(np.asarray(strata_px, float), np.shape(units))
+    w = big_n / big_n.sum(-1, keepdims=True)
+    n = np.asarray(units, float)
+    census = n >= big_n
+    prior = np.where(census, 0.0, JEFFREYS)
+    spread = np.where(census, 0.0, np.divide(1.0, n, out=np.zeros_like(n), where=n > 0))
+    hits = np.asarray(hits)
+    at = np.flatnonzero(hits)  # the (..., h, k) entries with hits
+    stratum = at // hits.shape[-1]  # their (..., h)
+    terms = np.empty((len(_AREA_TERMS),) + hits.shape)
+    terms[:] = np.stack(_area_terms(np.zeros_like(n), n, w, prior, spread))[..., None]
+    each = (np.ravel(v)[stratum] for v in (n, w, prior, spread))  # of each entry's stratum
+    hit = hits.ravel()[at].astype(float)
+    terms.reshape(len(_AREA_TERMS), -1)[:, at] = np.stack(_area_terms(hit, *each, some=True))
+    sums = dict(zip(_AREA_TERMS, terms.sum(-2), strict=True))  # one stratum after another
+    smooth_x = sums["smooth_x"]
+    smooth = np.divide(sums["smooth_a"], smooth_x, out=np.full_like(smooth_x, np.nan),
+                       where=smooth_x > 0)  # fmt: skip
+    big_a, big_x = sums["big_a"], sums["big_x"]
+    estimate = np.divide(big_a, big_x, out=np.full_like(big_a, np.nan), where=big_x > 0)
+    lone = (n == 1) & (big_n > 1)
+    missing = (n == 0) & (big_n > 0)
+    none = (lone | missing).any(-1)[..., None] | ~(big_x > 0)
+    got = Smoothed(estimate, big_a, big_x, sums["var_a"], sums["var_x"], sums["cov_ax"], smooth,
+                   none)  # fmt: skip
+    return adjusted_wald(got, confidence)
+
+
+_AREA_TERMS = ("smooth_x", "smooth_a", "big_a", "big_x", "var_a", "var_x", "cov_ax")
+
+
+def _area_terms(
+    a: np.ndarray, n: np.ndarray, w: np.ndarray, prior: np.ndarray, spread: np.ndarray,
+    some: bool = False,
+) -> tuple[np.ndarray, ...]:  # fmt: skip
+    """Each stratum's term of every sum of :func:`smoothed` for an area (``_AREA_TERMS``), of
+    ``a`` hits among ``n`` units, elementwise, as :func:`smoothed` computes them (``some``:
+    every a > 0, so n > 0 and no division needs its guard)."""
+    b = n - a
+    alpha_a, alpha_b = a + prior, b + prior
+    total = alpha_a + alpha_b  # + the third category's alpha, 0
+    if some:
+        share_a, share_b, q_a, q_b = alpha_a / total, alpha_b / total, a / n, b / n
+    else:
+        share_a = np.divide(alpha_a, total, out=np.zeros_like(total), where=total > 0)
+        share_b = np.divide(alpha_b, total, out=np.zeros_like(total), where=total > 0)
+        q_a = np.divide(a, n, out=np.zeros_like(a), where=n > 0)
+        q_b = np.divide(b, n, out=np.zeros_like(b), where=n > 0)
+    var_a = share_a * (1 - share_a) * spread
+    var_b = share_b * (1 - share_b) * spread
+    cov_ab = -share_a * share_b * spread
+    w2 = w**2
+    return (w * (share_a + share_b), w * share_a, w * q_a, w * (q_a + q_b), w2 * var_a,
+            w2 * (var_a + var_b + 2 * cov_ab), w2 * (var_a + cov_ab))  # fmt: skip
+
+
 def overall(
     strata_px: np.ndarray, units: np.ndarray, agree: np.ndarray, confidence: float
 ) -> Bounds:
