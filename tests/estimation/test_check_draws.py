@@ -274,6 +274,17 @@ def scene_population(
     return TestSplitCounts(joint, 0.01, ("scene",), domains, names)
 
 
+def uneven_population() -> TestSplitCounts:
+    """Districts of different classes: a stratum one domain holds and another lacks."""
+    base = scene_population(seed=5, districts=3, among=CROPS)
+    domains = base.domains.copy()
+    classes = np.flatnonzero(base.joint.sum(1))
+    domains[1, classes[::2]] = 0  # district 1: every other map class only
+    domains[2, :, classes[1::3]] = 0  # district 2: some CDL classes never there
+    names = base.domain_names
+    return TestSplitCounts(domains.sum(0), 0.01, ("scene",), domains, names)
+
+
 def tally_one(tally: ClassCoverage, est: ClassEstimate, truth: float, z: float) -> None:
     """One draw counted from its full estimate (the meaning of each of the tallies)."""
     tally.units_reference += est.units_reference
@@ -340,12 +351,12 @@ def test_the_checks_coverage_is_each_draw_estimated_in_full(
         assert sum(t.with_interval for t in want.values()) > 0
 
 
-@pytest.mark.parametrize("chunk", [3, 40])
+@pytest.mark.parametrize(("chunk", "uneven"), [(3, False), (40, False), (3, True)])
 def test_the_district_totals_coverage_is_the_sum_of_each_draws_districts(
-    chunk: int, monkeypatch: pytest.MonkeyPatch
+    chunk: int, uneven: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(district_check, "SHARES_CHUNK", chunk)  # 8 draws in 3 chunks or 1
-    population = scene_population(seed=12)
+    population = uneven_population() if uneven else scene_population(seed=12)
     design = settings(n=300, min_per_class=5, level=3, seed=2, draws=8)
     found = check_districts(population, CMAP, design, 300)
     sampler_check = found.allocation  # the units per domain and stratum the draws took

@@ -208,6 +208,8 @@ def check_districts(
                for lv in (1, 2, 3)}  # fmt: skip
     cells = np.flatnonzero(domains)  # (domain, map L3, CDL L3) cells with pixels
     strata_px = sizes.astype(np.int64).reshape(n_domains, k)
+    domain, within = np.divmod(cells, CELLS)
+    row = np.searchsorted(held, domain)  # each cell's domain among the held (all hold pixels)
     if design.draws < 1:
         raise ValueError(f"draws: expected at least 1 draw, found {design.draws}")
     at_once = max(1, min(SHARES_CHUNK, DOMAIN_CELLS // (len(held) * CELLS)))
@@ -217,13 +219,13 @@ def check_districts(
         if start == 0:
             first.update(first_estimates(samples[0], cells, held, per, strata_px, strata_l3,
                                          tables, design))  # fmt: skip
-        placed = np.zeros((len(chunk), n_domains * CELLS))
-        placed[:, cells] = samples
-        grid = placed.reshape(len(chunk), n_domains, N_L3, N_L3)[:, held].transpose(1, 0, 2, 3)
-        grid = np.ascontiguousarray(grid)  # (D, B, map L3, CDL L3) units of each held domain
+        grid = np.zeros((len(held), len(chunk), CELLS), np.int64)
+        grid[row, :, within] = samples.T  # (D, B, map L3 x CDL L3) units of each held domain
+        grid = grid.reshape(len(held), len(chunk), N_L3, N_L3)
+        as_float = grid.astype(float)  # summed by class as products: exact, whole numbers
         for level in (1, 2, 3):
             mapped_px = np.array([per[d, level][0] for d in held])
-            shares = domain_shares(grid, level, design.level, strata_l3, tables[level],
+            shares = domain_shares(grid, as_float, level, design.level, strata_l3, tables[level],
                                    strata_px[held], mapped_px, design.confidence)  # fmt: skip
             tallies[level][0].add(shares, z)
             parts = [(int(px), _row(shares, i)) for i, px in enumerate(held_px)]
@@ -266,23 +268,27 @@ def first_estimates(
 
 
 def domain_shares(
-    grid: np.ndarray, level: int, design_level: int, strata_l3: np.ndarray, table: np.ndarray,
-    strata_px: np.ndarray, mapped_px: np.ndarray, confidence: float,
+    grid: np.ndarray, as_float: np.ndarray, level: int, design_level: int,
+    strata_l3: np.ndarray, table: np.ndarray, strata_px: np.ndarray, mapped_px: np.ndarray,
+    confidence: float,
 ) -> AreaShares:  # fmt: skip
     """The area shares at ``level`` of D domains' B draws, arrays (D, B, K): ``grid`` (D, B,
-    map L3, CDL L3) their units (float, whole numbers: every sum below is exact), strata the
-    map's classes at ``design_level`` (``strata_l3``: of each map L3 class), ``table`` each L3
-    class's at ``level``. Olofsson's at the design level, Stehman's at the others, as
-    :func:`emb.estimation.holdout_check.shares_at` gives each domain's."""
+    map L3, CDL L3) their units (``as_float``: the same as floats), strata the map's classes
+    at ``design_level`` (``strata_l3``: of each map L3 class), ``table`` each L3 class's at
+    ``level``. Olofsson's at the design level, Stehman's at the others, as
+    :func:`emb.estimation.holdout_check.shares_at` gives each domain's. Units are summed by
+    class as products of floats: exact (whole numbers far below 2**53)."""
     k = int(mapped_px.shape[-1])
     by_class = _one_hot(table, k)  # (map L3 or CDL L3, class at level)
-    to_class = grid if _is_identity(table) else grid @ by_class  # (D, B, map L3, class)
     if level == design_level:
-        matrices = to_class if _is_identity(table) else np.swapaxes(by_class, 0, 1) @ to_class
+        if _is_identity(table):
+            return olofsson_domain_shares(mapped_px, grid, confidence)
+        matrices = np.swapaxes(by_class, 0, 1) @ (as_float @ by_class)
         return olofsson_domain_shares(mapped_px, _whole(matrices), confidence)
+    to_class = as_float @ by_class  # (D, B, map L3, class at level)
     h = strata_px.shape[-1]
     hits = to_class if _is_identity(strata_l3) else _one_hot(strata_l3, h).T @ to_class
-    n_mapped = grid.sum(-1) @ by_class
+    n_mapped = to_class.sum(-1) @ by_class
     return stehman_domain_shares(strata_px, _whole(hits), _whole(n_mapped), mapped_px, confidence)
 
 

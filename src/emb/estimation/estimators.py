@@ -319,10 +319,14 @@ def olofsson_domain_shares(
     n_i = matrices.sum(-1)
     _check_strata(big_n[:, None, :], n_i)
     w = big_n / big_n.sum(-1, keepdims=True)
-    cols = n_i[..., :, None]
-    p = np.divide(matrices, cols, out=np.zeros(matrices.shape), where=cols > 0)  # n_ij / n_i.
     inv = np.divide(1.0, n_i - 1.0, out=np.zeros(n_i.shape), where=n_i > 1)
-    a = p * (1 - p) * (inv * _not_census(big_n[:, None, :], n_i))[..., :, None]
+    factor = inv * _not_census(big_n[:, None, :], n_i)
+    # p = n_ij / n_i. and a = p (1 - p) factor_i, 0 where n_ij is: computed where it is not
+    p, a = np.zeros(matrices.shape), np.zeros(matrices.shape)
+    at = np.flatnonzero(matrices)
+    of_row = at // matrices.shape[-1]
+    p.reshape(-1)[at] = shares = matrices.reshape(-1)[at] / n_i.reshape(-1)[of_row]
+    a.reshape(-1)[at] = shares * (1 - shares) * factor.reshape(-1)[of_row]
     row = w[:, None, None, :]  # each domain's weights, a row per sample's matrix (as w @ p)
     proportion, variance = (row @ p)[..., 0, :], ((row**2) @ a)[..., 0, :]
     n_ref = matrices.sum(-2)
@@ -372,9 +376,9 @@ def _domain_area_bounds(
     if confidence is None:
         return None
     classes = classes | (classes.sum(-1) < 2)[:, None]  # as _area_bounds: every class then
-    strata, asked = big_n.any(0), classes.any(0)
-    got = intervals.area_by_stratum(big_n[:, None, strata], n_h[..., strata],
-                                    hits[:, :, strata][..., asked], confidence)  # fmt: skip
+    strata, asked = np.flatnonzero(big_n.any(0)), classes.any(0)
+    chosen = np.take(np.take(hits, strata, axis=2), np.flatnonzero(asked), axis=3)
+    got = intervals.area_by_stratum(big_n[:, None, strata], n_h[..., strata], chosen, confidence)
     lo, hi = (np.full(hits.shape[:2] + hits.shape[-1:], np.nan) for _ in range(2))
     lo[..., asked], hi[..., asked] = got
     mine = classes[:, None, :]

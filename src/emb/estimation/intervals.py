@@ -112,15 +112,8 @@ def area_by_stratum(
     census = n >= big_n
     prior = np.where(census, 0.0, JEFFREYS)
     spread = np.where(census, 0.0, np.divide(1.0, n, out=np.zeros_like(n), where=n > 0))
-    hits = np.asarray(hits)
-    at = np.flatnonzero(hits)  # the (..., h, k) entries with hits
-    stratum = at // hits.shape[-1]  # their (..., h)
-    terms = np.empty((len(_AREA_TERMS),) + hits.shape)
-    terms[:] = np.stack(_area_terms(np.zeros_like(n), n, w, prior, spread))[..., None]
-    each = (np.ravel(v)[stratum] for v in (n, w, prior, spread))  # of each entry's stratum
-    hit = hits.ravel()[at].astype(float)
-    terms.reshape(len(_AREA_TERMS), -1)[:, at] = np.stack(_area_terms(hit, *each, some=True))
-    sums = dict(zip(_AREA_TERMS, terms.sum(-2), strict=True))  # one stratum after another
+    sums = dict(zip(_AREA_TERMS, _summed_terms(np.asarray(hits), n, w, prior, spread),
+                    strict=True))  # fmt: skip
     smooth_x = sums["smooth_x"]
     smooth = np.divide(sums["smooth_a"], smooth_x, out=np.full_like(smooth_x, np.nan),
                        where=smooth_x > 0)  # fmt: skip
@@ -132,6 +125,42 @@ def area_by_stratum(
     got = Smoothed(estimate, big_a, big_x, sums["var_a"], sums["var_x"], sums["cov_ax"], smooth,
                    none)  # fmt: skip
     return adjusted_wald(got, confidence)
+
+
+def _summed_terms(
+    hits: np.ndarray, n: np.ndarray, w: np.ndarray, prior: np.ndarray, spread: np.ndarray
+) -> np.ndarray:
+    """(terms, ..., K) each of :func:`_area_terms`' sums over the strata of hits (..., H, K),
+    one stratum after another (the order :func:`area`'s layout sums in, each sum starting
+    from its first stratum's term): per stratum, every class takes the stratum's no-hit term
+    but the few with hits there, which take theirs. Sums of a few classes per domain at a
+    time, held in cache, not one array of every term."""
+    lead, (strata, k) = hits.shape[:-2], hits.shape[-2:]
+    terms = len(_AREA_TERMS)
+    by_stratum = np.ascontiguousarray(np.moveaxis(hits, -2, 0))  # (H, ..., K): h by h
+    at = np.flatnonzero(by_stratum)
+    stratum, rest = np.divmod(at, by_stratum.size // strata)
+    row, cls = np.divmod(rest, k)
+    each = (np.ravel(v)[row * strata + stratum] for v in (n, w, prior, spread))
+    some = np.stack(_area_terms(by_stratum.ravel()[at].astype(float), *each, some=True), -1)
+    none = np.stack(_area_terms(np.zeros_like(n), n, w, prior, spread))  # (terms, ..., H)
+    none = np.ascontiguousarray(np.moveaxis(none.reshape(terms, -1, strata), -1, 0))
+    ends = np.cumsum(np.bincount(stratum, minlength=strata)).tolist()
+    rows = none.shape[-1]
+    sums = np.empty((k, terms, rows))  # a class's sums, each a row per (..., ) of the lead
+    flat = sums.reshape(-1)
+    place = (cls * terms * rows + row)[:, None] + np.arange(terms) * rows  # (entries, terms)
+    for h in range(strata):  # stratum after stratum
+        mine = slice(ends[h - 1] if h else 0, ends[h])  # this stratum's entries
+        to = place[mine]
+        if h == 0:
+            sums[:] = none[0]
+            flat[to] = some[mine]
+        else:
+            before = flat[to]
+            sums += none[h]
+            flat[to] = before + some[mine]
+    return np.moveaxis(sums, 0, -1).reshape((terms, *lead, k))
 
 
 _AREA_TERMS = ("smooth_x", "smooth_a", "big_a", "big_x", "var_a", "var_x", "cov_ax")
