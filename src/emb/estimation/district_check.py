@@ -24,6 +24,15 @@ variance the sum of theirs; its interval is the normal one on that variance, cli
 approximation is at its best), and its coverage is measured like every other. The same holds
 for overall accuracy (a share of agreeing pixels); user's and producer's accuracies are
 ratios, not sums: the total gives none, each district does.
+
+The draws (a fixed cost, apart from the pixels: 101 domains x 40 classes x 200 draws at a
+state's scale) are estimated every domain at once, a few draws at a time (``DOMAIN_CELLS``
+bounds the memory): each domain's units per (map L3, CDL L3) cell in one array, summed by
+class at each level, then :func:`emb.estimation.estimators.olofsson_domain_shares` or
+:func:`~emb.estimation.estimators.stehman_domain_shares` and the tallies as arrays
+(:class:`emb.estimation.holdout_check.DrawTallies`): every number bit for bit what each
+domain's :func:`emb.estimation.holdout_check.shares_at` and ``tally_draws`` give
+(``tests/estimation/test_domain_draws.py``), without a loop over domains and classes.
 """
 
 from __future__ import annotations
