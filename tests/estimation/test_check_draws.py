@@ -34,6 +34,7 @@ from emb.estimation.estimators import (
 )
 from emb.estimation.holdout_check import (
     ClassCoverage,
+    StrataChoices,
     StratifiedSampler,
     check,
     draw_all,
@@ -177,6 +178,48 @@ def test_the_sampler_keeps_its_random_stream() -> None:
         assert np.array_equal(got.ravel(), want), seed
 
 
+STRATA_KINDS = {  # (size, count) of each path of numpy's choice, and their edges
+    "floyd, few of many": lambda r: (int(r.integers(2, 10**9)), int(r.integers(1, 60))),
+    "floyd, most of few": lambda r: (s := int(r.integers(1, 30)), int(r.integers(1, s + 1))),
+    "floyd, below the tail's size": lambda r: (s := int(r.integers(50, 10_001)),
+                                               int(r.integers(1, s + 1))),
+    "floyd, beyond 32 bits": lambda r: (2**33 + int(r.integers(0, 99)), int(r.integers(1, 9))),
+    "tail of a shuffle": lambda r: (s := int(r.integers(10_001, 40_000)),
+                                    int(r.integers(s // 50 + 1, s // 50 + 3000))),
+    "tail, taken whole": lambda r: (s := int(r.integers(10_001, 12_000)), s),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_strata_choices_are_numpys_choice_of_each_stratum_in_turn(seed: int) -> None:
+    """Every path of ``Generator.choice(size, count, replace=False)`` (Floyd's algorithm, its
+    repeats replayed; the tail of a partial shuffle; a stratum taken whole), strata after
+    strata from one stream: the same ranks as numpy's own calls."""
+    meta = np.random.default_rng(seed)
+    kinds = list(STRATA_KINDS.values())
+    strata, start = [], 0
+    for _ in range(int(meta.integers(1, 12))):
+        size, count = kinds[int(meta.integers(0, len(kinds)))](meta)
+        strata.append((size, count, start))
+        start += size
+    choices = StrataChoices(strata)
+    for d in range(3):
+        stream = np.random.default_rng([seed, d])
+        want = [stream.choice(size, count, replace=False) + at for size, count, at in strata]
+        got = choices.ranks(np.random.default_rng([seed, d]))
+        assert np.array_equal(got, np.sort(np.concatenate(want))), (d, strata)
+
+
+def test_strata_choices_replay_floyd_where_a_rank_repeats() -> None:
+    """A stratum of 3 of 4 pixels: Floyd's draws meet often (replayed), its ranks distinct."""
+    choices = StrataChoices([(4, 3, 0), (10**6, 2, 4)])
+    for d in range(50):
+        stream = np.random.default_rng(d)
+        want = [stream.choice(4, 3, replace=False), stream.choice(10**6, 2, replace=False) + 4]
+        assert np.array_equal(choices.ranks(np.random.default_rng(d)),
+                              np.sort(np.concatenate(want)))  # fmt: skip
+
+
 def test_draw_all_refuses_no_draw() -> None:
     sampler = StratifiedSampler(np.array([[3, 4]]), np.array([[0, 0]]), 1, 2, 1)
     with pytest.raises(ValueError, match="draws: expected at least 1 draw, found 0"):
@@ -229,6 +272,19 @@ def scene_population(
         domains[:, i, j] = rng.multinomial(joint[i, j], rng.dirichlet(np.ones(districts + 1)))
     names = tuple(f"d{d}" for d in range(districts + 1))
     return TestSplitCounts(joint, 0.01, ("scene",), domains, names)
+
+
+def uneven_population() -> TestSplitCounts:
+    """Districts of different classes: a stratum one domain holds and another lacks; a
+    district without test pixels (no check) before the others."""
+    base = scene_population(seed=5, districts=4, among=CROPS)
+    domains = base.domains.copy()
+    classes = np.flatnonzero(base.joint.sum(1))
+    domains[1] = 0  # district 1: no test pixel
+    domains[2, classes[::2]] = 0  # district 2: every other map class only
+    domains[3, :, classes[1::3]] = 0  # district 3: some CDL classes never there
+    names = base.domain_names
+    return TestSplitCounts(domains.sum(0), 0.01, ("scene",), domains, names)
 
 
 def tally_one(tally: ClassCoverage, est: ClassEstimate, truth: float, z: float) -> None:
@@ -297,12 +353,12 @@ def test_the_checks_coverage_is_each_draw_estimated_in_full(
         assert sum(t.with_interval for t in want.values()) > 0
 
 
-@pytest.mark.parametrize("chunk", [3, 40])
+@pytest.mark.parametrize(("chunk", "uneven"), [(3, False), (40, False), (3, True)])
 def test_the_district_totals_coverage_is_the_sum_of_each_draws_districts(
-    chunk: int, monkeypatch: pytest.MonkeyPatch
+    chunk: int, uneven: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(district_check, "SHARES_CHUNK", chunk)  # 8 draws in 3 chunks or 1
-    population = scene_population(seed=12)
+    population = uneven_population() if uneven else scene_population(seed=12)
     design = settings(n=300, min_per_class=5, level=3, seed=2, draws=8)
     found = check_districts(population, CMAP, design, 300)
     sampler_check = found.allocation  # the units per domain and stratum the draws took
@@ -314,12 +370,13 @@ def test_the_district_totals_coverage_is_the_sum_of_each_draws_districts(
     sizes = sampler.sizes.reshape(len(domains), k)
     for total in found.total:
         level = total.level
-        per_domain = [one_by_one(np.array([s[d] for s in samples]), level, 3, sizes[d],
-                                 population.domains[d]) for d in range(len(domains))]  # fmt: skip
+        held = [d for d in range(len(domains)) if domains[d].sum()]
+        per_domain = {d: one_by_one(np.array([s[d] for s in samples]), level, 3, sizes[d],
+                                    population.domains[d]) for d in held}  # fmt: skip
         want: dict[int, ClassCoverage] = {}
         cdl_px = population.cdl_px(level, CMAP)
         for b in range(8):
-            est = with_interval(sum_estimates([draws[b] for draws in per_domain]), design.z)
+            est = with_interval(sum_estimates([per_domain[d][b] for d in held]), design.z)
             listed = {c.cls: c for c in est.classes}
             for cls in np.flatnonzero(cdl_px):
                 tally = want.setdefault(int(cls), ClassCoverage())
@@ -327,6 +384,9 @@ def test_the_district_totals_coverage_is_the_sum_of_each_draws_districts(
                     tally_one(tally, listed[cls], cdl_px[cls] / population.pixels, design.z)
         assert total.coverage == want, level
         for d, domain in enumerate(found.domains):
+            if d not in held:  # no test pixel: no check
+                assert domain.levels == () and domain.pixels == 0
+                continue
             assert domain.levels[level - 1].estimates == per_domain[d][0]
             mine: dict[int, ClassCoverage] = {}
             px = population.domains[d]

@@ -24,28 +24,42 @@ variance the sum of theirs; its interval is the normal one on that variance, cli
 approximation is at its best), and its coverage is measured like every other. The same holds
 for overall accuracy (a share of agreeing pixels); user's and producer's accuracies are
 ratios, not sums: the total gives none, each district does.
+
+The draws (a fixed cost, apart from the pixels: 101 domains x 40 classes x 200 draws at a
+state's scale) are estimated every domain at once, a few draws at a time (``DOMAIN_CELLS``
+bounds the memory): each domain's units per (map L3, CDL L3) cell in one array, summed by
+class at each level, then :func:`emb.estimation.estimators.olofsson_domain_shares` or
+:func:`~emb.estimation.estimators.stehman_domain_shares` and the tallies as arrays
+(:class:`emb.estimation.holdout_check.DrawTallies`): every number bit for bit what each
+domain's :func:`emb.estimation.holdout_check.shares_at` and ``tally_draws`` give
+(``tests/estimation/test_domain_draws.py``), without a loop over domains and classes.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
 from emb.classes import N_L3, ClassMap
 from emb.estimation.design import allocate
-from emb.estimation.estimators import AreaEstimates, AreaShares, ClassEstimate, Estimate
+from emb.estimation.estimators import (
+    AreaEstimates,
+    AreaShares,
+    ClassEstimate,
+    Estimate,
+    olofsson_domain_shares,
+    stehman_domain_shares,
+)
 from emb.estimation.holdout_check import (
     SHARES_CHUNK,
-    ClassCoverage,
+    DrawTallies,
     LevelCheck,
     StratifiedSampler,
     draw_all,
     estimate_at,
-    shares_at,
-    tally_draws,
 )
 from emb.estimation.holdout_counts import LEVEL_CLASSES, TestSplitCounts
 from emb.estimation.population import level_table
@@ -53,6 +67,7 @@ from emb.estimation.settings import AreaSettings
 
 CELLS = N_L3 * N_L3  # (map L3, CDL L3) cells of one domain
 STREAM = 1  # the draws' seeds: [seed, STREAM, d], apart from the whole check's [seed, d]
+DOMAIN_CELLS = 2**21  # draws x domains x cells estimated at once: 16 MiB a float array
 
 
 @dataclass(frozen=True)
@@ -195,39 +210,39 @@ def check_districts(
     per = {(d, lv): counts(domains[d], lv) for d in held for lv in (1, 2, 3)}
     whole = {lv: counts(domains.sum(0), lv) for lv in (1, 2, 3)}
     first: dict[tuple[int, int], AreaEstimates] = {}
-    coverage: dict[tuple[int, int], dict[int, ClassCoverage]] = {
-        (d, lv): {} for d in [*held, -1] for lv in (1, 2, 3)
-    }
     z, total_px = design.z, int(domains.sum())
+    held_px = domains[held].sum(1)
+    tallies = {lv: (DrawTallies(np.array([per[d, lv][1] for d in held]), held_px),
+                    DrawTallies(whole[lv][1][None, :], np.array([total_px])))
+               for lv in (1, 2, 3)}  # fmt: skip
     cells = np.flatnonzero(domains)  # (domain, map L3, CDL L3) cells with pixels
-    own = {d: np.flatnonzero(cells // CELLS == d) for d in held}  # each domain's columns
-    l3 = {d: np.divmod(cells[own[d]] % CELLS, N_L3) for d in held}  # their map, CDL L3
+    strata_px = sizes.astype(np.int64).reshape(n_domains, k)
+    domain, within = np.divmod(cells, CELLS)
+    row = np.searchsorted(held, domain)  # each cell's domain among the held (all hold pixels)
     if design.draws < 1:
         raise ValueError(f"draws: expected at least 1 draw, found {design.draws}")
-    for start in range(0, design.draws, SHARES_CHUNK):  # the draws of every domain, in order
-        chunk = range(start, min(start + SHARES_CHUNK, design.draws))
+    at_once = max(1, min(SHARES_CHUNK, DOMAIN_CELLS // (len(held) * CELLS)))
+    for start in range(0, design.draws, at_once):  # the draws of every domain, in order
+        chunk = range(start, min(start + at_once, design.draws))
         samples = draw_all(sampler, chunk, [design.seed, STREAM], cells)
+        if start == 0:
+            first.update(first_estimates(samples[0], cells, held, per, strata_px, strata_l3,
+                                         tables, design))  # fmt: skip
+        grid = np.zeros((len(held), len(chunk), CELLS), np.int64)
+        grid[row, :, within] = samples.T  # (D, B, map L3 x CDL L3) units of each held domain
+        grid = grid.reshape(len(held), len(chunk), N_L3, N_L3)
+        as_float = grid.astype(float)  # summed by class as products: exact, whole numbers
         for level in (1, 2, 3):
-            table, parts = tables[level], []
-            for d in held:
-                (m3, r3), drawn = l3[d], samples[:, own[d]]
-                mapped_px, cdl_px, by = per[d, level]
-                strata_px = sizes[d * k : (d + 1) * k].astype(np.int64)
-                if start == 0:
-                    one = np.repeat(np.arange(len(m3)), drawn[0])  # the first draw's cells
-                    first[d, level] = estimate_at(
-                        level, design.level, strata_px, strata_l3[m3[one]], table[m3[one]],
-                        table[r3[one]], mapped_px, by, design.confidence,
-                    )  # fmt: skip
-                shares = shares_at(level, design.level, strata_px, strata_l3[m3], table[m3],
-                                   table[r3], drawn, mapped_px, by, design.confidence)  # fmt: skip
-                tally_draws(coverage[d, level], shares, cdl_px, int(domains[d].sum()), z)
-                parts.append((int(domains[d].sum()), shares))
-            if start == 0:
-                found = [first[d, level] for d in held]
-                first[-1, level] = with_interval(sum_estimates(found), z)
-            tally_draws(coverage[-1, level], sum_shares(parts, total_px, z), whole[level][1],
-                        total_px, z)  # fmt: skip
+            mapped_px = np.array([per[d, level][0] for d in held])
+            shares = domain_shares(grid, as_float, level, design.level, strata_l3, tables[level],
+                                   strata_px[held], mapped_px, design.confidence)  # fmt: skip
+            tallies[level][0].add(shares, z)
+            parts = [(int(px), _row(shares, i)) for i, px in enumerate(held_px)]
+            tallies[level][1].add(_row(sum_shares(parts, total_px, z), None), z)
+    for level in (1, 2, 3):
+        first[-1, level] = with_interval(sum_estimates([first[d, level] for d in held]), z)
+    coverage = {(d, lv): tallies[lv][0].coverage(i) for i, d in enumerate(held) for lv in (1, 2, 3)}
+    coverage.update({(-1, lv): tallies[lv][1].coverage(0) for lv in (1, 2, 3)})
 
     def checks(d: int, mapped: dict) -> tuple[LevelCheck, ...]:
         return tuple(LevelCheck(lv, first[d, lv], mapped[lv][0], mapped[lv][1],
@@ -240,3 +255,68 @@ def check_districts(
         for d in range(n_domains)
     )  # fmt: skip
     return DistrictCheck(out, checks(-1, whole), units, note)
+
+
+def first_estimates(
+    sample: np.ndarray, cells: np.ndarray, held: list[int], per: dict, strata_px: np.ndarray,
+    strata_l3: np.ndarray, tables: dict[int, np.ndarray], design: AreaSettings,
+) -> dict[tuple[int, int], AreaEstimates]:  # fmt: skip
+    """Each held domain's estimates at every level of the first draw (``sample``: its units in
+    ``cells``), in full, as a user would publish them."""
+    out = {}
+    domain, within = np.divmod(cells, CELLS)
+    for d in held:
+        own = domain == d
+        m3, r3 = np.divmod(np.repeat(within[own], sample[own]), N_L3)  # its units' cells
+        for level in (1, 2, 3):
+            mapped_px, _, by = per[d, level]
+            t = tables[level]
+            out[d, level] = estimate_at(level, design.level, strata_px[d], strata_l3[m3], t[m3],
+                                        t[r3], mapped_px, by, design.confidence)  # fmt: skip
+    return out
+
+
+def domain_shares(
+    grid: np.ndarray, as_float: np.ndarray, level: int, design_level: int,
+    strata_l3: np.ndarray, table: np.ndarray, strata_px: np.ndarray, mapped_px: np.ndarray,
+    confidence: float,
+) -> AreaShares:  # fmt: skip
+    """The area shares at ``level`` of D domains' B draws, arrays (D, B, K): ``grid`` (D, B,
+    map L3, CDL L3) their units (``as_float``: the same as floats), strata the map's classes
+    at ``design_level`` (``strata_l3``: of each map L3 class), ``table`` each L3 class's at
+    ``level``. Olofsson's at the design level, Stehman's at the others, as
+    :func:`emb.estimation.holdout_check.shares_at` gives each domain's. Units are summed by
+    class as products of floats: exact (whole numbers far below 2**53)."""
+    k = int(mapped_px.shape[-1])
+    by_class = _one_hot(table, k)  # (map L3 or CDL L3, class at level)
+    if level == design_level:
+        if _is_identity(table):
+            return olofsson_domain_shares(mapped_px, grid, confidence)
+        matrices = np.swapaxes(by_class, 0, 1) @ (as_float @ by_class)
+        return olofsson_domain_shares(mapped_px, _whole(matrices), confidence)
+    to_class = as_float @ by_class  # (D, B, map L3, class at level)
+    h = strata_px.shape[-1]
+    hits = to_class if _is_identity(strata_l3) else _one_hot(strata_l3, h).T @ to_class
+    n_mapped = to_class.sum(-1) @ by_class
+    return stehman_domain_shares(strata_px, _whole(hits), _whole(n_mapped), mapped_px, confidence)
+
+
+def _one_hot(labels: np.ndarray, size: int) -> np.ndarray:
+    """(len(labels), size) 1.0 where entry i has label j: sums by label as a product."""
+    out = np.zeros((len(labels), size))
+    out[np.arange(len(labels)), labels] = 1.0
+    return out
+
+
+def _is_identity(labels: np.ndarray) -> bool:
+    return len(labels) == N_L3 and bool((labels == np.arange(N_L3)).all())
+
+
+def _whole(counts: np.ndarray) -> np.ndarray:
+    """Unit counts summed as floats (exact: whole numbers far below 2**53) as int64."""
+    return np.rint(counts).astype(np.int64)
+
+
+def _row(shares: AreaShares, index: int | None) -> AreaShares:
+    """One row of shares with rows in front (``None``: a row in front of shares without)."""
+    return AreaShares(*(getattr(shares, f.name)[index] for f in fields(shares)))

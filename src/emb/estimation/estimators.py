@@ -307,6 +307,94 @@ def stehman_shares(
     return _shares(big_n, n_h, listed, n_ref, figures, bounds)
 
 
+def olofsson_domain_shares(
+    strata_px: np.ndarray, matrices: np.ndarray, confidence: float | None = None
+) -> AreaShares:
+    """:func:`olofsson_shares` of D domains at once (strata_px (D, K); error matrices
+    (D, B, K, K), rows the strata): AreaShares of (D, B, K) arrays, domain d's bit for bit
+    ``olofsson_shares(strata_px[d], matrices[d], confidence)``'s. Only the area shares'
+    figures are computed (no accuracy: a check tallies areas), every domain in one pass."""
+    big_n = np.asarray(strata_px, np.int64)
+    matrices = np.asarray(matrices, np.int64)
+    n_i = matrices.sum(-1)
+    _check_strata(big_n[:, None, :], n_i)
+    w = big_n / big_n.sum(-1, keepdims=True)
+    inv = np.divide(1.0, n_i - 1.0, out=np.zeros(n_i.shape), where=n_i > 1)
+    factor = inv * _not_census(big_n[:, None, :], n_i)
+    # p = n_ij / n_i. and a = p (1 - p) factor_i, 0 where n_ij is: computed where it is not
+    p, a = np.zeros(matrices.shape), np.zeros(matrices.shape)
+    at = np.flatnonzero(matrices)
+    of_row = at // matrices.shape[-1]
+    p.reshape(-1)[at] = shares = matrices.reshape(-1)[at] / n_i.reshape(-1)[of_row]
+    a.reshape(-1)[at] = shares * (1 - shares) * factor.reshape(-1)[of_row]
+    row = w[:, None, None, :]  # each domain's weights, a row per sample's matrix (as w @ p)
+    proportion, variance = (row @ p)[..., 0, :], ((row**2) @ a)[..., 0, :]
+    n_ref = matrices.sum(-2)
+    listed = _listed(big_n[:, None, :], n_i, n_ref)
+    bounds = _domain_area_bounds(big_n, n_i, matrices, confidence, listed.any(1))
+    return _area_shares(big_n[:, None, :], n_i, listed, n_ref, proportion, variance, bounds)
+
+
+def stehman_domain_shares(
+    strata_px: np.ndarray, hits: np.ndarray, n_mapped: np.ndarray, mapped_px: np.ndarray,
+    confidence: float | None = None,
+) -> AreaShares:  # fmt: skip
+    """:func:`stehman_shares` of D domains at once: strata_px (D, H); hits (D, B, H, K) the
+    units per stratum of reference k (``strata_counts``' hits, stratum by stratum); n_mapped
+    (D, B, K) the units mapped k; mapped_px (D, K). AreaShares of (D, B, K) arrays, domain d's
+    bit for bit ``stehman_shares``' of its counts (area shares only, every domain at once)."""
+    big_n = np.asarray(strata_px, np.int64)
+    hits = np.ascontiguousarray(hits, np.int64)
+    n_h = hits.sum(-1)
+    _check_strata(big_n[:, None, :], n_h)
+    weights = big_n.astype(float)
+    n_f = n_h.astype(float)
+    weight = np.divide(weights[:, None, :] ** 2, n_f, out=np.zeros(n_f.shape), where=n_f > 1)
+    var_weight = (weight * _not_census(big_n[:, None, :], n_f))[..., None, :]
+    units = n_f[..., :, None]  # as _StratifiedTotals.total of y = [reference = k]
+    means = np.divide(hits * 1.0, units, out=np.zeros(hits.shape), where=units > 0)
+    pairs = hits * (units - hits)  # the units that differ, times (1 - 0)^2
+    squares = np.divide(pairs, units, out=np.zeros(hits.shape), where=units > 0)
+    s2 = np.divide(squares, units - 1.0, out=np.zeros(hits.shape), where=units > 1)
+    total = weights.sum(-1)[:, None, None]
+    proportion = (weights[:, None, None, :] @ means)[..., 0, :] / total
+    variance = (var_weight @ s2)[..., 0, :] / total**2
+    n_ref = hits.sum(-2)
+    listed = _listed(np.asarray(mapped_px)[:, None, :], n_mapped, n_ref)
+    bounds = _domain_area_bounds(big_n, n_h, hits, confidence, listed.any(1))
+    return _area_shares(big_n[:, None, :], n_h, listed, n_ref, proportion, variance, bounds)
+
+
+def _domain_area_bounds(
+    big_n: np.ndarray, n_h: np.ndarray, hits: np.ndarray, confidence: float | None,
+    classes: np.ndarray,
+) -> Bounds | None:  # fmt: skip
+    """:func:`_area_bounds` of D domains, hits (D, B, H, K) stratum by stratum, ``classes``
+    (D, K): the strata with pixels in any domain (a stratum a domain lacks adds exact zeros to
+    its sums, taken one stratum after another), the classes any domain asks for; NaN where a
+    domain did not ask. None without a ``confidence``."""
+    if confidence is None:
+        return None
+    classes = classes | (classes.sum(-1) < 2)[:, None]  # as _area_bounds: every class then
+    strata, asked = np.flatnonzero(big_n.any(0)), classes.any(0)
+    chosen = np.take(np.take(hits, strata, axis=2), np.flatnonzero(asked), axis=3)
+    got = intervals.area_by_stratum(big_n[:, None, strata], n_h[..., strata], chosen, confidence)
+    lo, hi = (np.full(hits.shape[:2] + hits.shape[-1:], np.nan) for _ in range(2))
+    lo[..., asked], hi[..., asked] = got
+    mine = classes[:, None, :]
+    return Bounds(np.where(mine, lo, np.nan), np.where(mine, hi, np.nan))
+
+
+def _area_shares(
+    big_n: np.ndarray, n_h: np.ndarray, listed: np.ndarray, n_ref: np.ndarray,
+    proportion: np.ndarray, variance: np.ndarray, bounds: Bounds | None,
+) -> AreaShares:  # fmt: skip
+    """:func:`_shares` of the area figures alone."""
+    zeros = np.zeros_like(proportion)
+    figures = _Figures(proportion, variance, zeros, zeros, zeros, zeros, zeros, zeros)
+    return _shares(big_n, n_h, listed, n_ref, figures, bounds)
+
+
 def strata_counts(
     stratum: np.ndarray, mapped: np.ndarray, reference: np.ndarray, h: int, k: int,
     units: np.ndarray | None = None, holds: np.ndarray | None = None,

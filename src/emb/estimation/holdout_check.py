@@ -78,18 +78,112 @@ class StratifiedSampler:
         starts = np.cumsum(self.sizes) - self.sizes
         self._strata = [(int(self.sizes[h]), int(c), int(starts[h]))
                         for h, c in enumerate(self.allocation) if c]  # fmt: skip
+        self._choices = StrataChoices(self._strata)
 
     def draw(self, rng: np.random.Generator) -> np.ndarray:
         """Units per cell, of ``joint``'s shape: ``allocation[h]`` distinct pixels of each
         stratum h, drawn as ranks uniformly without replacement (any size of stratum), one
         stratum after another (the draws' random stream), placed in their cells at once."""
-        ranks = [rng.choice(size, count, replace=False) + start
-                 for size, count, start in self._strata]  # fmt: skip
         out = np.zeros(int(np.prod(self.shape)), np.int64)
-        if ranks:
-            hit = np.searchsorted(self.bounds, np.concatenate(ranks), side="right")
-            out[self.cells] = np.bincount(hit, minlength=len(self.cells))
+        out[self.cells] = self.cell_units(rng)
         return out.reshape(self.shape)
+
+    def cell_units(self, rng: np.random.Generator) -> np.ndarray:
+        """:meth:`draw`'s units in the cells with pixels only, in ``self.cells``' order."""
+        ranks = self._choices.ranks(rng)  # sorted: a search of sorted keys walks its array once
+        hit = np.searchsorted(self.bounds, ranks, side="right")
+        return np.bincount(hit, minlength=len(self.cells))
+
+
+class StrataChoices:
+    """``rng.choice(size, count, replace=False) + start`` of each stratum (size, count, start)
+    in turn, as one set of ranks, sorted: the same units from the same random stream, without
+    a call per stratum (the check by district has thousands of strata, 10 us a call).
+
+    numpy's choice (``Generator.choice``, ``numpy/random/_generator.pyx``) takes a stratum's
+    ranks by Floyd's algorithm (one bounded integer on [0, j] for each j of size - count ..
+    size - 1, kept where new, else j itself; then a shuffle of the count ranks, a bounded
+    integer on [0, i] for i = count - 1 .. 1) or, where size > 10,000 and count > size // 50,
+    by the tail of a partial Fisher-Yates shuffle of range(size) (one bounded integer on [0, i]
+    for i = size - 1 .. max(size - count, 1)). Every one of those integers is
+    ``random_bounded_uint64``'s, which ``rng.integers(0, high)`` of an int64 array of bounds
+    calls once per entry, in order: one call gives every integer of a draw. What a stratum
+    keeps follows from its integers: Floyd's draws where none repeats nor reaches
+    size - count (then a later j could equal it), else the algorithm replayed; the tail's
+    replayed; a stratum taken whole is all its ranks, whatever the order. Tested against
+    numpy's choice itself (``tests/estimation/test_check_draws.py``)."""
+
+    def __init__(self, strata: Sequence[tuple[int, int, int]]) -> None:
+        highs, floyd, census, self._replays = [], [], [], []
+        at = 0
+        for size, count, start in strata:
+            if size > 10_000 and count > size // 50:  # the tail of a partial shuffle
+                first = max(size - count, 1)
+                highs.append(np.arange(size, first, -1))  # exclusive bounds of [0, i]
+                if count < size:
+                    self._replays.append((at, size - first, size, count, start))
+                at += size - first
+            else:  # Floyd's algorithm, then the shuffle of its ranks
+                highs += [np.arange(size - count + 1, size + 1), np.arange(count, 1, -1)]
+                if count < size:
+                    floyd.append((at, size, count, start))
+                at += 2 * count - 1
+            if count == size:
+                census.append(np.arange(start, start + size))
+        self._highs = np.concatenate(highs).astype(np.int64) if highs else np.zeros(0, np.int64)
+        self._census = np.concatenate(census) if census else np.zeros(0, np.int64)
+        self._floyd = floyd
+        counts = np.array([c for _, _, c, _ in floyd], np.int64)
+        self._at = np.concatenate([np.arange(a, a + c) for a, _, c, _ in floyd]
+                                  or [np.zeros(0, np.int64)]).astype(np.int64)  # fmt: skip
+        self._offset = np.repeat([s for *_, s in floyd], counts).astype(np.int64)
+        self._low = np.repeat([z - c for _, z, c, _ in floyd], counts).astype(np.int64)
+        self._owner = np.repeat(np.arange(len(floyd)), counts)
+        self._starts = np.array([s for *_, s in floyd], np.int64)
+        self._firsts = (np.cumsum(counts) - counts).tolist()  # each one's first rank
+
+    def ranks(self, rng: np.random.Generator) -> np.ndarray:
+        """The ranks of one draw (every stratum's, each offset by its start), sorted."""
+        if not len(self._highs):
+            return self._census
+        drawn = rng.integers(0, self._highs)
+        kept = drawn[self._at]
+        ranks = np.sort(kept + self._offset)  # stratum after stratum, count ranks each
+        # a rank drawn twice in a stratum (ranks of strata apart never meet), or one a later j
+        # may equal: that stratum's Floyd replayed (rare where count << size), in its place
+        twice = ranks[1:][ranks[1:] == ranks[:-1]]
+        redo = np.union1d(self._owner[kept >= self._low],
+                          np.searchsorted(self._starts, twice, side="right") - 1)  # fmt: skip
+        for s in redo.tolist():
+            at, size, count, start = self._floyd[s]
+            first = self._firsts[s]
+            ranks[first : first + count] = np.sort(_floyd(drawn[at : at + count], size, count))
+            ranks[first : first + count] += start
+        tails = [_tail(drawn[at : at + n], size, count) + start
+                 for at, n, size, count, start in self._replays]  # fmt: skip
+        if not tails and not len(self._census):
+            return ranks
+        return np.sort(np.concatenate([self._census, ranks, *tails]))
+
+
+def _floyd(drawn: np.ndarray, size: int, count: int) -> np.ndarray:
+    """Floyd's ranks from its integers: each j's draw where new, else j."""
+    kept: set[int] = set()
+    out = []
+    for j, value in zip(range(size - count, size), drawn.tolist(), strict=True):
+        rank = j if value in kept else value
+        kept.add(rank)
+        out.append(rank)
+    return np.array(out, np.int64)
+
+
+def _tail(drawn: np.ndarray, size: int, count: int) -> np.ndarray:
+    """The last ``count`` entries of range(size) after the partial Fisher-Yates shuffle that
+    swaps entry i with entry drawn[size - 1 - i], for i = size - 1 down: a sparse replay."""
+    moved: dict[int, int] = {}
+    for i, j in zip(range(size - 1, size - 1 - len(drawn), -1), drawn.tolist(), strict=True):
+        moved[i], moved[j] = moved.get(j, j), moved.get(i, i)
+    return np.array([moved.get(i, i) for i in range(size - count, size)], np.int64)
 
 
 def estimate_at(
@@ -227,9 +321,60 @@ def draw_all(
     if not draws:
         raise ValueError(f"draws: expected at least 1 draw, found {len(draws)}")
     out = np.empty((len(draws), len(cells)), np.int64)
+    joint = np.zeros(int(np.prod(sampler.shape)), np.int64)  # one buffer: every draw fills it
     for i, d in enumerate(draws):
-        out[i] = sampler.draw(np.random.default_rng([*seed, d])).ravel()[cells]
+        joint[sampler.cells] = sampler.cell_units(np.random.default_rng([*seed, d]))
+        out[i] = joint[cells]
     return out
+
+
+class DrawTallies:
+    """:func:`tally_draws` of many populations at once (rows: e.g. the domains of the check by
+    district), as arrays: each row's draws counted against its CDL pixels per class, all
+    classes and rows in one pass per chunk of draws, the same counts and half-width sums
+    (added one draw after another) as a :class:`ClassCoverage` per row and class."""
+
+    def __init__(self, cdl_px: np.ndarray, total: np.ndarray) -> None:
+        self.cdl_px = np.asarray(cdl_px, np.int64)  # (R, K)
+        self.truth = self.cdl_px / np.asarray(total, np.int64)[:, None]
+        shape = self.cdl_px.shape
+        self.counts = {name: np.zeros(shape, np.int64) for name in _COUNTS}
+        self.half_width = np.zeros(shape)
+
+    def add(self, shares: AreaShares, z: float) -> None:
+        """Count the draws' area shares, arrays (R, B, K), in draw order."""
+        truth = self.truth[:, None, :]
+        listed = shares.listed
+        value, se, lo, hi = shares.value, shares.se, shares.lo, shares.hi
+        bounded = listed & ~np.isnan(lo)
+        exact = bounded & (lo == hi)
+        interval = bounded & ~exact
+        wald = listed & ~np.isnan(se) & (se != 0)
+        with np.errstate(invalid="ignore", divide="ignore"):  # NaN where no interval: not read
+            widths = np.where(interval & (value > 0), (hi - lo) / 2 / value, 0.0)
+        found = {
+            "covered": interval & (lo <= truth) & (truth <= hi),
+            "with_interval": interval,
+            "exact": exact,
+            "wald_covered": wald & (value - z * se <= truth) & (truth <= value + z * se),
+            "wald_with": wald,
+        }
+        for name, hit in found.items():
+            self.counts[name] += hit.sum(1)
+        self.counts["units_reference"] += np.where(listed, shares.units_reference, 0).sum(1)
+        for b in range(widths.shape[1]):  # one draw after another: the sums round as they did
+            self.half_width = self.half_width + widths[:, b]
+
+    def coverage(self, row: int) -> dict[int, ClassCoverage]:
+        """Row ``row``'s tallies: every class its CDL holds, ascending."""
+        return {
+            int(cls): ClassCoverage(**{n: int(c[row, cls]) for n, c in self.counts.items()},
+                                    half_width=float(self.half_width[row, cls]))
+            for cls in np.flatnonzero(self.cdl_px[row])
+        }  # fmt: skip
+
+
+_COUNTS = ("covered", "with_interval", "exact", "wald_covered", "wald_with", "units_reference")
 
 
 def tally_draws(
