@@ -20,6 +20,7 @@ from emb.workflow.errors import as_workflow_error
 from emb.workflow.region_checks import check_predict_only, check_regions
 from emb.workflow.region_table import (
     DEMO_NAMES,
+    REGION_ID,
     RegionTable,
     demo_rasters,
     one_of,
@@ -105,7 +106,7 @@ with as_workflow_error():
 
 wildcard_constraints:
     source="aef|tessera",
-    region=one_of(REGIONS.index),
+    region=REGION_ID,  # any id the regions schema allows; a name the table lacks is refused
     run=one_of(RUNS),
 
 
