@@ -78,9 +78,9 @@ rule shards:
     params:
         split=get_split,
         group=split_group,
-        tiles=lambda wildcards: data_settings(wildcards.source, "tiles"),
-        splits=lambda wildcards: data_settings(wildcards.source, "splits"),
-        shards=lambda wildcards: data_settings(wildcards.source, "shards"),
+        tiles=source_settings("tiles"),
+        splits=source_settings("splits"),
+        shards=source_settings("shards"),
     shell:
         "python -m emb.prep.shards --source={wildcards.source:q} --region={wildcards.region:q}"
         " --emb={input.emb:q} --labels={input.labels:q} --index={output.index:q}"
