@@ -51,6 +51,7 @@ rule align_labels:
         "../../envs/emb.yaml"
     threads: 1
     resources:
+        **profile_strings("align_labels"),
         mem_mb=region_mem_mb("align_labels"),  # measured (workflow/rules/cluster.smk)
         runtime=region_runtime("align_labels"),
     shell:
@@ -73,6 +74,7 @@ rule shards:
         "../../envs/emb.yaml"
     threads: 1
     resources:
+        **profile_strings("shards"),
         mem_mb=region_mem_mb("shards"),  # measured (workflow/rules/cluster.smk)
         runtime=region_runtime("shards"),
     params:
