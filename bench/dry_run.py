@@ -41,9 +41,12 @@ alternating the sizes so both see the same machine, and keeps each one's best ti
   ours. 2026-12-07, later (issue 58 item 6, round 2; load 9-15, a test suite running; CPU s,
   this tree / main's, one alternated run each): lumi 100: 7.56 / 8.03 (0.94), lumi 1,000:
   40.0 / 47.1 (0.85), betzy 100: 7.38 / 8.06 (0.92), betzy 1,000: 49.5 / 50.5 (0.98); wall
-  ratios 1.31, 0.95, 0.90, 1.02 (the load's). Changed: the per-region rules take the profile's
-  account and partition as plain values (a profile's string resource is ``eval``-ed per job;
-  2 of the 6 resources evaluated per job), their functions carry their parameters
+  ratios 1.31, 0.95, 0.90, 1.02 (the load's); once more at a load of 2-3 (one workflow test
+  running), CPU then wall: lumi 1,000 44.0 / 50.1 (0.88), 58.8 / 60.6 s; betzy 1,000 35.4 /
+  42.1 (0.84), 38.2 / 47.6 s (0.80); lumi 100 6.64 / 6.56 (1.01), 6.71 / 6.73 s. Changed:
+  the per-region rules take the profile's account and partition as plain values (a
+  profile's string resource is ``eval``-ed per job; 2 of the 6 resources evaluated per job),
+  their functions carry their parameters
   (emb.workflow.signatures: ~10 of a job's 27 ``inspect.signature`` calls; alone ~0.93 of
   main's CPU in two rounds), the region wildcard is the schema's id pattern, not 1,000 names
   joined (alone within the noise, ~0.98), and each run's config is resolved once while
