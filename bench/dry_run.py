@@ -38,7 +38,26 @@ alternating the sizes so both see the same machine, and keeps each one's best ti
   cut lumi 1,000's CPU seconds to ~0.86 of main's and was left out: it patches Snakemake's
   internals for ~14%, and the goal needs ~50%. Without it: 45.0, 40.8 CPU s against main's
   40.9-46.1 (noise). Under 20 s for 1,000 regions needs Snakemake's per-job costs cut, not
-  ours.
+  ours. 2026-12-07, later (issue 58 item 6, round 2; load 9-15, a test suite running; CPU s,
+  this tree / main's, one alternated run each): lumi 100: 7.56 / 8.03 (0.94), lumi 1,000:
+  40.0 / 47.1 (0.85), betzy 100: 7.38 / 8.06 (0.92), betzy 1,000: 49.5 / 50.5 (0.98); wall
+  ratios 1.31, 0.95, 0.90, 1.02 (the load's); once more at a load of 2-3 (one workflow test
+  running), CPU then wall: lumi 1,000 44.0 / 50.1 (0.88), 58.8 / 60.6 s; betzy 1,000 35.4 /
+  42.1 (0.84), 38.2 / 47.6 s (0.80); lumi 100 6.64 / 6.56 (1.01), 6.71 / 6.73 s. Changed:
+  the per-region rules take the profile's account and partition as plain values (a
+  profile's string resource is ``eval``-ed per job; 2 of the 6 resources evaluated per job),
+  their functions carry their parameters
+  (emb.workflow.signatures: ~10 of a job's 27 ``inspect.signature`` calls; alone ~0.93 of
+  main's CPU in two rounds), the region wildcard is the schema's id pattern, not 1,000 names
+  joined (alone within the noise, ~0.98), and each run's config is resolved once while
+  parsing, not twice (4 schema validations at any size). Measured, not changed (lumi 1,000,
+  two alternated rounds against main's 48.2 and 45.4 CPU s): ``group-components`` prep 25
+  instead of 50: 40.3, 43.3 (~0.91; the ready check is quadratic in a group's members) for 99
+  SLURM jobs instead of 59, at the goal's 100; one job doing align_labels and shards of a
+  (source, region) (2,000 jobs fewer; a prototype): 37.2, 34.0 (~0.76). Left alone: the
+  shards command's 20 fields (a changed shell command or params reruns every shards job and
+  all after it: Snakemake's code and params triggers) and printshellcmds (Snakemake formats
+  each job's command three times whether it prints it or not).
 - growth_{cluster}: time for the large table / time for the small one; ~10 for 10x the
   regions is linear, more means something quadratic in the DAG is back.
 - group_{cluster}_{n}: the widest group job as Snakemake submits it (its side-by-side members

@@ -56,3 +56,34 @@ def test_a_prediction_beyond_the_partitions_limit_is_refused_with_its_work() -> 
         profile.predict_runtime(given, "rule predict of run aef_x", 100.0, 7)
     with pytest.raises(ProfileError, match=r"mpx_per_minute: expected a number > 0"):
         profile.predict_runtime(settings({}, predict={"mpx_per_minute": 0}), "job", 1.0, 1)
+
+
+@pytest.mark.parametrize(
+    ("value", "as_is"),
+    [("small", True), ("project_465000123", True), ("standard-g", False), ("<EMB_ACCOUNT>", True),
+     ("nn1234k", True), ("2 * attempt", False), ("attempt", False), ("max", False),
+     ("None", False), ("'small'", False), ("lookup", False), ("$EMB_ACCOUNT", False),
+     ("~x", False), (4000, False)],
+)  # fmt: skip
+def test_a_profile_string_is_fixed_only_where_snakemake_would_pass_it_as_it_is(
+    value: object, as_is: bool
+) -> None:
+    """Snakemake evaluates a profile's string resource per job and keeps the string where that
+    fails: 'max' is Python's, 'lookup' Snakemake's, '2 * attempt' the job's; 'standard-g' fails
+    too (an undefined name), but not on its face, so it stays evaluated per job."""
+    assert profile.passed_as_is(value) is as_is
+    if as_is:  # what Snakemake itself makes of it, evaluated as for a job
+        parsed = Resources.parse([f"slurm_partition={value}"], allow_expressions=True)
+        assert parsed["slurm_partition"].is_evaluable()
+
+
+def test_a_per_region_rule_gets_the_profiles_plain_account_and_partition_once() -> None:
+    given = settings(
+        {"slurm_account": "project_1", "slurm_partition": "small", "mem_mb": 4000},
+        shards={"slurm_partition": "bigmem"}, train={"slurm_partition": "2 * attempt"},
+    )  # fmt: skip
+    names = ("slurm_account", "slurm_partition", "mem_mb", "gres")
+    assert profile.fixed_strings(given, "shards", names) == {
+        "slurm_account": "project_1", "slurm_partition": "bigmem"
+    }  # fmt: skip
+    assert profile.fixed_strings(given, "train", names) == {"slurm_account": "project_1"}

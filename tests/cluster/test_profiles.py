@@ -33,7 +33,9 @@ SEED_BATCH = {  # cluster -> run -> (batch_size per GPU, accumulation)
 
 
 def cluster_env(tmp_path: Path) -> dict[str, str]:
-    """A login shell's settings, on a PATH that holds no SLURM (nor apptainer) command."""
+    """A login shell's settings, on a PATH that holds no SLURM (nor apptainer) command, whose
+    workflow imports this checkout's src (not whichever checkout the venv's editable install
+    names: a worktree's new module would be missing, or another checkout's code tested)."""
     image = tmp_path / "emb.sif"
     image.write_bytes(b"")
     tools = tmp_path / "bin"  # the shell tools Snakemake and its SLURM plugin call, nothing else
@@ -48,6 +50,7 @@ def cluster_env(tmp_path: Path) -> dict[str, str]:
         "EMB_CONTAINER": str(image),
         "EMB_PYTHONPATH": "/projappl/project_465000123/emb-venv/lib/python3.12/site-packages",
         "SINGULARITY_BIND": "/pfs,/scratch,/projappl,/project,/flash,/appl",
+        "PYTHONPATH": str(REPO / "src"),
     }
     assert shutil.which("sbatch", path=env["PATH"]) is None
     return env

@@ -31,6 +31,26 @@ def test_a_runs_source_comes_from_its_own_file(project: Path) -> None:
     assert parsed_runs.run_source("tessera_deeplab", SCHEMA) == "tessera"
 
 
+def test_a_runs_source_is_read_not_resolved_when_its_files_name_one(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each resolution validates against the schema: the parse resolves each run once
+    (resolve_run), not twice."""
+    resolved = []
+    monkeypatch.setattr(parsed_runs, "resolve", lambda *args: resolved.append(args) or {})
+    assert parsed_runs.run_source("tessera_deeplab", SCHEMA) == "tessera"
+    assert resolved == []
+
+
+@pytest.mark.parametrize("body", ["data: {}\n", "data:\n  source: sentinel\n", "[1, 2]\n"])
+def test_a_run_file_naming_no_known_source_is_resolved_and_refused_by_name(
+    project: Path, body: str
+) -> None:
+    (project / "config/train/odd.yaml").write_text(body)
+    with pytest.raises(ConfigError, match=r"train config of run 'odd'.*config/train/odd.yaml"):
+        parsed_runs.run_source("odd", SCHEMA)
+
+
 def test_a_run_without_its_file_is_named(project: Path) -> None:
     with pytest.raises(ConfigError, match=r"train config of run 'nope'.*config/train/nope.yaml"):
         parsed_runs.run_source("nope", SCHEMA)

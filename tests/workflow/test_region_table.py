@@ -3,12 +3,15 @@ before, only dry runs of the whole workflow reached these answers."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
+import yaml
+from conftest import REPO
 
-from emb.prep.regions import is_predict_only, read_regions
-from emb.workflow.region_table import RegionTable
+from emb.prep.regions import RegionsError, is_predict_only, read_regions
+from emb.workflow.region_table import REGION_ID, RegionTable
 
 DEMO = ["resources/demo/demo_a/aef.tif", "resources/demo/demo_b/aef.tif"]
 ROWS = """region\tyear\taef\ttessera\tcdl\tsplit
@@ -71,3 +74,22 @@ def test_jobs_read_a_converted_geotiff_for_a_geotessera_npy_tile(table: RegionTa
     assert jobs.loc["npy_row", "tessera"] == "results/converted/tessera/npy_row.tif"
     assert jobs.loc["mine", "tessera"] == "" and jobs.loc["mine", "aef"] == "mine/aef.tif"
     assert table.frame.loc["npy_row", "tessera"] == "t/grid_1_2.NPY"  # the table is untouched
+
+
+def test_the_region_wildcard_matches_every_id_the_regions_schema_allows_and_no_other() -> None:
+    schema = yaml.safe_load((REPO / "workflow/schemas/regions.schema.yaml").read_text())
+    assert f"^{REGION_ID}$" == schema["properties"]["region"]["pattern"]
+    for name in ("demo_a", "r0001", "field_2024-b"):
+        assert re.fullmatch(REGION_ID, name)
+    for name in ("-x", "a/b", "A", "field.2024", ""):
+        assert not re.fullmatch(REGION_ID, name)
+
+
+def test_a_region_the_table_lacks_is_refused_by_name(table: RegionTable) -> None:
+    """The constraint lets any id through (REGION_ID): a target naming another region must
+    not reach a job with an empty raster path."""
+    assert table.cell("mine", "cdl") == "c/m.tif"
+    with pytest.raises(RegionsError, match="region 'mne' is not in the regions table"):
+        table.cell("mne", "cdl")
+    with pytest.raises(RegionsError, match="'mne'"):
+        table.job_raster("mne", "aef")

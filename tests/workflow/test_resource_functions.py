@@ -4,8 +4,12 @@ return is the measured line for the job's own raster."""
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from types import SimpleNamespace
+
+import pytest
+from snakemake.common import get_function_params
 
 from emb.prep.regions import read_regions
 from emb.workflow import resources
@@ -59,3 +63,18 @@ def test_the_tables_pixels_are_looked_up_per_source_and_region(tmp_path: Path) -
                       ("tessera", "b"): 36}  # fmt: skip
     assert table.cell("b", "tessera") == "b/t.tif" and table.cell("a", "tessera") == ""
     assert table.cell("a", "no_such_column") == ""
+
+
+def test_snakemake_reads_the_region_functions_parameters_without_inspecting_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Snakemake asks each job's functions for their parameters (emb.workflow.signatures)."""
+    mem = resources.region_mem_mb("shards", PIXELS)
+    minutes = resources.region_runtime("shards", PIXELS)
+
+    def per_job(*args: object, **kwargs: object) -> None:
+        raise AssertionError("inspect.signature called per job")
+
+    monkeypatch.setattr(inspect, "signature", per_job)
+    assert list(get_function_params(mem)) == ["wildcards", "attempt"]
+    assert list(get_function_params(minutes)) == ["wildcards"]

@@ -24,16 +24,19 @@ SCRIPT = r"""
 import json, sys
 from pathlib import Path
 from snakemake.api import SnakemakeApi
+from snakemake.resources import Resources
 from snakemake.settings.types import ConfigSettings, OutputSettings, ResourceSettings
 
 snakefile, workdir, launch = Path(sys.argv[1]), Path(sys.argv[2]), json.loads(sys.argv[3])
 with SnakemakeApi(OutputSettings(quiet={"all"})) as api:
     workflow = api.workflow(
-        resource_settings=ResourceSettings(cores=16),
+        resource_settings=ResourceSettings(cores=16, default_resources=Resources.parse(
+            ["slurm_account=project_1", "slurm_partition=small"],  # as a profile gives them
+            allow_expressions=True, defaults="bare")),
         config_settings=ConfigSettings(config={"launch": launch}),
         snakefile=snakefile, workdir=workdir,
     )._workflow
-    out = {"report": [], "resources": {}}
+    out = {"report": [], "resources": {}, "unmarked": [], "account": {}}
     for rule in workflow.rules:
         for name, item in rule.output._allitems():
             flag = item.flags.get("report")
@@ -52,6 +55,18 @@ with SnakemakeApi(OutputSettings(quiet={"all"})) as api:
                 "threads": values["_cores"],
                 **{k: v for k, v in values.items() if k[0] != "_"},
             }
+        if rule.name in ("align_labels", "shards"):  # their functions run for every job
+            items = [*rule.input._allitems(), *rule.params._allitems()]
+            funcs = {name: getattr(getattr(item, "_file", item), "callable", item)
+                     for name, item in items}
+            funcs.update({f"resources.{k}": r._evaluator for k, r in rule.resources.items()
+                          if r.is_evaluable() and not k.startswith("_")
+                          and r._evaluator.__module__.startswith("emb")})
+            out["account"][rule.name] = [
+                "per job" if r.is_evaluable() else r.value
+                for r in (rule.resources["slurm_account"], rule.resources["slurm_partition"])]
+            out["unmarked"] += [f"{rule.name} {name}" for name, f in funcs.items()
+                                if callable(f) and not hasattr(f, "_overwrite_params")]
 print(json.dumps(out))
 """
 
@@ -123,3 +138,16 @@ def test_gpu_check_and_train_get_one_launched_shape_from_the_config(parsed: dict
     for resources in (check, train):
         assert {key: resources[key] for key in shape} == shape
     assert (check["mem_mb"], check["runtime"]) != (train["mem_mb"], train["runtime"])
+
+
+def test_the_per_region_rules_functions_carry_their_parameters(parsed: dict) -> None:
+    """Read once while parsing (emb.workflow.signatures), not by inspect.signature per job."""
+    assert parsed["unmarked"] == []
+
+
+def test_the_per_region_rules_get_the_profiles_account_and_partition_as_plain_values(
+    parsed: dict,
+) -> None:
+    """Found once (emb.workflow.profile.fixed_strings), not evaluated for every job."""
+    plain = ["project_1", "small"]
+    assert parsed["account"] == {"align_labels": plain, "shards": plain}

@@ -26,6 +26,13 @@ def source_mem_mb(stage):
     return measured.source_mem_mb(stage)
 
 
+def profile_strings(rule):
+    """The profile's account and partition of a per-region rule as plain values, found once
+    (emb.workflow.profile.fixed_strings), not evaluated per job."""
+    names = ("slurm_account", "slurm_partition")
+    return profile.fixed_strings(workflow.resource_settings, rule, names)
+
+
 def launched_mem_mb(stage):
     """evaluate reads a run's training regions, predict maps its prediction-only ones too."""
     regions = TABLE.mapped_regions if stage == "predict" else TABLE.training_regions

@@ -18,8 +18,10 @@ from emb.workflow import report_targets as targets
 from emb.workflow.area_plan import empty_regions, plan_from_config, planned_footprints
 from emb.workflow.errors import as_workflow_error
 from emb.workflow.region_checks import check_predict_only, check_regions
+from emb.workflow.signatures import known_parameters
 from emb.workflow.region_table import (
     DEMO_NAMES,
+    REGION_ID,
     RegionTable,
     demo_rasters,
     one_of,
@@ -105,7 +107,7 @@ with as_workflow_error():
 
 wildcard_constraints:
     source="aef|tessera",
-    region=one_of(REGIONS.index),
+    region=REGION_ID,  # any id the regions schema allows; a name the table lacks is refused
     run=one_of(RUNS),
 
 
@@ -118,6 +120,12 @@ def data_settings(source, section):
     return region_table.data_settings(config, section, TABLE.is_demo_data(source))
 
 
+def source_settings(section):
+    """A params function: the section of the data settings of the job's source."""
+    return known_parameters(lambda wildcards: data_settings(wildcards.source, section))
+
+
+@known_parameters  # called for every job (emb.workflow.signatures)
 def get_emb(wildcards):
     return TABLE.job_raster(wildcards.region, wildcards.source)
 
@@ -126,14 +134,17 @@ def get_tessera_npy(wildcards):
     return TABLE.tessera_npy_inputs(wildcards.region)
 
 
+@known_parameters
 def get_cdl(wildcards):
     return TABLE.cell(wildcards.region, "cdl")
 
 
+@known_parameters
 def get_split(wildcards):
     return TABLE.split(wildcards.region) or "auto"
 
 
+@known_parameters
 def split_group(wildcards):
     return region_table.split_group(CHECKS, wildcards.source, wildcards.region)
 

@@ -51,6 +51,7 @@ rule align_labels:
         "../../envs/emb.yaml"
     threads: 1
     resources:
+        **profile_strings("align_labels"),
         mem_mb=region_mem_mb("align_labels"),  # measured (workflow/rules/cluster.smk)
         runtime=region_runtime("align_labels"),
     shell:
@@ -73,14 +74,15 @@ rule shards:
         "../../envs/emb.yaml"
     threads: 1
     resources:
+        **profile_strings("shards"),
         mem_mb=region_mem_mb("shards"),  # measured (workflow/rules/cluster.smk)
         runtime=region_runtime("shards"),
     params:
         split=get_split,
         group=split_group,
-        tiles=lambda wildcards: data_settings(wildcards.source, "tiles"),
-        splits=lambda wildcards: data_settings(wildcards.source, "splits"),
-        shards=lambda wildcards: data_settings(wildcards.source, "shards"),
+        tiles=source_settings("tiles"),
+        splits=source_settings("splits"),
+        shards=source_settings("shards"),
     shell:
         "python -m emb.prep.shards --source={wildcards.source:q} --region={wildcards.region:q}"
         " --emb={input.emb:q} --labels={input.labels:q} --index={output.index:q}"

@@ -22,7 +22,7 @@ from emb.prep.data_settings import (
 )
 from emb.prep.data_settings import tiling_in_force
 from emb.prep.demo_region import DEMO_REGIONS, EMB_RES
-from emb.prep.regions import is_predict_only
+from emb.prep.regions import RegionsError, is_predict_only
 from emb.prep.regions import read_regions as read_regions  # the rules import emb.workflow only
 from emb.prep.spatial_split import BlockGround, check_block_above_pixel, check_blocks_hold_splits
 from emb.prep.tessera_npy import find_triple
@@ -43,6 +43,15 @@ def demo_rasters() -> list[str]:
         for name in DEMO_NAMES
         for kind in ("aef", "tessera", "cdl")
     ]
+
+
+# The region ids the regions schema allows (workflow/schemas/regions.schema.yaml, its ``region``
+# pattern without anchors): the workflow's wildcard constraint. Not the table's names joined
+# (one_of): Snakemake writes a constraint into every file pattern of every rule that has the
+# wildcard and scans those patterns for each file of each job, and 1,000 names made a
+# 1,000-region dry run ~5% slower (bench/dry_run.py). A name the table lacks is refused by
+# :meth:`RegionTable.cell` instead, naming it.
+REGION_ID = "[a-z0-9_][a-z0-9_-]*"
 
 
 def one_of(names: Iterable[object]) -> str:
@@ -180,8 +189,17 @@ class RegionTable:
         return self._cells.get("split", {}).get(region, "")
 
     def cell(self, region: str, column: str) -> str:
-        """A cell as the table gives it ('' when empty or the table has no such column)."""
-        return self._cells[column][region] if column in self._cells else ""
+        """A cell as the table gives it ('' when empty or the table has no such column); a
+        region the table lacks is an error naming it (a target such as
+        results/labels/aef/<typo>.tif matches the rules' region pattern, REGION_ID)."""
+        if column not in self._cells:
+            return ""
+        try:
+            return self._cells[column][region]
+        except KeyError:
+            raise RegionsError(
+                f"region {region!r} is not in the regions table (nor planned from the areas)"
+            ) from None
 
     def raster_pixels(self, pixels: Mapping[str, int]) -> dict[tuple[str, str], int]:
         """Pixels of each (source, region)'s raster (``pixels``: raster -> pixel count, as the

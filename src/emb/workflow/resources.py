@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from emb.workflow.signatures import known_parameters
+
 MARGIN = 1.5  # over the measured peak: other GDAL builds and file systems, allocator slack
 FLOOR_MB = 500  # the least a stage asks for: Python with numpy, rasterio and GDAL loaded
 TIME_MARGIN = 10
@@ -98,6 +100,7 @@ RegionPixels = Mapping[tuple[str, str], int]
 def region_mem_mb(stage: str, pixels: RegionPixels) -> Callable[[Any, int], int]:
     """``mem_mb`` of a per-(source, region) rule: from its raster's size, doubled per retry."""
 
+    @known_parameters
     def region_mem_mb(wildcards: Any, attempt: int) -> int:
         size = pixels.get((wildcards.source, wildcards.region), 0)
         return mem_mb(stage, size, wildcards.source, attempt)
@@ -108,6 +111,7 @@ def region_mem_mb(stage: str, pixels: RegionPixels) -> Callable[[Any, int], int]
 def region_runtime(stage: str, pixels: RegionPixels) -> Callable[[Any], int]:
     """``runtime`` (minutes) of a per-(source, region) rule: from its raster's size."""
 
+    @known_parameters
     def region_runtime(wildcards: Any) -> int:
         return runtime(stage, pixels.get((wildcards.source, wildcards.region), 0), wildcards.source)
 
