@@ -33,15 +33,21 @@ that one process (``getrusage(RUSAGE_CHILDREN).ru_maxrss``, interpreter and impo
   compare two trees' designs).
 
 The files are fresh in the page cache for all three (hot reads). Goals: RSS < 2 GiB, design
-and check each within 3x the read.
+and check each within 3x the read. Measured 2026-12-07 at 1,000 regions (this 2-core machine,
+load ~1, one thread): read 3.11 s; check 23.0 s, 7.4x (population pass 15.6 s, 200 draws 0.18 s,
+by district 7.2 s); design 28.1 s, 9.1x; RSS 342 / 373 MiB. The day before: read 2.61 s, check
+51.0 s (pass 20.2 s, by district 30.4 s), design 27.4 s.
 
-With ``--threads`` (default 2, as the stages' rules declare) the population pass and the design
-read the maps in a thread of their own, a few strips ahead of the counting; the read, the
-yardstick, stays in one thread. Each part's CPU time (user + system, its whole process) is
-reported beside its wall time: on a loaded machine the ratio of CPU times is the steadier.
+With ``--threads 2`` the population pass and the design read the maps in a thread of their own,
+a few strips ahead of the counting; the read, the yardstick, stays in one thread. Default 1,
+as the rules declare: 2026-12-07, this 2-core machine at load ~1, 1,000 regions, 1 vs 2
+threads: population pass 15.6 / 15.6 s, design 28.1 / 31.5 s, the check by district's draws
+7.2 / 9.3 s (the reader thread contends with numpy, nothing is hidden). Each part's CPU time
+(user + system, its whole process) is reported beside its wall time: on a loaded machine the
+ratio of CPU times is the steadier.
 
 Usage: ``python bench/state_scale.py [--regions 1000] [--size 1024] [--test-share 1.0]
-[--draws 200] [--district-draws N] [--distinct 4] [--threads 2] [--json PATH] [--workdir DIR]
+[--draws 200] [--district-draws N] [--distinct 4] [--threads 1] [--json PATH] [--workdir DIR]
 [--keep]``;
 the default path in its smallest mode (tests/bench): ``--regions 4 --size 256 --draws 2``.
 """
@@ -329,9 +335,10 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true")
     parser.add_argument("--district-draws", type=int, default=None,
                         help="the check by district's draws (default: --draws)")  # fmt: skip
-    parser.add_argument("--threads", type=int, default=2,
+    parser.add_argument("--threads", type=int, default=1,
                         help="threads of the check's population pass and of the design (the "
-                        "stages' rules' threads); the read stays in one")  # fmt: skip
+                        "rules' threads: 1; 2 gave no wall time on 2 cores, 2026-12-07); the "
+                        "read stays in one")  # fmt: skip
     parser.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     parser.add_argument("--measure", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()

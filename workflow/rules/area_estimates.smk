@@ -57,7 +57,7 @@ rule area_estimates:
         "benchmarks/area_estimates/{run}.tsv"
     conda:
         "../../envs/emb.yaml"
-    threads: 2
+    threads: 1
     resources:
         mem_mb=4000,
         runtime=30,
@@ -98,7 +98,7 @@ rule sample_design:
         "benchmarks/sample_design/{run}.tsv"
     conda:
         "../../envs/emb.yaml"
-    threads: 2
+    threads: 1
     resources:
         mem_mb=2000,
         runtime=30,
