@@ -135,27 +135,42 @@ def write_region(
     return map_path, label_path, index
 
 
-def test_the_population_by_district_is_a_whole_array_count(
-    tmp_path: Path, districts: Districts
-) -> None:
-    """Two regions side by side under jagged districts, overlapping test tiles: per (domain,
-    map, CDL) the pixels a whole-array count gives, each test pixel once, 255 left out."""
-    rng = np.random.default_rng(4)
+Regions = tuple[dict[str, Path], dict[str, Path], dict[str, Path]]
+
+
+def regions_and_their_count(
+    folder: Path, districts: Districts, seed: int, second: tuple[float, float],
+    tiles: list[tuple[int, int]],
+) -> tuple[Regions, np.ndarray]:  # fmt: skip
+    """Two 256 px regions (the second's corner at ``second``) of random maps and labels (255
+    in a band of each) with test tiles at ``tiles``, and the (domain, map, CDL) count of their
+    test pixels that a whole-array burn and ``np.add.at`` give: each test pixel once."""
+    rng = np.random.default_rng(seed)
     maps, labels, indexes, want = {}, {}, {}, np.zeros((10, N_L3, N_L3), np.int64)
-    for k, origin in enumerate((ORIGIN, (ORIGIN[0] + 2560.0, ORIGIN[1]))):
+    for k, origin in enumerate((ORIGIN, second)):
         mapped = rng.integers(0, N_L3, (256, 256), dtype=np.uint8)
         truth = np.where(rng.random((256, 256)) < 0.7, mapped, rng.integers(0, N_L3, (256, 256)))
         mapped[:10], truth[:, :7] = 255, 255
-        tiles = [(0, 0), (0, 64), (32, 32), (128, 192), (192, 0), (192, 64)]
         name = f"r{k}"
         maps[name], labels[name], indexes[name] = write_region(
-            tmp_path / name, name, mapped, truth.astype(np.uint8), origin, tiles)  # fmt: skip
+            folder / name, name, mapped, truth.astype(np.uint8), origin, tiles)  # fmt: skip
         inside = np.zeros((256, 256), bool)
         for r, c in tiles:
             inside[r : r + 64, c : c + 64] = True
         ids = whole_burn(districts, "EPSG:32615", from_origin(*origin, 10.0, 10.0), (256, 256))
         ok = inside & (mapped < N_L3) & (truth < N_L3)
         np.add.at(want, (ids[ok], mapped[ok], truth[ok]), 1)
+    return (maps, labels, indexes), want
+
+
+def test_the_population_by_district_is_a_whole_array_count(
+    tmp_path: Path, districts: Districts
+) -> None:
+    """Two regions side by side under jagged districts, overlapping test tiles: per (domain,
+    map, CDL) the pixels a whole-array count gives, each test pixel once, 255 left out."""
+    tiles = [(0, 0), (0, 64), (32, 32), (128, 192), (192, 0), (192, 64)]
+    (maps, labels, indexes), want = regions_and_their_count(
+        tmp_path, districts, 4, (ORIGIN[0] + 2560.0, ORIGIN[1]), tiles)  # fmt: skip
     population = read_population(maps, labels, indexes, districts)
     assert population.domains is not None and (want.sum((1, 2)) > 0).sum() >= 4
     assert np.array_equal(population.domains, want)

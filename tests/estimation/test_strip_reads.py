@@ -12,9 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from rasterio.transform import from_origin
 from test_design import write_map
-from test_streams import ORIGIN, wavy_districts, whole_burn, write_region
+from test_streams import ORIGIN, regions_and_their_count, wavy_districts
 
 from emb.classes import N_L3, ClassMap
 from emb.estimation import holdout_counts, population
@@ -94,22 +93,9 @@ def test_the_population_in_thin_strips_is_a_whole_array_count(
     pixels a whole-array count gives."""
     monkeypatch.setattr(holdout_counts, "STRIP_BYTES", 9 * 256 * holdout_counts.CODE_BYTES)
     monkeypatch.setattr(holdout_counts, "DIRECT_DOMAINS", direct)
-    rng = np.random.default_rng(6)
-    maps, labels, indexes, want = {}, {}, {}, np.zeros((10, N_L3, N_L3), np.int64)
-    for k, origin in enumerate((ORIGIN, (ORIGIN[0] + 2560.0, ORIGIN[1] - 1280.0))):
-        mapped = rng.integers(0, N_L3, (256, 256), dtype=np.uint8)
-        truth = np.where(rng.random((256, 256)) < 0.7, mapped, rng.integers(0, N_L3, (256, 256)))
-        mapped[:10], truth[:, :7] = 255, 255
-        tiles = [(0, 0), (0, 128), (32, 32), (100, 192), (192, 0), (192, 128), (150, 60)]
-        name = f"r{k}"
-        maps[name], labels[name], indexes[name] = write_region(
-            tmp_path / name, name, mapped, truth.astype(np.uint8), origin, tiles)  # fmt: skip
-        inside = np.zeros((256, 256), bool)
-        for r, c in tiles:
-            inside[r : r + 64, c : c + 64] = True
-        ids = whole_burn(districts, "EPSG:32615", from_origin(*origin, 10.0, 10.0), (256, 256))
-        ok = inside & (mapped < N_L3) & (truth < N_L3)
-        np.add.at(want, (ids[ok], mapped[ok], truth[ok]), 1)
+    tiles = [(0, 0), (0, 128), (32, 32), (100, 192), (192, 0), (192, 128), (150, 60)]
+    (maps, labels, indexes), want = regions_and_their_count(
+        tmp_path, districts, 6, (ORIGIN[0] + 2560.0, ORIGIN[1] - 1280.0), tiles)  # fmt: skip
     got = read_population(maps, labels, indexes, districts, threads=threads)
     assert (want.sum((1, 2)) > 0).sum() >= 4
     assert np.array_equal(got.domains, want)
