@@ -35,6 +35,10 @@ REVIEWED: dict[str, str] = {  # "src/emb/pkg/module.py": "one idea because ..."
     "src/emb/estimation/estimators.py": "the two area estimators of the papers, of one sample "
     "or of many at once (the check's draws): each shares one core between the two, so a split "
     "would split each estimator",
+    "src/emb/estimation/design.py": "the stratified design: its allocation and the draw's two "
+    "streaming passes, which must agree on the strips, the keys and the scan order (the second "
+    "reads only the strips the first's counts say hold a drawn rank); a split would put each "
+    "pass apart from the layout it depends on",
 }
 
 

@@ -30,6 +30,10 @@ NOT_SETTINGS = {
     ("emb.prep.align_labels", "block"): "rows read at a time: memory, not a result",
     ("emb.prep.manifest", "ranks"): "one rank: the training job's shape, set by the profile",
     ("emb.prep.manifest", "workers"): "no loader threads: the run's train.num_workers",
+    ("emb.estimation.area_estimates", "threads"): "a reader thread or none: the rule's threads, "
+    "not a result (the counts are the same)",
+    ("emb.estimation.sample_design", "threads"): "a reader thread or none: the rule's threads, "
+    "not a result (the points are the same)",
 }
 
 

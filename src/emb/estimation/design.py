@@ -159,7 +159,7 @@ def _map_records(
             counter.add(item[2], item[3])
         elif item[0] == "map":
             path, head = item[1], item[2]
-            counter = _StrataCounter(level, cmap, districts, _placed(districts, head[6], placed),
+            counter = _FirstPassCounts(level, cmap, districts, _placed(districts, head[6], placed),
                                      head[5])  # fmt: skip
         else:
             strata_strips, l3 = counter.result(path)
@@ -217,7 +217,7 @@ def _map_reads(path: Path, ring: StripRing, wanted: np.ndarray | None = None) ->
     yield "end", path
 
 
-class _StrataCounter:
+class _FirstPassCounts:
     """A map's first pass with districts: (S, (D + 1) * K) int64 pixels per (district, class)
     stratum of each strip, and (256,) pixels per map value. A strip is counted per (district
     near it, map value): the local district written into byte 1 of its keys (map value in
