@@ -1,8 +1,7 @@
 """The strips as the streaming passes read them (issue 58, item 5): a reader thread a few strips
 ahead of the counting (same items, same order, its error in its place, stopped when the
-counting stops), strips read into int64 keys bincounted as they are (a buffer reused from strip
-to strip, its spare bytes back to 0), the cells folded from the (map, CDL) codes in sums; each
-set against a whole-array count or a pass without them."""
+counting stops), strips read into uint8 planes counted by a compiled loop (buffers reused from
+strip to strip); each set against a whole-array count or a pass without them."""
 
 from __future__ import annotations
 
@@ -19,14 +18,7 @@ from emb.classes import N_L3, ClassMap
 from emb.estimation import holdout_counts, population
 from emb.estimation.design import draw_points
 from emb.estimation.districts import Districts, read_districts
-from emb.estimation.holdout_counts import (
-    CELL_OF,
-    CELLS,
-    PAIRS,
-    _fold,
-    box_bands,
-    read_population,
-)
+from emb.estimation.holdout_counts import box_bands, read_population
 from emb.estimation.population import read_ahead
 
 
@@ -75,24 +67,14 @@ def test_tiles_side_by_side_are_one_read() -> None:
     assert list(box_bands(boxes, 200, 300)) == [(0, 192, [(0, 256)])]
 
 
-def test_the_cells_folded_in_sums_are_the_cell_table_looked_up() -> None:
-    rng = np.random.default_rng(2)
-    pairs = rng.integers(0, 1000, (3, PAIRS))  # every code, foreign ones and 255 among them
-    want = [np.bincount(CELL_OF, weights=p, minlength=CELLS).astype(np.int64) for p in pairs]
-    assert np.array_equal(_fold(pairs), np.array(want))
-
-
-@pytest.mark.parametrize(("threads", "direct"), [(1, 16), (2, 16), (1, 1), (2, 1)])
+@pytest.mark.parametrize("threads", [1, 2])
 def test_the_population_in_thin_strips_is_a_whole_array_count(
-    tmp_path: Path, districts: Districts, monkeypatch: pytest.MonkeyPatch, threads: int,
-    direct: int,
-) -> None:  # fmt: skip
-    """Strips of 9 rows (one buffer reused: strips across districts, then in one, then across),
-    tiles with gaps between them, one bincount of the keys as they are or (``direct`` 1) each
-    code looked up to its cell first, a reader thread or none: per (domain, map, CDL) the
-    pixels a whole-array count gives."""
-    monkeypatch.setattr(holdout_counts, "STRIP_BYTES", 9 * 256 * holdout_counts.CODE_BYTES)
-    monkeypatch.setattr(holdout_counts, "DIRECT_DOMAINS", direct)
+    tmp_path: Path, districts: Districts, monkeypatch: pytest.MonkeyPatch, threads: int
+) -> None:
+    """Strips of 9 rows (planes reused: strips across districts, then in one, then across),
+    tiles with gaps between them, a reader thread (buffers in turn) or none: per (domain, map,
+    CDL) the pixels a whole-array count gives."""
+    monkeypatch.setattr(holdout_counts, "STRIP_BYTES", 9 * 256 * holdout_counts.PLANE_BYTES)
     tiles = [(0, 0), (0, 128), (32, 32), (100, 192), (192, 0), (192, 128), (150, 60)]
     (maps, labels, indexes), want = regions_and_their_count(
         tmp_path, districts, 6, (ORIGIN[0] + 2560.0, ORIGIN[1] - 1280.0), tiles)  # fmt: skip

@@ -11,6 +11,7 @@ time linear in the pixels (``bench/state_scale.py``).
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -21,14 +22,12 @@ import rasterio
 from rasterio.windows import Window
 
 from emb.classes import IGNORE, N_L1, N_L2, N_L3, ClassMap
+from emb.estimation.cell_census import add_census
 from emb.estimation.districts import Districts, MapDistricts, district_burn, on_map
 from emb.estimation.population import (
     AHEAD,
     CHUNK,
     STRIP_BYTES,
-    StripBuffer,
-    StripRing,
-    as_bytes,
     cache_bytes,
     crs_text,
     level_table,
@@ -190,15 +189,16 @@ def test_boxes(index: Mapping, path: Path | str) -> np.ndarray:
 
 
 def _region_reads(
-    region: str, map_path: Path, label_path: Path, index_path: Path, ring: StripRing
+    region: str, map_path: Path, label_path: Path, index_path: Path, ring: Iterator[StripPlanes]
 ) -> Iterator[tuple]:
     """The reads of one region's test tiles, in the order they are counted (by
     :func:`read_population`, maybe in a thread of their own): ``("grid", region, map, labels,
-    tiles, crs, transform)``, then ``("strip", window, spans, codes)`` for each strip, then
-    ``("area", pixel ha)``. A band of tile rows is read at a time (:func:`box_bands`), in strips
-    whose int64 codes take at most STRIP_BYTES (``spans``: the strip's columns in tiles), under
-    a GDAL block cache of two block rows per raster: a block is decoded once, memory is flat
-    in the number of tiles and regions. ``codes`` is a buffer of ``ring``, reused."""
+    tiles, crs, transform)``, then ``("strip", window, spans, map, CDL)`` for each strip,
+    then ``("area", pixel ha)``. A band of tile rows is read at a time (:func:`box_bands`), in
+    strips whose planes (map, CDL, the local district burned later) take at most STRIP_BYTES
+    (``spans``: the strip's columns in tiles), under a GDAL block cache of two block rows per
+    raster: a block is decoded once, memory is flat in the number of tiles and regions. The
+    (h, w) uint8 planes are buffers of ``ring`` (:class:`StripPlanes` in turn), reused."""
     boxes = test_boxes(read_index(index_path, ()), index_path)
     opened = (reading(map_path), reading(label_path))
     with opened[0], opened[1], rasterio.open(map_path) as mp, rasterio.open(label_path) as lab:
@@ -212,11 +212,11 @@ def _region_reads(
         with rasterio.Env(GDAL_CACHEMAX=cache_bytes(mp) + cache_bytes(lab)):
             for row0, row1, spans in box_bands(boxes, mp.height, mp.width):
                 col0, col1 = spans[0][0], spans[-1][1]  # one read per band, then the spans
-                step = max(1, STRIP_BYTES // (CODE_BYTES * (col1 - col0)))
+                step = max(1, STRIP_BYTES // (PLANE_BYTES * (col1 - col0)))
                 for top in range(row0, row1, step):
                     win = Window(col0, top, col1 - col0, min(step, row1 - top))
                     yield ("strip", win, [(a - col0, b - col0) for a, b in spans],
-                           _read_codes(mp, lab, win, ring.next()))  # fmt: skip
+                           *_read_planes(mp, lab, win, next(ring)))  # fmt: skip
         yield "area", map_pixel_ha(mp, map_path)  # after the counts, as it was read after them
 
 
@@ -258,99 +258,47 @@ def _cell_table() -> np.ndarray:
 UNLABELLED, FOREIGN = N_L3 * N_L3, N_L3 * N_L3 + 1  # the two cells past the (map, CDL) pairs
 CELLS = N_L3 * N_L3 + 2
 CELL_OF = _cell_table()
-# local domains a strip counts in one bincount of its codes as they are ((L + 1) x 64K bins:
-# 8 MB at most); past them each code is looked up to its cell first
-DIRECT_DOMAINS = 16
-CODE_BYTES = 8  # a pixel's code in a strip's buffer (StripBuffer): STRIP_BYTES hold so many
+PLANE_BYTES = 3  # a pixel's bytes in a strip: map, CDL, local district
 WHOLE = np.zeros(1, np.int64)  # the domains of a region counted without districts: the whole
 
 
-def _read_codes(
-    mp: rasterio.DatasetReader, lab: rasterio.DatasetReader, win: Window, codes: StripBuffer
-) -> np.ndarray:
-    """(h, w) int64 codes ``map << 8 | CDL`` of a window: each raster read straight into its
-    byte of one int64 buffer (GDAL writes with a pixel stride; the other bytes stay 0), so
-    bincount counts it as it is: no copy to pair the rasters, none to cast to intp."""
-    out = codes.window(int(win.height), int(win.width))
-    both = as_bytes(out)
-    lab.read(1, window=win, out=both[:, :, 0])
-    mp.read(1, window=win, out=both[:, :, 1])
-    return out
+class StripPlanes:
+    """A strip's two reused uint8 planes, the map's and the CDL's, each raster read straight
+    into its own (contiguous: GDAL copies rows; a fresh pair a strip would cost its page
+    faults)."""
+
+    def __init__(self) -> None:
+        self.flat = np.zeros((2, 0), np.uint8)
+
+    def window(self, height: int, width: int) -> tuple[np.ndarray, np.ndarray]:
+        """(height, width) uint8 views of the two planes, grown when too small."""
+        if self.flat.shape[1] < height * width:
+            self.flat = np.zeros((2, height * width), np.uint8)
+        both = self.flat[:, : height * width].reshape(2, height, width)
+        return both[0], both[1]
+
+
+def _read_planes(
+    mp: rasterio.DatasetReader, lab: rasterio.DatasetReader, win: Window, planes: StripPlanes
+) -> tuple[np.ndarray, np.ndarray]:
+    """(map, CDL) (h, w) uint8 planes of a window, read into ``planes``' buffers."""
+    mapped, reference = planes.window(int(win.height), int(win.width))
+    mp.read(1, window=win, out=mapped)
+    lab.read(1, window=win, out=reference)
+    return mapped, reference
 
 
 def _add_cells(
-    cells: np.ndarray, ids: np.ndarray, local: np.ndarray | None, codes: np.ndarray,
-    spans: Sequence[tuple[int, int]],
+    cells: np.ndarray, ids: np.ndarray, local: np.ndarray | None, mapped: np.ndarray,
+    reference: np.ndarray, spans: Sequence[tuple[int, int]],
 ) -> None:  # fmt: skip
     """Add to ``cells`` (D + 1, CELLS) the pixels per (domain, cell) of the columns ``spans``
-    (of ``codes``' own columns) of int64 ``codes`` (``map << 8 | CDL``, bytes 2-3 zero,
-    :class:`StripBuffer`), a pixel's domain ``ids[local]`` (``ids[0]`` for all without
-    ``local``).
-    A pixel's local domain goes into bytes 2-3 of its code (columns out of the spans: one
-    past the last, a bin left out), so one bincount of the buffer as it is counts (local
-    domain, map, CDL) over the strip's few domains (L + 1, not D + 1), folded into cells once.
-    Past ``DIRECT_DOMAINS`` local domains (the bins would outgrow a strip) each code is looked
-    up to its cell first and (local domain, cell) bincounted in chunks."""
-    height, width = codes.shape
-    near = None if local is None or len(ids) == 1 else local
-    if near is not None and near.size and near.min() == near.max():
-        ids, near = ids[int(near.flat[0]) : int(near.flat[0]) + 1], None
-    gaps = _gaps(spans, width)
-    if len(ids) + 1 > DIRECT_DOMAINS:
-        _add_cells_looked_up(cells, ids, near, codes, gaps)
-        return
-    high = codes.view("<u2").reshape(height, width, 4)[:, :, 1]  # bytes 2-3
-    marked = near is not None or bool(gaps)
-    if near is not None:
-        high[...] = near
-    for a, b in gaps:
-        high[:, a:b] = len(ids)
-    counts = np.bincount(codes.ravel(), minlength=(len(ids) + 1) * PAIRS)
-    if marked:
-        high[...] = 0  # the buffer's bytes 2-3 back to zero for the next strip
-    cells[ids] += _fold(counts[: len(ids) * PAIRS])
-
-
-def _fold(pairs: np.ndarray) -> np.ndarray:
-    """(L, CELLS) int64 the (L, PAIRS) counts per code folded into their cells: the L3 x L3
-    corner of each (map, CDL) grid as it is, UNLABELLED the L3 ids beside a 255, FOREIGN the
-    rest (:data:`CELL_OF`'s table, in sums: no per-code pass)."""
-    grid = pairs.reshape(-1, 256, 256)
-    out = np.empty((len(grid), CELLS), np.int64)
-    out[:, : N_L3 * N_L3] = grid[:, :N_L3, :N_L3].reshape(len(grid), -1)
-    out[:, UNLABELLED] = (grid[:, :N_L3, IGNORE].sum(1) + grid[:, IGNORE, :N_L3].sum(1)
-                          + grid[:, IGNORE, IGNORE])  # fmt: skip
-    out[:, FOREIGN] = grid.sum((1, 2)) - out[:, :FOREIGN].sum(1)
-    return out
-
-
-def _gaps(spans: Sequence[tuple[int, int]], width: int) -> list[tuple[int, int]]:
-    """The columns of ``0..width`` between and beside ``spans`` (sorted, disjoint)."""
-    gaps, at = [], 0
-    for a, b in spans:
-        if a > at:
-            gaps.append((at, a))
-        at = b
-    return gaps + ([(at, width)] if at < width else [])
-
-
-def _add_cells_looked_up(
-    cells: np.ndarray, ids: np.ndarray, near: np.ndarray | None, codes: np.ndarray,
-    gaps: list[tuple[int, int]],
-) -> None:  # fmt: skip
-    """:func:`_add_cells` over many local domains: each code looked up to its cell, (local
-    domain, cell) bincounted in chunks (the gaps' pixels a domain past the last, left out)."""
-    local = np.zeros(codes.shape, np.int32) if near is None else near.astype(np.int32)
-    for a, b in gaps:
-        local[:, a:b] = len(ids)
-    code, local = codes.ravel(), local.ravel()
-    width = CELLS * (len(ids) + 1)
-    counts = np.zeros(width, np.int64)
-    for start in range(0, code.size, CHUNK):
-        key = local[start : start + CHUNK] * CELLS
-        key += CELL_OF[code[start : start + CHUNK] & 0xFFFF]
-        counts += np.bincount(key, minlength=width)
-    cells[ids] += counts[: CELLS * len(ids)].reshape(-1, CELLS)
+    (of the planes' own columns) of a strip's map and CDL planes, a pixel's domain
+    ``ids[local]`` (``ids[0]`` for all without ``local``): one compiled pass over the planes
+    (:func:`emb.estimation.cell_census.add_census`)."""
+    near = np.broadcast_to(np.uint8(0), mapped.shape) if local is None else local
+    add_census(cells, ids, CELL_OF, mapped, reference, near,
+               np.array(spans, np.int64).reshape(-1, 2))  # fmt: skip
 
 
 def read_population(
@@ -367,7 +315,7 @@ def read_population(
     n_domains = 1 + (len(districts.names) if districts is not None else 0)
     cells, areas = np.zeros((n_domains, CELLS), np.int64), {}
     placed: dict[str, MapDistricts] = {}  # the districts on each CRS (by its text), moved once
-    ring = StripRing(1 if threads <= 1 else AHEAD + 2)
+    ring = itertools.cycle([StripPlanes() for _ in range(1 if threads <= 1 else AHEAD + 2)])
 
     def reads() -> Iterator[tuple]:
         for region, index_path in indexes.items():
@@ -377,10 +325,10 @@ def read_population(
     shapes, grid, foreign = None, None, 0
     for item in read_ahead(reads(), threads):
         if item[0] == "strip":
-            _, win, spans, codes = item
+            _, win, spans, mapped, reference = item
             local, ids = (None, WHOLE) if shapes is None else district_burn(
                 shapes, grid[6], win)  # fmt: skip
-            _add_cells(cells, ids, local, codes, spans)
+            _add_cells(cells, ids, local, mapped, reference, spans)
         elif item[0] == "grid":
             grid, foreign = item, int(cells[:, FOREIGN].sum())
             shapes = None if districts is None else _on_crs(districts, item[2], item[5], placed)
