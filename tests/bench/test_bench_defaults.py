@@ -21,7 +21,7 @@ SMALLEST: dict[str, list[str] | str] = {
     "areas.py": ["--quick"],
     "bootstrap.py": ["--blocks", "20", "--resamples", "20", "--repeats", "1"],
     "check_draws.py": ["--draws", "4", "--pixels", "100000", "--repeat", "1"],
-    "coverage.py": ["--quick"],
+    "tile_coverage.py": ["--quick"],
     "data.py": ["--quick"],
     "dry_run.py": ["--sizes", "10", "20", "--repeats", "1"],
     "dry_run_identity.py": ["--before", str(REPO), "--setups", "demo"],  # the tree against itself

@@ -1,15 +1,9 @@
 """The compiled count of a strip's planes into (domain, cell) (issue 58, item 5), set against a
 count of its own in numpy: each pixel of the spans put in its cell by comparisons (not the cell
 table), its domain looked up, added with ``np.add.at``; planes with runs (a field's row) and
-speckle, 255 and foreign values on either side, gaps between spans, many local districts; and
-numba imported by a script beside a module of its own named ``coverage`` (bench/)."""
+speckle, 255 and foreign values on either side, gaps between spans, many local districts."""
 
 from __future__ import annotations
-
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -94,25 +88,3 @@ def test_a_run_through_a_gap_counts_only_its_pixels_in_the_spans() -> None:
                np.array([(1, 3), (6, 8)], np.int64))  # fmt: skip
     assert cells[0, 7 * N_L3 + 7] == 3 * 4
     assert cells.sum() == 3 * 4
-
-
-def test_a_script_beside_a_module_named_coverage_counts(tmp_path: Path) -> None:
-    """``bench/coverage.py`` (not coverage.py's package) first on a script's path: numba is
-    imported past it, the count runs, and the script's own ``coverage`` is still its."""
-    (tmp_path / "coverage.py").write_text("OWN = True\n")
-    script = tmp_path / "count.py"
-    script.write_text(
-        "import numpy as np\n"
-        "from emb.estimation.cell_census import add_census\n"
-        "from emb.estimation.holdout_counts import CELL_OF, CELLS\n"
-        "import coverage\n"
-        "cells = np.zeros((1, CELLS), np.int64)\n"
-        "plane = np.ones((2, 3), np.uint8)\n"
-        "add_census(cells, np.array([0]), CELL_OF, plane, plane, plane * 0,\n"
-        "           np.array([[0, 3]], np.int64))\n"
-        "print(int(cells.sum()), coverage.OWN)\n"
-    )
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                          cwd=tmp_path, env=os.environ)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.split() == ["6", "True"]

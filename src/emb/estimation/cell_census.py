@@ -7,32 +7,8 @@ strip costs about one read of its bytes.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from types import ModuleType
-
+import numba
 import numpy as np
-
-
-def _import_numba() -> ModuleType:
-    """numba, imported past a module named ``coverage`` that is not coverage.py's package:
-    numba hooks into coverage.py when ``import coverage`` succeeds, and a script run from
-    ``bench/`` finds ``bench/coverage.py`` first on its path (numba's import then fails on
-    its missing ``coverage.types``). Such a module is hidden from numba's import only."""
-    found = None if "coverage" in sys.modules else importlib.util.find_spec("coverage")
-    shadow = found is not None and found.submodule_search_locations is None
-    if shadow:
-        sys.modules["coverage"] = None  # type: ignore[assignment]  # ImportError for numba
-    try:
-        import numba  # noqa: PLC0415
-
-        return numba
-    finally:
-        if shadow:
-            del sys.modules["coverage"]
-
-
-numba = _import_numba()
 
 
 @numba.njit(cache=True, nogil=True)

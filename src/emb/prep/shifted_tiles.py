@@ -9,7 +9,7 @@ train split, and passes the split buffer; the best one first, until none does. O
 tiles overlap this way: validation and test tiles never do, so a scored pixel counts once. On
 regions many tiles wide the dropped tiles are slivers at the edge, which no shifted tile can
 gather: their tiles stay those of the grid. Pieces in blocks of different splits stay apart:
-that is the limit the split design sets (``bench/coverage.py`` measures it).
+that is the limit the split design sets (``bench/tile_coverage.py`` measures it).
 
 Bookkeeping is per half-tile cell (every candidate tile is 2 x 2 cells), so a cell's labelled
 pixels are counted once, whatever the count is (a label raster, or a footprint's area).

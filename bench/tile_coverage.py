@@ -12,7 +12,7 @@ the kept tiles: what the shards and the training steps spend on nodata).
 Synthetic 10 m regions at 64 random offsets from the block grid, labelled everywhere
 (``rect``) or inside the ellipse their box holds (``ellipse``: an area drawn as a polygon),
 with the default config's tiles (256 px) and blocks (5120 m), then the demo's 64-px tiles
-and 1280-m blocks. Run: ``OMP_NUM_THREADS=1 .venv/bin/python bench/coverage.py [--quick]``
+and 1280-m blocks. Run: ``OMP_NUM_THREADS=1 .venv/bin/python bench/tile_coverage.py [--quick]``
 (about two minutes on 2 cores; ``--quick``: two small regions at 2 offsets, seconds).
 """
 
