@@ -183,3 +183,35 @@ def test_a_strip_changed_since_the_first_pass_is_refused_naming_its_file(
     with pytest.raises(SampleDesignError, match=r"r.tif changed while the sample was drawn: "
                        r"pixels per stratum of rows 32\.\.63"):  # fmt: skip
         draw_points([path], 3, class_map, n=8000, min_per_class=1, seed=1, districts=districts)
+
+
+def test_the_second_pass_takes_the_districts_the_first_burned(
+    tmp_path: Path, class_map: ClassMap, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """8 strips of 8 rows across 3 districts and the outside: the second pass burns none again
+    (the first pass's kept as runs), and draws the same points as when it burns those of
+    several districts again (none kept as runs: a run limit no strip meets)."""
+    rng = np.random.default_rng(6)
+    path = write_map(tmp_path / "r.tif", rng.integers(0, 61, (64, 640)).astype(np.uint8),
+                     origin=ORIGIN)  # fmt: skip
+    districts = read_districts(wavy_districts(tmp_path / "d.geojson", 3, 2000.0, 1), "name")
+    monkeypatch.setattr(population, "STRIP_BYTES", 8 * 640)
+    burn, burned = design_module.district_burn, []
+
+    def counted(*args: object) -> tuple[np.ndarray, np.ndarray]:
+        burned.append(1)
+        return burn(*args)
+
+    def drawn() -> list[tuple]:
+        design = draw_points([path], 3, class_map, n=6000, min_per_class=1, seed=2,
+                             districts=districts)  # fmt: skip
+        return list(zip(design.points.x.tolist(), design.points.y.tolist(),
+                        design.district.tolist(), strict=True))  # fmt: skip
+
+    monkeypatch.setattr(design_module, "district_burn", counted)
+    kept = drawn()
+    assert len(burned) == 8  # the first pass's
+    burned.clear()
+    monkeypatch.setattr(design_module, "KEPT_RUN_PIXELS", 10**9)
+    assert drawn() == kept
+    assert len(burned) > 8  # strips of several districts burned again

@@ -12,10 +12,11 @@ those ranks in a fixed scan order (maps in the order given, each row-major). The
 each strip's counts per stratum (K per strip of a few MB, (D + 1) x K with districts: about
 50 MB a Gpx with 100 districts at L3), so the second reads only the strips that hold a drawn
 rank: n units touch at most n strips (a design by district, whose minimums make n large,
-touches nearly all). Both passes burn the districts per strip, cut to it, and count a strip
-per (district near it, map value), each pass a compiled loop over a strip's pixels
-(:mod:`emb.estimation.strata_scan`): their cost against one read of the maps is measured by
-``bench/state_scale.py``. Memory stays flat in the maps' size but for those counts. The
+touches nearly all). The first pass burns the districts per strip, cut to it, and keeps the
+burn as runs for the second; both count a strip per (district near it, map value), each a
+compiled loop over its pixels (:mod:`emb.estimation.strata_scan`): their cost against one read
+of the maps is measured by ``bench/state_scale.py``. Memory stays flat in the maps' size but
+for those counts and runs (a few bytes a row a district's edge crosses). The
 points go out as a CSV to fill in (``reference``), a GeoPackage of the same points, and a JSON
 record of the design beside them, which the estimate needs.
 """
@@ -57,6 +58,7 @@ from emb.provenance import digest_file
 
 log = logging.getLogger(__name__)
 PIXEL_AREA_RTOL = 1e-6  # maps' pixel areas that differ by less are one pixel size
+KEPT_RUN_PIXELS = 64  # a strip's burn is kept for the second pass below a run in this many px
 
 
 class SampleDesignError(ValueError):
@@ -138,12 +140,13 @@ def _largest_remainder(total: int, weights: list[int]) -> list[int]:
 
 def _map_records(
     maps: list[Path], level: int, cmap: ClassMap, districts: Districts | None,
-    placed: dict[str, MapDistricts], threads: int = 1,
+    placed: dict[str, MapDistricts], threads: int = 1, burns: dict | None = None,
 ) -> list[tuple[MapRecord, np.ndarray, np.ndarray, tuple[Affine, str]]]:  # fmt: skip
     """Per map its record, (H,) pixels per stratum and (S, H) per strip (the first streaming
     pass), and its transform and WKT (for the points); H = K classes at ``level``, or (D + 1) * K
     with districts. With districts the maps' strips come through :func:`_map_reads` (with
-    ``threads`` > 1 read by a thread of their own, a few strips ahead of the counting)."""
+    ``threads`` > 1 read by a thread of their own, a few strips ahead of the counting), and
+    each strip's districts kept in ``burns`` (:class:`_KeptBurn`, by (map, strip))."""
     if districts is None:
         return [_map_record(m, level, cmap) for m in maps]
     out, ring = [], _PlaneRing(1 if threads <= 1 else AHEAD + 2)
@@ -151,11 +154,11 @@ def _map_records(
     counter = None
     for item in read_ahead(reads, threads):
         if item[0] == "strip":
-            counter.add(item[2], item[3])
+            counter.add(item[1], item[2], item[3])
         elif item[0] == "map":
             path, head = item[1], item[2]
             counter = _FirstPassCounts(level, cmap, districts, _placed(districts, head[6], placed),
-                                     head[5])  # fmt: skip
+                                     head[5], {} if burns is None else burns, path)  # fmt: skip
         else:
             strata_strips, l3 = counter.result(path)
             out.append(_record_of(path, head, level, cmap, strata_strips, l3))
@@ -237,17 +240,19 @@ class _FirstPassCounts:
 
     def __init__(
         self, level: int, cmap: ClassMap, districts: Districts, shapes: MapDistricts,
-        transform: Affine,
+        transform: Affine, burns: dict, path: Path,
     ) -> None:  # fmt: skip
         self.table, self.k = level_table(level, cmap), len(level_names(level, cmap))
         self.h = (len(districts.names) + 1) * self.k
-        self.shapes, self.transform = shapes, transform
+        self.shapes, self.transform, self.burns, self.path = shapes, transform, burns, path
         self.rows: list[np.ndarray] = []
         self.l3 = np.zeros(256, np.int64)
 
-    def add(self, win: Window, values: np.ndarray) -> None:
-        """Count one strip (its values: :func:`_map_reads`)."""
+    def add(self, i: int, win: Window, values: np.ndarray) -> None:
+        """Count strip i (its values: :func:`_map_reads`); its districts kept for the second
+        pass."""
         local, ids = _one_district(*district_burn(self.shapes, self.transform, win))
+        _KeptBurn.keep(self.burns, (self.path, i), local, ids)
         hist = np.zeros(len(ids) * 256, np.int64)
         count_keys(values.ravel(), None if local is None else local.ravel(), hist)
         self.l3 += hist.reshape(len(ids), 256).sum(0)
@@ -260,6 +265,34 @@ class _FirstPassCounts:
         """(S, H) per strip and (256,) per value; values that are no class refused."""
         refuse_foreign(path, self.l3)
         return np.array(self.rows, np.int64).reshape(-1, self.h), self.l3
+
+
+class _KeptBurn:
+    """A strip's districts as the first pass burned them (:func:`_one_district`), kept for the
+    second pass, which then neither cuts the districts to the strip nor burns them again: the
+    local plane as runs along the scan (a district's edges cross a row a few times), kept only
+    while it has fewer than one run in KEPT_RUN_PIXELS pixels (memory: a few bytes a run)."""
+
+    def __init__(self, local: np.ndarray | None, ids: np.ndarray) -> None:
+        self.ids, self.shape = ids, None if local is None else local.shape
+        if local is not None:
+            flat = local.ravel()
+            starts = np.concatenate([[0], np.flatnonzero(flat[1:] != flat[:-1]) + 1])
+            self.values = flat[starts]
+            self.lengths = np.diff(np.append(starts, flat.size))
+
+    @staticmethod
+    def keep(burns: dict, key: tuple, local: np.ndarray | None, ids: np.ndarray) -> None:
+        """Keep a strip's burn under ``key`` in ``burns`` where its runs are few enough."""
+        kept = _KeptBurn(local, ids)
+        if local is None or kept.values.size * KEPT_RUN_PIXELS <= local.size:
+            burns[key] = kept
+
+    def burned(self) -> tuple[np.ndarray | None, np.ndarray]:
+        """(local, ids) as :func:`_one_district` gave them."""
+        if self.shape is None:
+            return None, self.ids
+        return np.repeat(self.values, self.lengths).reshape(self.shape), self.ids
 
 
 def _strata_table(ids: np.ndarray, table: np.ndarray, k: int) -> np.ndarray:
@@ -340,7 +373,8 @@ def draw_points(
     maps = [Path(m) for m in maps]
     table, names = level_table(level, cmap), level_names(level, cmap)
     placed: dict[str, MapDistricts] = {}  # the districts moved onto each CRS, once
-    firsts = _map_records(maps, level, cmap, districts, placed, threads)
+    burns: dict = {}  # each strip's districts from the first pass, for the second
+    firsts = _map_records(maps, level, cmap, districts, placed, threads, burns)
     records = [r for r, _, _, _ in firsts]
     pixel_ha = _check_maps(maps, records)
     strata_px = np.sum([c for _, c, _, _ in firsts], axis=0).astype(np.int64)
@@ -351,7 +385,7 @@ def draw_points(
     ranks = [np.sort(rng.choice(int(px), int(k), replace=False)) for px, k in
              zip(strata_px, allocation, strict=True)]  # fmt: skip
     found = _pick_ranked(maps, table, len(names), ranks, strata_px, [s for _, _, s, _ in firsts],
-                         districts, placed, threads)  # fmt: skip
+                         districts, placed, threads, burns)  # fmt: skip
     region = np.concatenate([np.full(len(rows), m.stem) for m, (rows, _, _) in
                              zip(maps, found, strict=True)])  # fmt: skip
     xs, ys, crs, lon, lat = [], [], [], [], []
@@ -389,14 +423,15 @@ def draw_points(
 def _pick_ranked(
     maps: list[Path], table: np.ndarray, n_classes: int, ranks: list[np.ndarray],
     strata_px: np.ndarray, strata_strips: list[np.ndarray], districts: Districts | None,
-    placed: dict[str, MapDistricts] | None = None, threads: int = 1,
+    placed: dict[str, MapDistricts] | None = None, threads: int = 1, burns: dict | None = None,
 ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:  # fmt: skip
     """Second streaming pass: per map, (rows, cols, stratum) of the pixels whose rank within
     their stratum (in scan order) was drawn, sorted row-major. A strip that holds no drawn
     rank (its first pass counts, ``strata_strips``: (S, H) per map, say so) is not read
     (:func:`_wanted_strips`); a strip that is read is counted again and refused if it changed
-    since. With ``districts`` a read strip's districts are burned again (:func:`district_burn`),
-    the same ids as the first pass gave it. A strip is walked in scan order by one compiled
+    since. With ``districts`` a read strip's districts are the first pass's, kept in ``burns``
+    (:class:`_KeptBurn`, taken out as they are used), or burned again (:func:`district_burn`)
+    where none was kept. A strip is walked in scan order by one compiled
     loop (:func:`emb.estimation.strata_scan.pick_ranked`) that counts each stratum's pixels and
     takes those of the drawn ranks. ``threads`` > 1: the strips read by a thread of their own,
     a few ahead."""
@@ -430,7 +465,9 @@ def _pick_ranked(
         before = seen.copy()
         local, strata_of = None, by_value
         if shapes is not None:
-            local, ids = _one_district(*district_burn(shapes, head[5], win))
+            kept = None if burns is None else burns.pop((path, i), None)
+            local, ids = (kept.burned() if kept is not None else
+                          _one_district(*district_burn(shapes, head[5], win)))  # fmt: skip
             strata_of = _strata_table(ids, table, n_classes)
         m = pick_ranked(values.ravel(), None if local is None else local.ravel(), strata_of,
                         seen, drawn.next, drawn.taken, drawn.ends, drawn.flat, found_at,
