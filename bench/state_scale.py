@@ -36,7 +36,12 @@ The files are fresh in the page cache for all three (hot reads). Goals: RSS < 2 
 and check each within 3x the read. Measured 2026-12-07 at 1,000 regions (this 2-core machine,
 load ~1, one thread): read 3.11 s; check 23.0 s, 7.4x (population pass 15.6 s, 200 draws 0.18 s,
 by district 7.2 s); design 28.1 s, 9.1x; RSS 342 / 373 MiB. The day before: read 2.61 s, check
-51.0 s (pass 20.2 s, by district 30.4 s), design 27.4 s.
+51.0 s (pass 20.2 s, by district 30.4 s), design 27.4 s. The design's two per-pixel passes as
+compiled loops (numba, :mod:`emb.estimation.strata_scan`) and its second pass on the first's
+district burns, the same day, loaded (load 5-7), this tree then the one before back to back:
+design CPU 18.4 / 33.4 s (read 3.3 / 3.4 s CPU: 5.6x / 9.7x the read in CPU, 4.1x / 14.0x in
+s), RSS 482 / 364 MiB (numba's compiler); the same points. Its first call loads the compiled
+loops from numba's cache (~0.5 s CPU; ~1.8 s to compile them where there is none).
 
 With ``--threads 2`` the population pass and the design read the maps in a thread of their own,
 a few strips ahead of the counting; the read, the yardstick, stays in one thread. Default 1,
@@ -77,6 +82,9 @@ if TYPE_CHECKING:
     from emb.estimation.districts import Districts
 
 REPO = Path(__file__).resolve().parents[1]
+# this folder's coverage.py would shadow the coverage package that numba (the design's compiled
+# loops) looks for on import: the folder off the path (nothing is imported from it)
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != REPO / "bench"]
 CLASSES = REPO / "config" / "classes.csv"
 FIELD, NOISE, WRONG = 32, 0.05, 0.2  # field side (px), speckle, share of fields the map errs on
 CLASSES_USED = 40  # L3 ids 0..39: 40 strata x the minimum of 20 fit the default n of 1000

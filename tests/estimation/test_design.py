@@ -75,7 +75,6 @@ def thin_strips(monkeypatch: pytest.MonkeyPatch) -> None:
     small map is streamed in many strips and chunks, as a large one is."""
     monkeypatch.setattr(population, "STRIP_BYTES", 50 * 200)
     monkeypatch.setattr(population, "CHUNK", 1_000)
-    monkeypatch.setattr(design_module, "CHUNK", 1_000)
 
 
 # --- counting -------------------------------------------------------------------------------
@@ -230,7 +229,7 @@ def test_the_points_do_not_depend_on_the_strips(
     maps = two_maps(tmp_path)
     whole = draw_points(maps, 3, class_map, n=80, min_per_class=1, seed=3)
     monkeypatch.setattr(population, "STRIP_BYTES", 50 * 200)
-    monkeypatch.setattr(design_module, "CHUNK", 777)
+    monkeypatch.setattr(population, "CHUNK", 777)
     assert points_of(draw_points(maps, 3, class_map, n=80, min_per_class=1, seed=3)) == (
         points_of(whole)
     )

@@ -12,9 +12,11 @@ those ranks in a fixed scan order (maps in the order given, each row-major). The
 each strip's counts per stratum (K per strip of a few MB, (D + 1) x K with districts: about
 50 MB a Gpx with 100 districts at L3), so the second reads only the strips that hold a drawn
 rank: n units touch at most n strips (a design by district, whose minimums make n large,
-touches nearly all). Both passes burn the districts per strip, cut to it, and count a strip
-per (district near it, map value): their cost against one read of the maps is measured by
-``bench/state_scale.py``. Memory stays flat in the maps' size but for those counts. The
+touches nearly all). The first pass burns the districts per strip, cut to it, and keeps the
+burn as runs for the second; both count a strip per (district near it, map value), each a
+compiled loop over its pixels (:mod:`emb.estimation.strata_scan`): their cost against one read
+of the maps is measured by ``bench/state_scale.py``. Memory stays flat in the maps' size but
+for those counts and runs (a few bytes a row a district's edge crosses). The
 points go out as a CSV to fill in (``reference``), a GeoPackage of the same points, and a JSON
 record of the design beside them, which the estimate needs.
 """
@@ -37,10 +39,7 @@ from emb.classes import IGNORE, N_L3, ClassMap
 from emb.estimation.districts import Districts, MapDistricts, district_burn, on_map
 from emb.estimation.population import (
     AHEAD,
-    CHUNK,
     Points,
-    StripRing,
-    as_bytes,
     collapse_counts,
     count_l3_strips,
     crs_text,
@@ -54,14 +53,12 @@ from emb.estimation.population import (
 )
 from emb.estimation.sample_record import MapRecord, SampleRecord, StrataDistricts
 from emb.estimation.sample_size import SampleSize
+from emb.estimation.strata_scan import ALL_FOUND, NO_STRATUM, count_keys, pick_ranked
 from emb.provenance import digest_file
 
 log = logging.getLogger(__name__)
-# pixels searched at once for drawn ranks: a chunk sorts the pixels of the strata drawn in it,
-# so a smaller one sorts fewer (a few strata of the strip's), a larger one costs fewer calls
-RANK_CHUNK = 1 << 16
-SENTINEL = np.iinfo(np.int64).max  # a stratum's next drawn rank when all are found
 PIXEL_AREA_RTOL = 1e-6  # maps' pixel areas that differ by less are one pixel size
+KEPT_RUN_PIXELS = 64  # a strip's burn is kept for the second pass below a run in this many px
 
 
 class SampleDesignError(ValueError):
@@ -143,24 +140,25 @@ def _largest_remainder(total: int, weights: list[int]) -> list[int]:
 
 def _map_records(
     maps: list[Path], level: int, cmap: ClassMap, districts: Districts | None,
-    placed: dict[str, MapDistricts], threads: int = 1,
+    placed: dict[str, MapDistricts], threads: int = 1, burns: dict | None = None,
 ) -> list[tuple[MapRecord, np.ndarray, np.ndarray, tuple[Affine, str]]]:  # fmt: skip
     """Per map its record, (H,) pixels per stratum and (S, H) per strip (the first streaming
     pass), and its transform and WKT (for the points); H = K classes at ``level``, or (D + 1) * K
     with districts. With districts the maps' strips come through :func:`_map_reads` (with
-    ``threads`` > 1 read by a thread of their own, a few strips ahead of the counting)."""
+    ``threads`` > 1 read by a thread of their own, a few strips ahead of the counting), and
+    each strip's districts kept in ``burns`` (:class:`_KeptBurn`, by (map, strip))."""
     if districts is None:
         return [_map_record(m, level, cmap) for m in maps]
-    out, ring = [], StripRing(1 if threads <= 1 else AHEAD + 2)
+    out, ring = [], _PlaneRing(1 if threads <= 1 else AHEAD + 2)
     reads = (item for m in maps for item in _map_reads(m, ring))
     counter = None
     for item in read_ahead(reads, threads):
         if item[0] == "strip":
-            counter.add(item[2], item[3])
+            counter.add(item[1], item[2], item[3])
         elif item[0] == "map":
             path, head = item[1], item[2]
             counter = _FirstPassCounts(level, cmap, districts, _placed(districts, head[6], placed),
-                                     head[5])  # fmt: skip
+                                     head[5], {} if burns is None else burns, path)  # fmt: skip
         else:
             strata_strips, l3 = counter.result(path)
             out.append(_record_of(path, head, level, cmap, strata_strips, l3))
@@ -201,47 +199,67 @@ def _record_of(
     return record, strata_strips.sum(0), strata_strips, grid
 
 
-def _map_reads(path: Path, ring: StripRing, wanted: np.ndarray | None = None) -> Iterator[tuple]:
+def _map_reads(path: Path, ring: _PlaneRing, wanted: np.ndarray | None = None) -> Iterator[tuple]:
     """The reads of one map, in the order they are counted (maybe in a thread of their own,
     :func:`emb.estimation.population.read_ahead`): ``("map", path, head)`` (:func:`_head`),
-    ``("strip", i, window, keys)`` for each strip i (only where ``wanted[i]``, when given),
-    ``("end", path)``; ``keys`` (h, w) int64 of a buffer of ``ring`` holding each pixel's map
-    value in byte 0, its other bytes 0 (:class:`emb.estimation.population.StripBuffer`)."""
+    ``("strip", i, window, values)`` for each strip i (only where ``wanted[i]``, when given),
+    ``("end", path)``; ``values`` (h, w) uint8 the strip's map values, in a buffer of
+    ``ring``."""
     with streaming(path) as src:
         yield "map", path, _head(src, path)
         for i, win in enumerate(strips(src)):
             if wanted is None or wanted[i]:
-                keys = ring.next().window(int(win.height), int(win.width))
-                src.read(1, window=win, out=as_bytes(keys)[:, :, 0])
-                yield "strip", i, win, keys
+                values = ring.next(int(win.height), int(win.width))
+                src.read(1, window=win, out=values)
+                yield "strip", i, win, values
     yield "end", path
+
+
+class _PlaneRing:
+    """``size`` reused uint8 strip buffers handed out in turn (a fresh one a strip would cost
+    its page faults); with a reader thread ahead of the counting
+    (:func:`emb.estimation.population.read_ahead`) it writes only one the counting is done
+    with when there are ``AHEAD`` + 2 of them (the one taken, the queue's, the one read)."""
+
+    def __init__(self, size: int) -> None:
+        self.flats, self.at = [np.zeros(0, np.uint8) for _ in range(size)], -1
+
+    def next(self, height: int, width: int) -> np.ndarray:
+        """(height, width) contiguous uint8 view of the next buffer in turn, grown when small."""
+        self.at = (self.at + 1) % len(self.flats)
+        if self.flats[self.at].size < height * width:
+            self.flats[self.at] = np.zeros(height * width, np.uint8)
+        return self.flats[self.at][: height * width].reshape(height, width)
 
 
 class _FirstPassCounts:
     """A map's first pass with districts: (S, (D + 1) * K) int64 pixels per (district, class)
     stratum of each strip, and (256,) pixels per map value. A strip is counted per (district
-    near it, map value): the local district written into byte 1 of its keys (map value in
-    byte 0), one bincount of them as they are ((L + 1) x 256 counts), folded into its strata
-    (a strip in one district is one histogram)."""
+    near it, map value) key by one compiled loop (:func:`emb.estimation.strata_scan.count_keys`,
+    (L + 1) x 256 counts; a strip in one district per value), folded into its strata."""
 
     def __init__(
         self, level: int, cmap: ClassMap, districts: Districts, shapes: MapDistricts,
-        transform: Affine,
+        transform: Affine, burns: dict, path: Path,
     ) -> None:  # fmt: skip
         self.table, self.k = level_table(level, cmap), len(level_names(level, cmap))
         self.h = (len(districts.names) + 1) * self.k
-        self.shapes, self.transform = shapes, transform
+        self.shapes, self.transform, self.burns, self.path = shapes, transform, burns, path
         self.rows: list[np.ndarray] = []
         self.l3 = np.zeros(256, np.int64)
 
-    def add(self, win: Window, keys: np.ndarray) -> None:
-        """Count one strip (its keys: :func:`_map_reads`)."""
+    def add(self, i: int, win: Window, values: np.ndarray) -> None:
+        """Count strip i (its values: :func:`_map_reads`); its districts kept for the second
+        pass."""
         local, ids = _one_district(*district_burn(self.shapes, self.transform, win))
-        hist = _local_counts(keys, local, ids).reshape(len(ids), 256)
-        self.l3 += hist.sum(0)
-        strata = _strata_table(ids, self.table, self.k, self.h)
-        counts = np.bincount(strata, weights=hist.ravel(), minlength=self.h + 1)
-        self.rows.append(np.rint(counts[: self.h]).astype(np.int64))
+        _KeptBurn.keep(self.burns, (self.path, i), local, ids)
+        hist = np.zeros(len(ids) * 256, np.int64)
+        count_keys(values.ravel(), None if local is None else local.ravel(), hist)
+        self.l3 += hist.reshape(len(ids), 256).sum(0)
+        strata = _strata_table(ids, self.table, self.k)
+        held = strata != NO_STRATUM
+        counts = np.bincount(strata[held], weights=hist[held], minlength=self.h)
+        self.rows.append(np.rint(counts).astype(np.int64))
 
     def result(self, path: Path) -> tuple[np.ndarray, np.ndarray]:
         """(S, H) per strip and (256,) per value; values that are no class refused."""
@@ -249,35 +267,41 @@ class _FirstPassCounts:
         return np.array(self.rows, np.int64).reshape(-1, self.h), self.l3
 
 
-def _local_counts(keys: np.ndarray, local: np.ndarray | None, ids: np.ndarray) -> np.ndarray:
-    """((L + 1) * 256,) int64 a strip's pixels per key ``local << 8 | map value``: the local
-    district written into byte 1 of ``keys`` and back to 0 after (past 255 districts near, the
-    keys built apart)."""
-    if local is None:
-        return np.bincount(keys.ravel(), minlength=256)
-    if len(ids) > 256:
-        values = as_bytes(keys)[:, :, 0]
-        return _key_counts(_strip_keys(values, local, len(ids)), len(ids) * 256)
-    byte = as_bytes(keys)[:, :, 1]
-    byte[...] = local
-    counts = np.bincount(keys.ravel(), minlength=len(ids) * 256)
-    byte[...] = 0
-    return counts
+class _KeptBurn:
+    """A strip's districts as the first pass burned them (:func:`_one_district`), kept for the
+    second pass, which then neither cuts the districts to the strip nor burns them again: the
+    local plane as runs along the scan (a district's edges cross a row a few times), kept only
+    while it has fewer than one run in KEPT_RUN_PIXELS pixels (memory: a few bytes a run)."""
+
+    def __init__(self, local: np.ndarray | None, ids: np.ndarray) -> None:
+        self.ids, self.shape = ids, None if local is None else local.shape
+        if local is not None:
+            flat = local.ravel()
+            starts = np.concatenate([[0], np.flatnonzero(flat[1:] != flat[:-1]) + 1])
+            self.values = flat[starts]
+            self.lengths = np.diff(np.append(starts, flat.size))
+
+    @staticmethod
+    def keep(burns: dict, key: tuple, local: np.ndarray | None, ids: np.ndarray) -> None:
+        """Keep a strip's burn under ``key`` in ``burns`` where its runs are few enough."""
+        kept = _KeptBurn(local, ids)
+        if local is None or kept.values.size * KEPT_RUN_PIXELS <= local.size:
+            burns[key] = kept
+
+    def burned(self) -> tuple[np.ndarray | None, np.ndarray]:
+        """(local, ids) as :func:`_one_district` gave them."""
+        if self.shape is None:
+            return None, self.ids
+        return np.repeat(self.values, self.lengths).reshape(self.shape), self.ids
 
 
-def _strata_table(ids: np.ndarray, table: np.ndarray, k: int, h: int) -> np.ndarray:
-    """((L + 1) * 256,) int64 the stratum of each key ``local << 8 | map value`` of a strip
+def _strata_table(ids: np.ndarray, table: np.ndarray, k: int) -> np.ndarray:
+    """((L + 1) * 256,) int64 the stratum of each key ``local * 256 + map value`` of a strip
     whose districts are ``ids`` (:func:`emb.estimation.districts.district_burn`): class at the
-    level plus ``district * k``, and ``h`` (one past the last stratum) on nodata."""
+    level plus ``district * k``, and NO_STRATUM on nodata."""
     classes = table[:256].astype(np.int64)
     strata = ids.astype(np.int64)[:, None] * k + classes[None, :]
-    return np.where(classes[None, :] == IGNORE, h, strata).ravel()
-
-
-def _strip_keys(values: np.ndarray, local: np.ndarray, n_local: int) -> np.ndarray:
-    """Flat keys ``local << 8 | value`` of a strip's pixels (uint16 while they fit)."""
-    wide = np.uint16 if n_local <= 256 else np.int64
-    return (local.ravel().astype(wide) << 8) | values.ravel()
+    return np.where(classes[None, :] == IGNORE, NO_STRATUM, strata).ravel()
 
 
 def _one_district(local: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
@@ -288,14 +312,6 @@ def _one_district(local: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray | None
     if local.size and local.min() == local.max():
         return None, ids[int(local.flat[0]) :][:1]
     return local, ids
-
-
-def _key_counts(keys: np.ndarray, width: int) -> np.ndarray:
-    """(width,) int64 occurrences of each key, bincounted in chunks (an int64 copy each)."""
-    counts = np.zeros(width, np.int64)
-    for start in range(0, keys.size, CHUNK):
-        counts += np.bincount(keys[start : start + CHUNK], minlength=width)
-    return counts
 
 
 def _placed(
@@ -357,7 +373,8 @@ def draw_points(
     maps = [Path(m) for m in maps]
     table, names = level_table(level, cmap), level_names(level, cmap)
     placed: dict[str, MapDistricts] = {}  # the districts moved onto each CRS, once
-    firsts = _map_records(maps, level, cmap, districts, placed, threads)
+    burns: dict = {}  # each strip's districts from the first pass, for the second
+    firsts = _map_records(maps, level, cmap, districts, placed, threads, burns)
     records = [r for r, _, _, _ in firsts]
     pixel_ha = _check_maps(maps, records)
     strata_px = np.sum([c for _, c, _, _ in firsts], axis=0).astype(np.int64)
@@ -368,7 +385,7 @@ def draw_points(
     ranks = [np.sort(rng.choice(int(px), int(k), replace=False)) for px, k in
              zip(strata_px, allocation, strict=True)]  # fmt: skip
     found = _pick_ranked(maps, table, len(names), ranks, strata_px, [s for _, _, s, _ in firsts],
-                         districts, placed, threads)  # fmt: skip
+                         districts, placed, threads, burns)  # fmt: skip
     region = np.concatenate([np.full(len(rows), m.stem) for m, (rows, _, _) in
                              zip(maps, found, strict=True)])  # fmt: skip
     xs, ys, crs, lon, lat = [], [], [], [], []
@@ -406,26 +423,28 @@ def draw_points(
 def _pick_ranked(
     maps: list[Path], table: np.ndarray, n_classes: int, ranks: list[np.ndarray],
     strata_px: np.ndarray, strata_strips: list[np.ndarray], districts: Districts | None,
-    placed: dict[str, MapDistricts] | None = None, threads: int = 1,
+    placed: dict[str, MapDistricts] | None = None, threads: int = 1, burns: dict | None = None,
 ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:  # fmt: skip
     """Second streaming pass: per map, (rows, cols, stratum) of the pixels whose rank within
     their stratum (in scan order) was drawn, sorted row-major. A strip that holds no drawn
     rank (its first pass counts, ``strata_strips``: (S, H) per map, say so) is not read
     (:func:`_wanted_strips`); a strip that is read is counted again and refused if it changed
-    since. With ``districts`` a read strip's districts are burned again (:func:`district_burn`),
-    the same ids as the first pass gave it. A strip is searched a chunk of RANK_CHUNK pixels
-    at a time in its keys (:func:`_strip_keys_of`): the chunk's pixels per key bincounted as
-    they are, folded into strata; where a stratum's drawn rank falls in the chunk, the drawn
-    ranks of every stratum it holds are found at once (:func:`_found_in`): thousands of
-    district x class strata cost no scan each. ``threads`` > 1: the strips read by a thread of
-    their own, a few ahead."""
+    since. With ``districts`` a read strip's districts are the first pass's, kept in ``burns``
+    (:class:`_KeptBurn`, taken out as they are used), or burned again (:func:`district_burn`)
+    where none was kept. A strip is walked in scan order by one compiled
+    loop (:func:`emb.estimation.strata_scan.pick_ranked`) that counts each stratum's pixels and
+    takes those of the drawn ranks. ``threads`` > 1: the strips read by a thread of their own,
+    a few ahead."""
     k = len(ranks)
     wanted = _wanted_strips(ranks, strata_px, strata_strips)
     drawn = _Drawn(ranks, strata_px)
     seen = np.zeros(k, np.int64)  # pixels of each stratum passed so far
+    found_at, found_in = np.zeros(drawn.flat.size, np.int64), np.zeros(drawn.flat.size, np.int64)
     out: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-    ring = StripRing(1 if threads <= 1 else AHEAD + 2)
+    ring = _PlaneRing(1 if threads <= 1 else AHEAD + 2)
     reads = (item for m, w in zip(maps, wanted, strict=True) for item in _map_reads(m, ring, w))
+    classes = table[:256].astype(np.int64)  # int64 first: NO_STRATUM is no uint8
+    by_value = np.where(classes == IGNORE, NO_STRATUM, classes)
     at, found = 0, ([], [], [])
     for item in read_ahead(reads, threads):
         if item[0] == "map":
@@ -440,24 +459,22 @@ def _pick_ranked(
             order = np.lexsort((cols_a, rows_a))
             out.append((rows_a[order], cols_a[order], cls_a[order]))
             continue
-        _, i, win, keys = item
+        _, i, win, values = item
         seen += per_strip[at:i].sum(0)  # the strips skipped, no drawn rank in them
         at = i + 1
         before = seen.copy()
-        strata, flat = _strip_keys_of(keys, shapes, head[5], win, table, n_classes, k)
-        for start in range(0, flat.size, RANK_CHUNK):
-            part = flat[start : start + RANK_CHUNK]
-            counts = _strata_counts(part, strata, k)
-            hits = np.flatnonzero(drawn.next < seen + counts)
-            if hits.size:
-                index, stratum = _found_in(part, strata, hits, seen, counts, drawn)
-                index += start
-                found[0].append(int(win.row_off) + index // int(win.width))
-                found[1].append(int(win.col_off) + index % int(win.width))
-                found[2].append(stratum)
-            seen += counts
+        local, strata_of = None, by_value
         if shapes is not None:
-            as_bytes(keys)[:, :, 1] = 0  # the buffer's byte 1 back to 0 for the next strip
+            kept = None if burns is None else burns.pop((path, i), None)
+            local, ids = (kept.burned() if kept is not None else
+                          _one_district(*district_burn(shapes, head[5], win)))  # fmt: skip
+            strata_of = _strata_table(ids, table, n_classes)
+        m = pick_ranked(values.ravel(), None if local is None else local.ravel(), strata_of,
+                        seen, drawn.next, drawn.taken, drawn.ends, drawn.flat, found_at,
+                        found_in)  # fmt: skip
+        found[0].append(int(win.row_off) + found_at[:m] // int(win.width))
+        found[1].append(int(win.col_off) + found_at[:m] % int(win.width))
+        found[2].append(found_in[:m].copy())
         if not np.array_equal(seen - before, per_strip[i]):
             raise SampleDesignError(
                 f"{path} changed while the sample was drawn: pixels per stratum of rows "
@@ -471,14 +488,6 @@ def _pick_ranked(
             f"stratum {seen.tolist()} on the second pass, {strata_px.tolist()} on the first"
         )
     return out
-
-
-def _strata_counts(part: np.ndarray, strata: np.ndarray, k: int) -> np.ndarray:
-    """(k,) int64 pixels per stratum of int64 keys ``part`` (``strata``: each key's): the
-    keys bincounted as they are (no cast), folded into their strata."""
-    per_key = np.bincount(part, minlength=len(strata))
-    folded = np.bincount(strata, weights=per_key, minlength=max(256, k + 1))
-    return np.rint(folded[:k]).astype(np.int64)
 
 
 def _wanted_strips(
@@ -503,17 +512,17 @@ class _Drawn:
     """Every stratum's drawn ranks (each sorted) in one array, ``flat``, stratum h's from
     ``taken[h]`` (the next not found yet) to ``ends[h]``; ``keys`` = h * ``big`` + rank, sorted
     as a whole, so the ranks of many strata below their bounds are one search; ``next`` each
-    stratum's next drawn rank (SENTINEL when all are found)."""
+    stratum's next drawn rank (ALL_FOUND when all are found)."""
 
     def __init__(self, ranks: list[np.ndarray], strata_px: np.ndarray) -> None:
         sizes = np.array([len(r) for r in ranks], np.int64)
         self.ends = np.cumsum(sizes)
         self.taken = self.ends - sizes
-        self.flat = np.concatenate([np.asarray(r, np.int64) for r in ranks] + [[SENTINEL]])
+        self.flat = np.concatenate([np.asarray(r, np.int64) for r in ranks] + [[ALL_FOUND]])
         self.big = int(np.max(strata_px, initial=0)) + 1
         strata = np.repeat(np.arange(len(ranks), dtype=np.int64), sizes)
         self.keys = strata * self.big + self.flat[:-1]
-        self.next = np.where(sizes > 0, self.flat[self.taken], SENTINEL)
+        self.next = np.where(sizes > 0, self.flat[self.taken], ALL_FOUND)
 
     def take(self, hits: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(ranks, their strata) of the strata ``hits`` below ``bounds`` (one per hit) not
@@ -523,46 +532,5 @@ class _Drawn:
         lens = end - first
         units = np.repeat(first - np.cumsum(lens) + lens, lens) + np.arange(int(lens.sum()))
         self.taken[hits] = end
-        self.next[hits] = np.where(end < self.ends[hits], self.flat[end], SENTINEL)
+        self.next[hits] = np.where(end < self.ends[hits], self.flat[end], ALL_FOUND)
         return self.flat[units], np.repeat(hits, lens)
-
-
-def _found_in(
-    part: np.ndarray, strata: np.ndarray, hits: np.ndarray, seen: np.ndarray,
-    counts: np.ndarray, drawn: _Drawn,
-) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
-    """(positions in ``part``, strata) of the drawn pixels a chunk of keys holds (``strata``:
-    each key's stratum): the chunk's pixels of the strata ``hits`` (those with a drawn rank in
-    it) in stratum order, scan order within one (a stable sort), the drawn rank r of stratum
-    h the (r - seen[h])-th of h's."""
-    ranks, stratum = drawn.take(hits, seen[hits] + counts[hits])
-    wanted = np.zeros(max(256, len(seen) + 1), bool)
-    wanted[hits] = True
-    where = np.flatnonzero(wanted[strata][part])
-    held = strata[part[where]]  # 8 or 16 bits: a radix sort
-    held = held if held.dtype.itemsize <= 2 else held.astype(np.int64)
-    order = np.argsort(held, kind="stable")  # a radix sort on 16 bits
-    first = np.searchsorted(held[order], stratum)  # each stratum's start in the sort
-    return where[order[first + ranks - seen[stratum]]], stratum
-
-
-def _strip_keys_of(
-    keys: np.ndarray, shapes: MapDistricts | None, transform: Affine, win: Window,
-    table: np.ndarray, k: int, h: int,
-) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
-    """(strata, flat keys) of a strip read by :func:`_map_reads`: each key's stratum (class at
-    the level, plus ``district * k``; ``h``, one past the last, on nodata; without districts
-    the classes alone, 255 on nodata, as the design has always ranked them), and the strip's
-    keys as int64 (``local << 8 | map value``: the local district written into byte 1; the
-    caller sets it back to 0)."""
-    if shapes is None:
-        return table[:256], keys.ravel()
-    local, ids = _one_district(*district_burn(shapes, transform, win))
-    # uint16 strata while they fit: a quarter of int64's bytes to look up and sort
-    strata = _strata_table(ids, table, k, h).astype(np.uint16 if h < 1 << 16 else np.int64)
-    if local is None:
-        return strata, keys.ravel()
-    if len(ids) > 256:  # past a byte of local districts: the keys built apart
-        return strata, _strip_keys(as_bytes(keys)[:, :, 0], local, len(ids)).astype(np.int64)
-    as_bytes(keys)[:, :, 1] = local
-    return strata, keys.ravel()
