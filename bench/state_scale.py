@@ -82,9 +82,6 @@ if TYPE_CHECKING:
     from emb.estimation.districts import Districts
 
 REPO = Path(__file__).resolve().parents[1]
-# this folder's coverage.py would shadow the coverage package that numba (the design's compiled
-# loops) looks for on import: the folder off the path (nothing is imported from it)
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != REPO / "bench"]
 CLASSES = REPO / "config" / "classes.csv"
 FIELD, NOISE, WRONG = 32, 0.05, 0.2  # field side (px), speckle, share of fields the map errs on
 CLASSES_USED = 40  # L3 ids 0..39: 40 strata x the minimum of 20 fit the default n of 1000
