@@ -90,9 +90,19 @@ class StratifiedSampler:
 
     def cell_units(self, rng: np.random.Generator) -> np.ndarray:
         """:meth:`draw`'s units in the cells with pixels only, in ``self.cells``' order."""
+        return np.bincount(self._hits(rng), minlength=len(self.cells))
+
+    def cell_runs(self, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`cell_units`' cells that got units (positions in ``self.cells``, ascending)
+        and their units: a draw's few cells, not every cell with pixels."""
+        hit = self._hits(rng)
+        starts = np.flatnonzero(np.diff(hit, prepend=-1))
+        return hit[starts], np.diff(starts, append=len(hit))
+
+    def _hits(self, rng: np.random.Generator) -> np.ndarray:
+        """Each unit's cell (a position in ``self.cells``), ascending."""
         ranks = self._choices.ranks(rng)  # sorted: a search of sorted keys walks its array once
-        hit = np.searchsorted(self.bounds, ranks, side="right")
-        return np.bincount(hit, minlength=len(self.cells))
+        return np.searchsorted(self.bounds, ranks, side="right")
 
 
 class StrataChoices:
@@ -326,6 +336,20 @@ def draw_all(
         joint[sampler.cells] = sampler.cell_units(np.random.default_rng([*seed, d]))
         out[i] = joint[cells]
     return out
+
+
+def draw_runs(
+    sampler: StratifiedSampler, draws: range, seed: Sequence[int]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each draw d of ``draws`` (from ``default_rng([*seed, d])``) as its cells with units:
+    (the draw's index in ``draws``, the cell's position in ``sampler.cells``, its units), one
+    entry per cell with units, draw after draw (:meth:`StratifiedSampler.cell_runs`)."""
+    if not draws:
+        raise ValueError(f"draws: expected at least 1 draw, found {len(draws)}")
+    runs = [sampler.cell_runs(np.random.default_rng([*seed, d])) for d in draws]
+    which = np.repeat(np.arange(len(runs)), [len(cells) for cells, _ in runs])
+    return (which, np.concatenate([c for c, _ in runs]),
+            np.concatenate([u for _, u in runs]))  # fmt: skip
 
 
 class DrawTallies:
