@@ -212,6 +212,22 @@ def test_the_strata_choices_are_numpys_choice_of_each_stratum_in_turn(seed: int)
         assert np.array_equal(got, np.sort(np.concatenate(want))), (d, strata)
 
 
+@pytest.mark.parametrize("seed", range(10))
+def test_strata_of_one_count_are_numpys_choice(seed: int) -> None:
+    """Every stratum the same count (sorted row by row): small strata whose draws repeat
+    (replayed), big ones, and one taken whole (apart)."""
+    meta = np.random.default_rng(seed)
+    count = int(meta.integers(1, 25))
+    sizes = [count, *meta.integers(count, 60, 20), *meta.integers(10**4, 10**9, 20)]
+    strata = [(int(s), count, int(a)) for s, a in zip(sizes, np.cumsum(sizes) - sizes, strict=True)]
+    choices = StrataChoices(strata)
+    for d in range(3):
+        stream = np.random.default_rng([seed, d])
+        want = [stream.choice(size, n, replace=False) + at for size, n, at in strata]
+        got = choices.ranks(np.random.default_rng([seed, d]))
+        assert np.array_equal(got, np.sort(np.concatenate(want))), d
+
+
 def test_strata_choices_replay_floyd_where_a_rank_repeats() -> None:
     """A stratum of 3 of 4 pixels: Floyd's draws meet often (replayed), its ranks distinct."""
     choices = StrataChoices([(4, 3, 0), (10**6, 2, 4)])

@@ -28,8 +28,9 @@ from emb.estimation.holdout_check import (
 class Domains:
     """D domains of H strata, each stratum's pixels in a few (map class, CDL class) cells:
     strata a domain lacks, strata sampled whole (a census), big and small ones, and in the
-    first domain strata of 1 unit among more pixels (no variance, no interval); ``olofsson``: the strata are the map's classes
-    (K = H), else each cell's map class is its own (K classes)."""
+    first domain strata of 1 unit among more pixels (no variance, no interval);
+    ``olofsson``: the strata are the map's classes (K = H), else each cell's map class is its
+    own (K classes)."""
 
     def __init__(self, rng: np.random.Generator, d: int, h: int, k: int, olofsson: bool) -> None:
         cells = []  # (domain, stratum, map class, CDL class, px)

@@ -152,6 +152,9 @@ class StrataChoices:
         self._counts = counts
         self._firsts = np.cumsum(counts) - counts  # each one's first rank
         self._within = np.arange(len(self._at)) - np.repeat(self._firsts, counts)  # its place
+        # every stratum the same count (the check by district's minimums): sorted stratum by
+        # stratum, rows of a few ranks, not one long sort (a third of its time)
+        self._row = int(counts[0]) if len(counts) and (counts == counts[0]).all() else 0
 
     def ranks(self, rng: np.random.Generator) -> np.ndarray:
         """The ranks of one draw (every stratum's, each offset by its start), sorted."""
@@ -159,7 +162,8 @@ class StrataChoices:
             return self._census
         drawn = rng.integers(0, self._highs)
         kept = drawn[self._at]
-        ranks = np.sort(kept + self._offset)  # stratum after stratum, count ranks each
+        keys = kept + self._offset  # stratum after stratum, count ranks each
+        ranks = np.sort(keys.reshape(-1, self._row), -1).ravel() if self._row else np.sort(keys)
         # a rank drawn twice in a stratum (ranks of strata apart never meet), or one a later j
         # may equal: that stratum's Floyd replayed (rare where count << size), in its place
         twice = ranks[1:][ranks[1:] == ranks[:-1]]
