@@ -56,6 +56,7 @@ What the sample cannot give is said, never guessed:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -469,32 +470,48 @@ def _result(
     """
     lone = (n_h == 1) & (big_n > 1)  # 1 unit among more than 1 pixel: no variance estimate
     everywhere = _lone_why(lone, big_n)
+    # every figure as Python numbers once (the same values), not a numpy scalar per class
+    listed = np.flatnonzero((mapped_px > 0) | (n_mapped > 0) | (n_ref > 0))
+    lists = {name: np.asarray(getattr(f, name))[listed].tolist()
+             for name in ("users", "users_var", "producers", "producers_var", "proportion",
+                          "proportion_var")}  # fmt: skip
+    ranges = {} if bounds is None else {
+        name: tuple(np.asarray(v)[listed].tolist() for v in bounds[name])
+        for name in ("users", "producers", "proportion")
+    }  # fmt: skip
 
-    def at(figure: str, c: int | None) -> tuple[float, float] | None:
+    def at(figure: str, i: int) -> tuple[float, float] | None:
         if bounds is None:
             return None
-        lo, hi = (float(np.asarray(v)[()] if c is None else v[c]) for v in bounds[figure])
-        return None if np.isnan(lo) or np.isnan(hi) else (lo, hi)
+        lo, hi = (v[i] for v in ranges[figure])
+        return None if math.isnan(lo) or math.isnan(hi) else (lo, hi)
 
     classes = []
-    for c in np.flatnonzero((mapped_px > 0) | (n_mapped > 0) | (n_ref > 0)):
-        users_why = _lone_why(lone & users_strata[:, c], big_n)
-        users = _estimate(f.users[c], f.users_var[c], users_why, at("users", c))
-        producers = _estimate(f.producers[c], f.producers_var[c], everywhere, at("producers", c))
-        proportion = _estimate(f.proportion[c], f.proportion_var[c], everywhere,
-                               at("proportion", c))  # fmt: skip
+    counts = zip(mapped_px[listed].tolist(), n_mapped[listed].tolist(), n_ref[listed].tolist(),
+                 strict=True)  # fmt: skip
+    for i, (c, (px, mapped, ref)) in enumerate(zip(listed.tolist(), counts, strict=True)):
+        users_why = _lone_why(lone & users_strata[:, c], big_n) if everywhere else ""
+        users = _estimate(lists["users"][i], lists["users_var"][i], users_why, at("users", i))
+        producers = _estimate(lists["producers"][i], lists["producers_var"][i], everywhere,
+                              at("producers", i))  # fmt: skip
+        proportion = _estimate(lists["proportion"][i], lists["proportion_var"][i], everywhere,
+                               at("proportion", i))  # fmt: skip
         classes.append(
             ClassEstimate(
-                cls=int(c),
-                mapped_px=int(mapped_px[c]),
-                units_mapped=int(n_mapped[c]),
-                units_reference=int(n_ref[c]),
+                cls=c,
+                mapped_px=int(px),
+                units_mapped=int(mapped),
+                units_reference=int(ref),
                 proportion=proportion,
-                users=users if n_mapped[c] > 0 else None,
-                producers=producers if f.proportion[c] > 0 else None,
+                users=users if mapped > 0 else None,
+                producers=producers if lists["proportion"][i] > 0 else None,
             )
         )
-    overall = _estimate(f.overall, f.overall_var, everywhere, at("overall", None))
+    overall_range = None
+    if bounds is not None:
+        lo, hi = (float(np.asarray(v)[()]) for v in bounds["overall"])
+        overall_range = None if np.isnan(lo) or np.isnan(hi) else (lo, hi)
+    overall = _estimate(f.overall, f.overall_var, everywhere, overall_range)
     return AreaEstimates(int(big_n.sum()), tuple(classes), overall)
 
 
