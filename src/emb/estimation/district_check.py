@@ -69,7 +69,7 @@ from emb.estimation.settings import AreaSettings
 
 CELLS = N_L3 * N_L3  # (map L3, CDL L3) cells of one domain
 STREAM = 1  # the draws' seeds: [seed, STREAM, d], apart from the whole check's [seed, d]
-DOMAIN_SHARES = 2**19  # domains x draws x L3 classes estimated at once: 4 MiB a float array
+DOMAIN_SHARES = 2**17  # domains x draws x L3 classes estimated at once: 1 MiB arrays, in cache
 
 
 @dataclass(frozen=True)
