@@ -39,7 +39,7 @@ class Domains:
                 if s and rng.random() < 0.25:
                     continue  # a stratum this domain lacks
                 size = int(rng.choice([1, 2, 3, 40, 900, 50_000]))
-                for r in rng.choice(k, int(rng.integers(1, min(k, 4) + 1)), replace=False):
+                for r in rng.choice(k, int(rng.integers(1, 5))):  # cells of one class too
                     mapped = s if olofsson else int(rng.integers(0, k))
                     cells.append((domain, s, mapped, int(r), size + int(rng.integers(0, 9))))
         self.domain, self.stratum, self.mapped, self.reference, self.px = np.array(cells).T
@@ -97,7 +97,7 @@ def assert_close(got: AreaShares, d: int, want: AreaShares) -> None:
 @pytest.mark.parametrize("seed", range(5))
 def test_domain_shares_are_each_domains_own_shares(seed: int, olofsson: bool) -> None:
     """Olofsson's (strata the map's classes) and Stehman's (map classes of their own), every
-    kind of stratum; entries of cells that are one (stratum, class) summed."""
+    kind of stratum; the units of cells of one (stratum, CDL class) summed."""
     rng = np.random.default_rng(seed)
     h = int(rng.integers(2, 30))
     k = h if olofsson else int(rng.integers(2, 12))

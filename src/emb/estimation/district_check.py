@@ -370,9 +370,8 @@ def total_shares(shares: AreaShares, px: np.ndarray, total: int, z: float) -> Ar
     listed = shares.listed
     weight = np.asarray(px, float)[:, None, None]
     value = np.where(listed, weight * shares.value, 0.0).sum(0) / total
-    squares = np.where(listed, np.square(weight * shares.se), 0.0).sum(0)
-    missing = (listed & np.isnan(shares.se)).any(0)
-    se = np.where(missing, np.nan, np.sqrt(squares) / total)
+    # a listed domain's SE missing (NaN) leaves the sum's missing too
+    se = np.sqrt(np.where(listed, np.square(weight * shares.se), 0.0).sum(0)) / total
     has = ~np.isnan(se) & (se != 0)  # no interval where the standard error is 0 or missing
     lo = np.where(has, np.fmin(np.fmax(0.0, value - z * se), value), np.nan)
     hi = np.where(has, np.fmax(np.fmin(1.0, value + z * se), value), np.nan)
