@@ -34,7 +34,7 @@ error:
   deviations are summed over its pairs of units that differ, exactly 0 where its units agree.
 
 Both return :class:`AreaEstimates`; where the strata are the map's classes the two agree to
-float precision (``tests/evaluation/test_area_estimator.py``). :func:`olofsson_shares` and
+float precision (``tests/estimation/test_estimators.py``). :func:`olofsson_shares` and
 :func:`stehman_shares` give the area shares of many samples at once (the draws of the test
 split's check, ``emb.estimation.holdout_check``), each sample's bit for bit as its estimates'.
 
