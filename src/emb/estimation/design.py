@@ -46,6 +46,7 @@ from emb.estimation.population import (
     level_names,
     level_table,
     map_pixel_ha,
+    one_env,
     read_ahead,
     refuse_foreign,
     streaming,
@@ -155,7 +156,7 @@ def _map_records(
     near = _StripDistricts(districts, placed, {} if burns is None else burns, first=True)
     reads = (item for m in maps for item in _map_reads(m, ring, None, near))
     counter = None
-    for item in read_ahead(reads, threads):
+    for item in read_ahead(one_env(reads), threads):
         if item[0] == "strip":
             counter.add(*item[3:])
         elif item[0] == "map":
@@ -463,7 +464,7 @@ def _pick_ranked(
     classes = table[:256].astype(np.int64)  # int64 first: NO_STRATUM is no uint8
     by_value = np.where(classes == IGNORE, NO_STRATUM, classes)
     at, found = 0, ([], [], [])
-    for item in read_ahead(reads, threads):
+    for item in read_ahead(one_env(reads), threads):
         if item[0] == "map":
             path, at, found = item[1], 0, ([], [], [])
             per_strip = strata_strips[len(out)]

@@ -32,6 +32,7 @@ from emb.estimation.population import (
     crs_text,
     level_table,
     map_pixel_ha,
+    one_env,
     read_ahead,
 )
 from emb.io import reading
@@ -315,7 +316,7 @@ def read_population(
                                      Path(index_path), ring, near)  # fmt: skip
 
     grid, foreign = None, 0
-    for item in read_ahead(reads(), threads):
+    for item in read_ahead(one_env(reads()), threads):
         if item[0] == "strip":
             _, win, spans, mapped, reference, local, ids = item
             _add_cells(cells, ids, local, mapped, reference, spans)

@@ -191,6 +191,15 @@ class PlaneRing:
         return tuple(flat[:, : height * width].reshape(-1, height, width))
 
 
+def one_env(items: Iterator[T]) -> Iterator[T]:
+    """``items`` produced under one GDAL environment (``rasterio.Env``), entered by the thread
+    that produces them (a generator's body runs where it is advanced): each ``rasterio.open``
+    inside finds it and neither sets up nor tears down one of its own (about a tenth of a
+    map's open, 0.1 ms, measured 2026-12-07)."""
+    with rasterio.Env():
+        yield from items
+
+
 def read_ahead(items: Iterator[T], threads: int, ahead: int = AHEAD) -> Iterator[T]:
     """``items`` in their order; with ``threads`` > 1 produced by a thread of their own up to
     ``ahead`` items before they are taken (a bounded queue: memory stays that of a few strips),
