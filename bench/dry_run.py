@@ -8,7 +8,7 @@ alternating the sizes so both see the same machine, and keeps each one's best ti
 
 - slurm_jobs_{cluster}_{n}: "Group job" entries plus jobs of rules neither grouped nor local
   (goal for 1,000 regions x 4 runs: <= 100).
-- dry_run_s_{cluster}_{n}: seconds of the whole dry run (goal for 1,000: < 30 s). 2026-11-28,
+- dry_run_s_{cluster}_{n}: seconds of the whole dry run (goal for 1,000: < 20 s). 2026-11-28,
   this shared 2-core machine, --repeats 1: lumi 25.0 -> 22.3 s, betzy 28.8 -> 22.5 s once the
   regions check read its rasters in threads (each opened once) and the resource functions
   became lookups (issue 52; the bench's CPU time 69 -> 56 s). 2026-12-06 (issue 58), the same
@@ -57,7 +57,19 @@ alternating the sizes so both see the same machine, and keeps each one's best ti
   (source, region) (2,000 jobs fewer; a prototype): 37.2, 34.0 (~0.76). Left alone: the
   shards command's 20 fields (a changed shell command or params reruns every shards job and
   all after it: Snakemake's code and params triggers) and printshellcmds (Snakemake formats
-  each job's command three times whether it prints it or not).
+  each job's command three times whether it prints it or not). 2026-12-07, round 3 (issue 58
+  item 6; load 7-9, three helpers and a test suite running): rules align_labels and shards
+  merged into one rule shards (one job per (source, region) runs both stages). A 1,000-region
+  x 4-run DAG: 4,034 jobs (align_labels 2,000, shards 2,000, 34 others) -> 2,034; SLURM jobs
+  59 either way (40 prep groups of 50 shards jobs, was of 50 pairs). ``--sizes 100 1000
+  --repeats 1 --baseline`` main, this tree / main's, CPU s then wall s: lumi 100: 5.31 / 6.25
+  (0.85), 12.99 / 11.39 (1.14); lumi 1,000: 21.64 / 32.28 (0.67), 60.83 / 99.08 (0.61); betzy
+  100: 4.97 / 6.29 (0.79), 14.52 / 11.82 (1.23); betzy 1,000: 21.25 / 29.99 (0.71), 45.54 /
+  78.24 (0.58); growth 4.7 / 8.7 (lumi), 3.1 / 6.6 (betzy). From main's ~23 s quiet, ~0.7 of
+  it is ~16 s for 1,000 regions: under the 20 s goal (estimated; no quiet machine to measure
+  on). The widest prep group asks for 50 cores, ~28,000 MB and 20 min as before (each member
+  the larger of the two stages' memory and both their times; the group's two layers of 50
+  summed the same).
 - growth_{cluster}: time for the large table / time for the small one; ~10 for 10x the
   regions is linear, more means something quadratic in the DAG is back.
 - group_{cluster}_{n}: the widest group job as Snakemake submits it (its side-by-side members

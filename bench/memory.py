@@ -7,7 +7,8 @@ a CDL raster on its grid (every pixel corn, so every tile is kept), then runs th
 Snakemake runs them, each in a fresh wrapper process whose only child is the stage (its
 ``RUSAGE_CHILDREN`` peak is the stage's peak RSS, as the rules' ``benchmark:`` files record
 it in ``max_rss``): ``align_labels``, ``shards``, ``manifest`` and ``channel_stats``
-(``--n-tiles 500``, the default).
+(``--n-tiles 500``, the default). Rule ``shards`` runs the first two one after the other in one
+job: it asks for the larger of their two requests and their two times added.
 
 Prints one row per (stage, source, side): megapixels, peak RSS (MiB) and seconds, then per
 stage and source the least-squares line ``peak = a + b * megapixels`` and the largest

@@ -117,13 +117,14 @@ def test_every_rule_of_the_demo_runs_as_a_slurm_job_or_group_but_bookkeeping(
     rules = set(re.findall(r"^\s*rule (\w+):", log, re.M))  # grouped jobs are indented
     assert {"demo_region", "shards", "gpu_check", "train", "evaluate", "predict"} <= rules
     assert set(re.findall(r"^\s*localrule (\w+):", log, re.M)) <= LOCAL_RULES
-    # align_labels and shards of 4 (source, region) pairs, as many side by side per job as the
-    # node has cores (2 here: 2 jobs; SLURM's node is this machine, scripts/slurm/start.sh)
+    # shards (labels aligned, then shards cut) of 4 (source, region) pairs, as many side by side
+    # per job as the node has cores (2 here: 2 jobs; SLURM's node is this machine,
+    # scripts/slurm/start.sh)
     per_job = min(4, local_node()["cores"])
     groups = re.findall(r"Group job (\w+)", log)
     assert groups == ["prep"] * math.ceil(4 / per_job)
     assert list((workdir / ".snakemake/slurm_logs").glob("group_prep*/**/*.log"))
-    alone = rules - LOCAL_RULES - {"align_labels", "shards"}
+    alone = rules - LOCAL_RULES - {"shards"}
     assert all(
         slurm_job_logs(workdir, rule)
         or list((workdir / ".snakemake/slurm_logs" / f"rule_{rule}").rglob("*.log"))
@@ -133,9 +134,9 @@ def test_every_rule_of_the_demo_runs_as_a_slurm_job_or_group_but_bookkeeping(
     # and per run (2) train, evaluate, one map job, its area check
     submitted = re.findall(r"has been submitted with SLURM jobid", log)
     assert len(submitted) == 2 + len(groups) + 2 + 1 + 4 * 2, log[-3000:]
-    fits = re.findall(r"cluster fit: group prep \((\d+) jobs of align_labels, shards\): "
-                      r"(\d+) cores, (\d+) MB", log)  # fmt: skip
-    assert fits and all(int(n) == 2 * per_job and int(c) == per_job for n, c, _ in fits), fits
+    fits = re.findall(r"cluster fit: group prep \((\d+) jobs of shards\): (\d+) cores, (\d+) MB",
+                      log)  # fmt: skip
+    assert fits and all(int(n) == per_job and int(c) == per_job for n, c, _ in fits), fits
 
 
 def test_a_group_wider_than_the_node_is_refused_in_one_line_before_any_job(
@@ -158,7 +159,7 @@ def test_a_group_wider_than_the_node_is_refused_in_one_line_before_any_job(
     assert result.returncode != 0
     line = next(x for x in out.splitlines() if x.startswith("profile: group prep"))
     assert re.fullmatch(
-        rf"profile: group prep \({2 * (cores + 1)} jobs of align_labels, shards\) asks for "
+        rf"profile: group prep \({cores + 1} jobs of shards\) asks for "
         rf"{cores + 1} cores, \d+ MB, \d+ min, more than a node of partition 'debug' has "
         rf"\({cores + 1} cores > {cores}\): SLURM would keep it pending for ever; set "
         rf"group-components: prep: {cores} \(or less\) in the profile",
@@ -293,9 +294,9 @@ def test_a_failed_region_in_a_grouped_job_is_named_in_its_logs(workdir: Path) ->
     assert result.returncode != 0
     assert "Error in group prep" in result.stdout + result.stderr
     group_logs = sorted((workdir / ".snakemake/slurm_logs").glob("group_prep*/**/*.log"))
-    failed = [p.read_text() for p in group_logs if "Error in rule align_labels" in p.read_text()]
+    failed = [p.read_text() for p in group_logs if "Error in rule shards" in p.read_text()]
     assert failed and "region=bad_region" in failed[-1], [str(p) for p in group_logs]
-    log = (workdir / "logs/align_labels/aef/bad_region.log").read_text()  # its own log: why
+    log = (workdir / "logs/shards/aef/bad_region.log").read_text()  # its own log: why
     assert f"ERROR emb.prep.align_labels: {aef}: cannot read it" in log, log
 
 

@@ -87,6 +87,15 @@ def test_every_rule_leaves_a_log_and_a_benchmark(finished_run: Path) -> None:
         assert list((finished_run / "benchmarks").glob(f"{rule}*")), f"no benchmark of {rule}"
 
 
+@pytest.mark.parametrize("source", ["aef", "tessera"])
+def test_one_shards_job_logs_its_two_stages(finished_run: Path, source: str) -> None:
+    """Rule shards aligns the labels, then cuts the shards: the second stage appends to the
+    first's log, so one log says what both did (and why one failed)."""
+    log = (finished_run / f"logs/shards/{source}/demo_a.log").read_text()
+    assert f"INFO emb.prep.align_labels: results/labels/{source}/demo_a.tif: " in log, log
+    assert f"INFO emb.prep.shards: {source}/demo_a: samples " in log, log
+
+
 @pytest.mark.parametrize("run", RUNS)
 def test_maps_on_a_laptop_use_every_core_snakemake_was_given(finished_run: Path, run: str) -> None:
     log = (finished_run / f"logs/predict/{run}.log").read_text()

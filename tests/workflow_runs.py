@@ -9,8 +9,8 @@ from pathlib import Path
 
 from conftest import REPO, venv_env
 
-RULES = ["demo_region", "align_labels", "shards", "manifest", "channel_stats", "train_config",
-         "train", "evaluate", "summary", "predict", "curves", "data_report"]  # fmt: skip
+RULES = ["demo_region", "shards", "manifest", "channel_stats", "train_config", "train",
+         "evaluate", "summary", "predict", "curves", "data_report"]  # fmt: skip
 RUNS = ["aef_segformer", "aef_deeplab", "tessera_segformer", "tessera_deeplab"]
 
 

@@ -26,7 +26,7 @@ from emb.workflow.cluster_fit import Node, Request, check_fits
 
 LOCAL_RULES = {"regions_table", "train_config", "manifest", "summary", "curves", "data_report",
                "all"}  # fmt: skip
-GROUPED = {"tessera_npy", "align_labels", "shards"}
+GROUPED = {"tessera_npy", "shards"}
 PREP_PER_JOB = 50  # group-components prep in profiles/{lumi,betzy}
 REGIONS = 1000
 
@@ -157,7 +157,7 @@ def test_each_group_job_as_snakemake_sums_it_fits_a_node_of_its_partition(
 
     assert len(groups) == 2 * 100 // PREP_PER_JOB  # 2 sources a region
     for name, jobs, request, node in groups:
-        assert name == "prep" and jobs == 2 * PREP_PER_JOB  # align_labels, then shards
+        assert name == "prep" and jobs == PREP_PER_JOB  # one shards job per pair
         assert request.cores == PREP_PER_JOB
         assert node.partition == CPU_PARTITION[cluster]
         check_fits(f"group {name}", request, node, "")
@@ -185,7 +185,7 @@ def test_a_real_run_whose_group_outgrows_the_node_stops_in_one_line_before_any_j
     assert result.returncode != 0
     line = next(x for x in out.splitlines() if x.startswith("profile: group prep"))
     assert re.fullmatch(
-        r"profile: group prep \(400 jobs of align_labels, shards\) asks for 200 cores, \d+ MB, "
+        r"profile: group prep \(200 jobs of shards\) asks for 200 cores, \d+ MB, "
         r"\d+ min, more than a node of partition '\w+' has \(200 cores > 128\): SLURM would "
         r"keep it pending for ever; set group-components: prep: 128 \(or less\) in the profile",
         line,

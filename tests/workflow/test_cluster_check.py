@@ -25,7 +25,7 @@ def prep_job(rule: str, mem_mb: int = 1000, runtime: int = 10) -> Job:
 
 
 def prep_group(members: int, summed_cores: int, summed_mem_mb: int) -> Group:
-    jobs = [prep_job("align_labels"), prep_job("shards")] * (members // 2)
+    jobs = [prep_job("shards", runtime=20)] * members
     summed = {**SMALL, "mem_mb": summed_mem_mb, "runtime": 20}
     return Group("prep", jobs, summed, threads=summed_cores)
 
@@ -47,7 +47,7 @@ def test_a_job_asks_for_tasks_times_cpus_in_the_mpi_form_else_its_cpus_or_thread
 def test_a_group_that_fits_logs_what_it_asks_next_to_its_node() -> None:
     lines = list(check_jobs([prep_group(4, summed_cores=4, summed_mem_mb=4000)]))
     assert lines == [
-        "cluster fit: group prep (4 jobs of align_labels, shards): 4 cores, 4000 MB, 20 min; "
+        "cluster fit: group prep (4 jobs of shards): 4 cores, 4000 MB, 20 min; "
         "a node of 'small': 8 cores, 16000 MB, 60 min"
     ]
 
@@ -56,7 +56,7 @@ def test_a_group_wider_than_its_node_is_refused_with_the_group_size_that_fits() 
     with pytest.raises(FitError) as err:
         list(check_jobs([prep_group(20, summed_cores=10, summed_mem_mb=10000)]))
     assert str(err.value) == (
-        "profile: group prep (20 jobs of align_labels, shards) asks for 10 cores, 10000 MB, "
+        "profile: group prep (20 jobs of shards) asks for 10 cores, 10000 MB, "
         "20 min, more than a node of partition 'small' has (10 cores > 8): SLURM would keep it "
         "pending for ever; set group-components: prep: 8 (or less) in the profile"
     )

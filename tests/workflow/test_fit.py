@@ -23,9 +23,9 @@ NODE = Node("debug", cores=2, mem_mb=20000, max_runtime=60)
 def test_the_dry_run_estimate_sums_side_by_side_jobs_and_adds_the_levels_times() -> None:
     """bench/dry_run.py's estimate of a listed group (a dry run shows no group resources);
     what Snakemake itself sums is checked in test_scale_dry_run.py."""
-    align, shards = Request(1, 500, 10), Request(1, 800, 20)
-    # 4 pairs: 4 align_labels side by side, then 4 shards
-    assert group_request([[align] * 4, [shards] * 4]) == Request(4, 3200, 30)
+    convert, shards = Request(1, 500, 10), Request(1, 800, 20)
+    # 4 TESSERA regions of .npy tiles: 4 tessera_npy side by side, then 4 shards
+    assert group_request([[convert] * 4, [shards] * 4]) == Request(4, 3200, 30)
 
 
 def test_a_group_wider_than_the_node_is_refused_in_one_line_with_the_fitting_size() -> None:

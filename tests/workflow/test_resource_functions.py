@@ -23,8 +23,8 @@ def wildcards(**values: str) -> SimpleNamespace:
 
 
 def test_a_per_region_job_asks_for_its_own_rasters_memory_and_time() -> None:
-    mem = resources.region_mem_mb("shards", PIXELS)
-    minutes = resources.region_runtime("shards", PIXELS)
+    mem = resources.region_mem_mb(("shards",), PIXELS)
+    minutes = resources.region_runtime(("shards",), PIXELS)
     big, small = wildcards(source="aef", region="big"), wildcards(source="aef", region="small")
     assert mem(big, 1) == resources.mem_mb("shards", 400_000_000, "aef") > mem(small, 1)
     assert mem(big, 2) == 2 * mem(big, 1)  # doubled per retry
@@ -33,6 +33,23 @@ def test_a_per_region_job_asks_for_its_own_rasters_memory_and_time() -> None:
     assert mem(wildcards(source="tessera", region="demo_a"), 1) == resources.mem_mb(
         "shards", 0, "tessera"
     )
+
+
+def test_a_job_running_two_stages_asks_for_the_larger_peak_and_both_times() -> None:
+    """Rule shards aligns the labels, then cuts the shards: one process at a time."""
+    mem = resources.region_mem_mb(("align_labels", "shards"), PIXELS)
+    minutes = resources.region_runtime(("align_labels", "shards"), PIXELS)
+    for source, region in PIXELS:
+        job, size = wildcards(source=source, region=region), PIXELS[source, region]
+        align, shards = (resources.mem_mb(s, size, source, 2) for s in ("align_labels", "shards"))
+        assert mem(job, 2) == max(align, shards)
+        assert minutes(job) == sum(
+            resources.runtime(s, size, source) for s in ("align_labels", "shards")
+        )
+    # the shards' peak grows with the raster, the alignment's does not: each wins somewhere
+    small, big = wildcards(source="tessera", region="small"), wildcards(source="aef", region="big")
+    assert mem(small, 1) == resources.mem_mb("align_labels", 4_000_000, "tessera")
+    assert mem(big, 1) == resources.mem_mb("shards", 400_000_000, "aef")
 
 
 def test_a_run_job_asks_for_its_sources_largest_raster_on_every_process() -> None:
@@ -69,8 +86,8 @@ def test_snakemake_reads_the_region_functions_parameters_without_inspecting_them
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Snakemake asks each job's functions for their parameters (emb.workflow.signatures)."""
-    mem = resources.region_mem_mb("shards", PIXELS)
-    minutes = resources.region_runtime("shards", PIXELS)
+    mem = resources.region_mem_mb(("shards",), PIXELS)
+    minutes = resources.region_runtime(("shards",), PIXELS)
 
     def per_job(*args: object, **kwargs: object) -> None:
         raise AssertionError("inspect.signature called per job")

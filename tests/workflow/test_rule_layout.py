@@ -55,7 +55,7 @@ with SnakemakeApi(OutputSettings(quiet={"all"})) as api:
                 "threads": values["_cores"],
                 **{k: v for k, v in values.items() if k[0] != "_"},
             }
-        if rule.name in ("align_labels", "shards"):  # their functions run for every job
+        if rule.name == "shards":  # its functions run for every job
             items = [*rule.input._allitems(), *rule.params._allitems()]
             funcs = {name: getattr(getattr(item, "_file", item), "callable", item)
                      for name, item in items}
@@ -150,4 +150,4 @@ def test_the_per_region_rules_get_the_profiles_account_and_partition_as_plain_va
 ) -> None:
     """Found once (emb.workflow.profile.fixed_strings), not evaluated for every job."""
     plain = ["project_1", "small"]
-    assert parsed["account"] == {"align_labels": plain, "shards": plain}
+    assert parsed["account"] == {"shards": plain}

@@ -14,12 +14,14 @@ from emb.workflow import resources as measured
 REGION_PIXELS = TABLE.raster_pixels(RASTER_PIXELS)
 
 
-def region_mem_mb(stage):
-    return measured.region_mem_mb(stage, REGION_PIXELS)
+def region_mem_mb(*stages):
+    """The largest peak of the stages a per-region rule runs one after another."""
+    return measured.region_mem_mb(stages, REGION_PIXELS)
 
 
-def region_runtime(stage):
-    return measured.region_runtime(stage, REGION_PIXELS)
+def region_runtime(*stages):
+    """The summed time of the stages a per-region rule runs one after another."""
+    return measured.region_runtime(stages, REGION_PIXELS)
 
 
 def source_mem_mb(stage):

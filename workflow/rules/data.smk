@@ -35,7 +35,12 @@ rule regions_table:
         region_table.write_jobs_table(output[0], log[0], params.rows)
 
 
-rule align_labels:
+# One job per (source, region) runs both stages: the CDL labels aligned on the embedding
+# raster's grid, then that pair's shards. As two rules they were 2,000 of a 1,000-region DAG's
+# jobs, and Snakemake's per-job work (the DAG, the job list, a group's ready check, quadratic in
+# its members) made most of a cluster dry run's time (bench/dry_run.py). The outputs are the
+# two stages' own: every consumer reads the same files.
+rule shards:
     input:
         emb=get_emb,
         cdl=get_cdl,
@@ -43,28 +48,6 @@ rule align_labels:
     output:
         labels="results/labels/{source}/{region}.tif",
         report="results/labels/{source}/{region}.json",
-    log:
-        "logs/align_labels/{source}/{region}.log",
-    benchmark:
-        "benchmarks/align_labels/{source}/{region}.tsv"
-    conda:
-        "../../envs/emb.yaml"
-    threads: 1
-    resources:
-        **profile_strings("align_labels"),
-        mem_mb=region_mem_mb("align_labels"),  # measured (workflow/rules/cluster.smk)
-        runtime=region_runtime("align_labels"),
-    shell:
-        "python -m emb.prep.align_labels --emb={input.emb:q} --cdl={input.cdl:q}"
-        " --classes={input.classes:q} --out={output.labels:q} --report={output.report:q}"
-        " > {log:q} 2>&1"
-
-
-rule shards:
-    input:
-        emb=get_emb,
-        labels="results/labels/{source}/{region}.tif",
-    output:
         index="results/shards/{source}/{region}/index.json",
     log:
         "logs/shards/{source}/{region}.log",
@@ -75,8 +58,9 @@ rule shards:
     threads: 1
     resources:
         **profile_strings("shards"),
-        mem_mb=region_mem_mb("shards"),  # measured (workflow/rules/cluster.smk)
-        runtime=region_runtime("shards"),
+        # measured (workflow/rules/cluster.smk): the larger peak, the two stages' times summed
+        mem_mb=region_mem_mb("align_labels", "shards"),
+        runtime=region_runtime("align_labels", "shards"),
     params:
         split=get_split,
         group=split_group,
@@ -84,15 +68,19 @@ rule shards:
         splits=source_settings("splits"),
         shards=source_settings("shards"),
     shell:
-        "python -m emb.prep.shards --source={wildcards.source:q} --region={wildcards.region:q}"
-        " --emb={input.emb:q} --labels={input.labels:q} --index={output.index:q}"
+        "python -m emb.prep.align_labels --emb={input.emb:q} --cdl={input.cdl:q}"
+        " --classes={input.classes:q} --out={output.labels:q} --report={output.report:q}"
+        " > {log:q} 2>&1"
+        " && python -m emb.prep.shards --source={wildcards.source:q}"
+        " --region={wildcards.region:q}"
+        " --emb={input.emb:q} --labels={output.labels:q} --index={output.index:q}"
         " --tile-size={params.tiles[size]:q} --stride={params.tiles[stride]:q}"
         " --min-valid={params.tiles[min_valid]:q} --block-m={params.splits[block_m]:q}"
         " --fractions {params.splits[fractions]:q} --seed={params.splits[seed]:q}"
         " --buffer-m={params.splits[buffer_m]:q}"
         " --split={params.split:q} --split-key={params.group[key]:q}"
         " --split-extent={params.group[extent]:q} --max-samples={params.shards[max_samples]:q}"
-        " --max-bytes={params.shards[max_bytes]:q} > {log:q} 2>&1"
+        " --max-bytes={params.shards[max_bytes]:q} >> {log:q} 2>&1"
 
 
 rule manifest:

@@ -26,48 +26,50 @@ for overall accuracy (a share of agreeing pixels); user's and producer's accurac
 ratios, not sums: the total gives none, each district does.
 
 The draws (a fixed cost, apart from the pixels: 101 domains x 40 classes x 200 draws at a
-state's scale) are estimated every domain at once, a few draws at a time (``DOMAIN_CELLS``
-bounds the memory): each domain's units per (map L3, CDL L3) cell in one array, summed by
-class at each level, then :func:`emb.estimation.estimators.olofsson_domain_shares` or
-:func:`~emb.estimation.estimators.stehman_domain_shares` and the tallies as arrays
-(:class:`emb.estimation.holdout_check.DrawTallies`): every number bit for bit what each
-domain's :func:`emb.estimation.holdout_check.shares_at` and ``tally_draws`` give
-(``tests/estimation/test_domain_draws.py``), without a loop over domains and classes.
+state's scale) are estimated every domain at once, many draws at a time (``DOMAIN_SHARES``
+bounds the memory), from each draw's cells with units only (:func:`draw_runs`: the same
+random stream, the same units as ever). :class:`DomainShares` sums each domain's terms over
+its strata with units (their no-unit terms summed once, before any draw), the total's shares
+are :func:`total_shares`, the tallies arrays (:class:`~emb.estimation.holdout_check.DrawTallies`).
+Every figure lies within 1e-12 relative of each domain's own
+:func:`~emb.estimation.holdout_check.shares_at` (the sums run in another order: not bit for
+bit), every coverage count is the same (``tests/estimation/test_domain_draws.py``,
+``tests/estimation/test_check_draws.py``); the first draw's estimates, as published, are each
+domain's :func:`~emb.estimation.holdout_check.estimate_at` itself.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from emb.classes import N_L3, ClassMap
 from emb.estimation.design import allocate
 from emb.estimation.estimators import (
+    AreaEstimateError,
     AreaEstimates,
     AreaShares,
     ClassEstimate,
     Estimate,
-    olofsson_domain_shares,
-    stehman_domain_shares,
 )
 from emb.estimation.holdout_check import (
-    SHARES_CHUNK,
     DrawTallies,
     LevelCheck,
     StratifiedSampler,
-    draw_all,
+    draw_runs,
     estimate_at,
 )
 from emb.estimation.holdout_counts import LEVEL_CLASSES, TestSplitCounts
+from emb.estimation.intervals import JEFFREYS, effective_n_bounds
 from emb.estimation.population import level_table
 from emb.estimation.settings import AreaSettings
 
 CELLS = N_L3 * N_L3  # (map L3, CDL L3) cells of one domain
 STREAM = 1  # the draws' seeds: [seed, STREAM, d], apart from the whole check's [seed, d]
-DOMAIN_CELLS = 2**21  # draws x domains x cells estimated at once: 16 MiB a float array
+DOMAIN_SHARES = 2**17  # domains x draws x L3 classes estimated at once: 1 MiB arrays, in cache
 
 
 @dataclass(frozen=True)
@@ -154,29 +156,6 @@ def with_interval(est: AreaEstimates, z: float) -> AreaEstimates:
     return AreaEstimates(est.total_px, classes, bounded(est.overall))
 
 
-def sum_shares(parts: Sequence[tuple[int, AreaShares]], total: int, z: float) -> AreaShares:
-    """:func:`with_interval` of :func:`sum_estimates`, area shares only, of B samples at once:
-    ``parts`` (pixels, shares) per domain, in the order :func:`sum_estimates` adds them (so
-    every figure rounds as its)."""
-    value = squares = 0.0
-    listed = missing = False
-    units = 0
-    for n, part in parts:
-        value = value + np.where(part.listed, n * part.value, 0.0)
-        x = n * part.se
-        # Python's x ** 2 (C pow), which numpy's square is not in the last bit
-        squares = squares + np.where(part.listed, np.power(x, np.full_like(x, 2.0)), 0.0)
-        missing = missing | (part.listed & np.isnan(part.se))
-        listed = listed | part.listed
-        units = units + np.where(part.listed, part.units_reference, 0)
-    value = value / total
-    se = np.where(missing, np.nan, np.sqrt(squares) / total)
-    has = ~np.isnan(se) & (se != 0)  # no interval where the standard error is 0 or missing
-    lo = np.where(has, np.fmin(np.fmax(0.0, value - z * se), value), np.nan)
-    hi = np.where(has, np.fmax(np.fmin(1.0, value + z * se), value), np.nan)
-    return AreaShares(value, se, lo, hi, np.asarray(listed), np.asarray(units, np.int64))
-
-
 def check_districts(
     population: TestSplitCounts, cmap: ClassMap, design: AreaSettings, n: int
 ) -> DistrictCheck:
@@ -186,6 +165,8 @@ def check_districts(
     every interval compared with the CDL's area of the domain (or of all)."""
     if population.domains is None:
         raise ValueError("check_districts: expected a population counted per district")
+    if design.draws < 1:
+        raise ValueError(f"draws: expected at least 1 draw, found {design.draws}")
     domains = population.domains.reshape(len(population.domains), CELLS)
     n_domains, k = len(domains), LEVEL_CLASSES[design.level]
     strata_l3 = level_table(design.level, cmap)[:N_L3].astype(np.int64)
@@ -209,36 +190,34 @@ def check_districts(
     held = [d for d in range(n_domains) if domains[d].sum()]
     per = {(d, lv): counts(domains[d], lv) for d in held for lv in (1, 2, 3)}
     whole = {lv: counts(domains.sum(0), lv) for lv in (1, 2, 3)}
-    first: dict[tuple[int, int], AreaEstimates] = {}
     z, total_px = design.z, int(domains.sum())
     held_px = domains[held].sum(1)
     tallies = {lv: (DrawTallies(np.array([per[d, lv][1] for d in held]), held_px),
                     DrawTallies(whole[lv][1][None, :], np.array([total_px])))
                for lv in (1, 2, 3)}  # fmt: skip
-    cells = np.flatnonzero(domains)  # (domain, map L3, CDL L3) cells with pixels
-    strata_px = sizes.astype(np.int64).reshape(n_domains, k)
-    domain, within = np.divmod(cells, CELLS)
-    row = np.searchsorted(held, domain)  # each cell's domain among the held (all hold pixels)
-    if design.draws < 1:
-        raise ValueError(f"draws: expected at least 1 draw, found {design.draws}")
-    at_once = max(1, min(SHARES_CHUNK, DOMAIN_CELLS // (len(held) * CELLS)))
+    row = np.full(n_domains, -1)
+    row[held] = np.arange(len(held))  # each domain's row among the held
+    domain, within = np.divmod(sampler.cells, CELLS)  # the sampler's cells with pixels
+    strata_px = sizes.astype(np.int64)
+    estimators = {
+        lv: DomainShares(row[domain], domain * k + strata_l3[within // N_L3],
+                         tables[lv][within % N_L3], strata_px, sampler.allocation,
+                         np.array([per[d, lv][0] for d in held]), design.confidence)
+        for lv in (1, 2, 3)
+    }  # fmt: skip
+    first: dict[tuple[int, int], AreaEstimates] = {}
+    at_once = max(1, DOMAIN_SHARES // (len(held) * N_L3))
     for start in range(0, design.draws, at_once):  # the draws of every domain, in order
         chunk = range(start, min(start + at_once, design.draws))
-        samples = draw_all(sampler, chunk, [design.seed, STREAM], cells)
+        draw, cell, drawn = draw_runs(sampler, chunk, [design.seed, STREAM])
         if start == 0:
-            first.update(first_estimates(samples[0], cells, held, per, strata_px, strata_l3,
+            first.update(first_estimates(sampler.cells[cell[draw == 0]], drawn[draw == 0], held,
+                                         per, strata_px.reshape(n_domains, k), strata_l3,
                                          tables, design))  # fmt: skip
-        grid = np.zeros((len(held), len(chunk), CELLS), np.int64)
-        grid[row, :, within] = samples.T  # (D, B, map L3 x CDL L3) units of each held domain
-        grid = grid.reshape(len(held), len(chunk), N_L3, N_L3)
-        as_float = grid.astype(float)  # summed by class as products: exact, whole numbers
         for level in (1, 2, 3):
-            mapped_px = np.array([per[d, level][0] for d in held])
-            shares = domain_shares(grid, as_float, level, design.level, strata_l3, tables[level],
-                                   strata_px[held], mapped_px, design.confidence)  # fmt: skip
+            shares = estimators[level].shares(draw, cell, drawn, len(chunk))
             tallies[level][0].add(shares, z)
-            parts = [(int(px), _row(shares, i)) for i, px in enumerate(held_px)]
-            tallies[level][1].add(_row(sum_shares(parts, total_px, z), None), z)
+            tallies[level][1].add(total_shares(shares, held_px, total_px, z), z)
     for level in (1, 2, 3):
         first[-1, level] = with_interval(sum_estimates([first[d, level] for d in held]), z)
     coverage = {(d, lv): tallies[lv][0].coverage(i) for i, d in enumerate(held) for lv in (1, 2, 3)}
@@ -258,16 +237,19 @@ def check_districts(
 
 
 def first_estimates(
-    sample: np.ndarray, cells: np.ndarray, held: list[int], per: dict, strata_px: np.ndarray,
+    cells: np.ndarray, drawn: np.ndarray, held: list[int], per: dict, strata_px: np.ndarray,
     strata_l3: np.ndarray, tables: dict[int, np.ndarray], design: AreaSettings,
 ) -> dict[tuple[int, int], AreaEstimates]:  # fmt: skip
-    """Each held domain's estimates at every level of the first draw (``sample``: its units in
-    ``cells``), in full, as a user would publish them."""
+    """Each held domain's estimates at every level of the first draw (``drawn`` units in each
+    of ``cells``, flat indices of (domain, map L3, CDL L3)), in full, as a user would publish
+    them."""
     out = {}
-    domain, within = np.divmod(cells, CELLS)
+    order = np.argsort(cells)
+    domain, within = np.divmod(cells[order], CELLS)
+    drawn = drawn[order]
     for d in held:
         own = domain == d
-        m3, r3 = np.divmod(np.repeat(within[own], sample[own]), N_L3)  # its units' cells
+        m3, r3 = np.divmod(np.repeat(within[own], drawn[own]), N_L3)  # its units' cells
         for level in (1, 2, 3):
             mapped_px, _, by = per[d, level]
             t = tables[level]
@@ -276,47 +258,122 @@ def first_estimates(
     return out
 
 
-def domain_shares(
-    grid: np.ndarray, as_float: np.ndarray, level: int, design_level: int,
-    strata_l3: np.ndarray, table: np.ndarray, strata_px: np.ndarray, mapped_px: np.ndarray,
-    confidence: float,
-) -> AreaShares:  # fmt: skip
-    """The area shares at ``level`` of D domains' B draws, arrays (D, B, K): ``grid`` (D, B,
-    map L3, CDL L3) their units (``as_float``: the same as floats), strata the map's classes
-    at ``design_level`` (``strata_l3``: of each map L3 class), ``table`` each L3 class's at
-    ``level``. Olofsson's at the design level, Stehman's at the others, as
-    :func:`emb.estimation.holdout_check.shares_at` gives each domain's. Units are summed by
-    class as products of floats: exact (whole numbers far below 2**53)."""
-    k = int(mapped_px.shape[-1])
-    by_class = _one_hot(table, k)  # (map L3 or CDL L3, class at level)
-    if level == design_level:
-        if _is_identity(table):
-            return olofsson_domain_shares(mapped_px, grid, confidence)
-        matrices = np.swapaxes(by_class, 0, 1) @ (as_float @ by_class)
-        return olofsson_domain_shares(mapped_px, _whole(matrices), confidence)
-    to_class = as_float @ by_class  # (D, B, map L3, class at level)
-    h = strata_px.shape[-1]
-    hits = to_class if _is_identity(strata_l3) else _one_hot(strata_l3, h).T @ to_class
-    n_mapped = to_class.sum(-1) @ by_class
-    return stehman_domain_shares(strata_px, _whole(hits), _whole(n_mapped), mapped_px, confidence)
+class DomainShares:
+    """The area shares at one level of every held domain's draws, each domain estimated from
+    its own strata: Olofsson's at the design level, Stehman's at the others (one formula:
+    with strata the map's classes the two are the same sums), each with the interval that
+    holds (:func:`emb.estimation.intervals.area`), as each domain's
+    :func:`emb.estimation.holdout_check.shares_at` gives them, to float rounding.
+
+    Why not per domain: 101 domains x 40 classes x 200 draws at a state's scale, while a
+    draw's units fill few cells (20 units a stratum). So every sum over the strata is taken
+    over the cells with units only: a stratum's units per draw are its allocation (fixed), so
+    its weights, its pseudo-counts and the terms of a class without a unit there are known
+    before any draw; each domain's sum of those terms is computed once, and a draw adds, for
+    each (stratum, class) with units, its term less the no-unit term. The sums run in another
+    order than the per-domain code's: results within 1e-12 relative of it
+    (``tests/estimation/test_domain_draws.py``), coverage tallies the same."""
+
+    def __init__(
+        self, row: np.ndarray, stratum: np.ndarray, reference: np.ndarray,
+        strata_px: np.ndarray, strata_units: np.ndarray, mapped_px: np.ndarray,
+        confidence: float | None,
+    ) -> None:  # fmt: skip
+        """row, stratum, reference (C,): each cell's domain (its row among the held), stratum
+        (an index into strata_px and strata_units, (S,) pixels and units per stratum) and CDL
+        class at the level; mapped_px (R, K) each held domain's pixels per map class."""
+        big_n, n = np.asarray(strata_px, np.int64), np.asarray(strata_units, np.int64)
+        bad = np.flatnonzero((n > big_n) | ((n == 0) & (big_n > 0)))
+        if len(bad):
+            raise AreaEstimateError(
+                f"stratum {bad[0]} (N={big_n[bad[0]]} px) has {n[bad[0]]} sample units: "
+                f"expected 1 to N"
+            )
+        self.rows, self.k = mapped_px.shape
+        self.mapped = np.asarray(mapped_px) > 0
+        self.confidence = confidence
+        owner = np.full(len(big_n), -1)
+        owner[stratum] = row  # each stratum's domain row (-1: no cell with pixels)
+        sampled = owner >= 0
+        domain_px = np.bincount(owner[sampled], big_n[sampled], self.rows)
+        w = np.where(sampled, big_n / domain_px[np.maximum(owner, 0)], 0.0)
+        n_f = n.astype(float)
+        census = n >= big_n
+        prior = np.where(census, 0.0, JEFFREYS)
+        total = n_f + 2 * prior  # the two categories' alphas: hits and the rest
+        spread = np.where(census, 0.0, 1 / np.maximum(n_f, 1))
+        none_share = prior / np.maximum(total, 1)
+        none_var = w**2 * none_share * (1 - none_share) * spread
+        sums = {name: np.bincount(owner[sampled], v[sampled], self.rows)
+                for name, v in (("x", w * (n > 0)), ("smooth", w * none_share),
+                                ("var", none_var))}  # fmt: skip
+        self.x, self.smooth, self.var = sums["x"], sums["smooth"], sums["var"]
+        self.lone = np.bincount(owner[sampled], (n == 1)[sampled] & (big_n > 1)[sampled],
+                                self.rows) > 0  # fmt: skip
+        # a variance from 1 unit is none; census strata none either (1 - n / N = 0)
+        olofsson_var = np.divide(w**2, (n_f - 1) * n_f**2, out=np.zeros_like(w),
+                                 where=(n > 1) & ~census)  # fmt: skip
+        # each stratum's terms of a class with a = 1..n_h units there: at a row of their own
+        # (a draw's entry looks its terms up, computes none), n units' rows in all
+        first = np.cumsum(n) - n
+        of = np.repeat(np.arange(len(n)), n)
+        hits = (np.arange(len(of)) - first[of] + 1).astype(float)
+        smoothed = (hits + prior[of]) / total[of]
+        self.terms = {
+            "value": w[of] * (hits / n_f[of]),  # W_h n_hk / n_h
+            "variance": olofsson_var[of] * hits * (n_f[of] - hits),
+            "smooth": w[of] * smoothed - (w * none_share)[of],
+            "var": (w**2 * spread)[of] * smoothed * (1 - smoothed) - none_var[of],
+            "units": hits,
+        }
+        # the (domain, stratum, class) of each cell: several cells may be one at this level
+        keys, self.key = np.unique(stratum * self.k + reference, return_inverse=True)
+        self.merged = len(keys) < len(stratum)
+        at, self.cls = np.divmod(keys, self.k)
+        self.row = owner[at]
+        self.first = first[at] - 1  # a key's row of a units: first + a
+
+    def shares(self, draw: np.ndarray, cell: np.ndarray, units: np.ndarray, b: int) -> AreaShares:
+        """AreaShares (R, B, K) of B draws from their cells with units (:func:`draw_runs`:
+        each entry's draw, cell and units)."""
+        keys = len(self.row)
+        if self.merged:  # the units of cells that are one (stratum, class) here, summed
+            got = np.bincount(draw * keys + self.key[cell], units, b * keys)
+            at = np.flatnonzero(got)
+            draw, key, hits = at // keys, at % keys, got[at].astype(np.int64)
+        else:
+            key, hits = self.key[cell], units
+        term = self.first[key] + hits
+        out = (self.row * (b * self.k) + self.cls)[key] + draw * self.k
+        size, shape = self.rows * b * self.k, (self.rows, b, self.k)
+        got = {name: np.bincount(out, v[term], size).reshape(shape)
+               for name, v in self.terms.items()}  # fmt: skip
+        value, n_ref = got["value"], np.rint(got["units"]).astype(np.int64)
+        listed = self.mapped[:, None, :] | (n_ref > 0)
+        lone = self.lone[:, None, None]
+        se = np.where(lone, np.nan, np.sqrt(got["variance"]))
+        lo = hi = np.full(shape, np.nan)
+        if self.confidence is not None:
+            x = self.x[:, None, None]
+            smooth = (self.smooth[:, None, None] + got["smooth"]) / x
+            var = np.maximum((self.var[:, None, None] + got["var"]) / x**2, 0)
+            bounds = effective_n_bounds(value / x, smooth, var, self.confidence)
+            none = lone | ~listed
+            lo = np.where(none, np.nan, np.fmin(bounds.lo, value))
+            hi = np.where(none, np.nan, np.fmax(bounds.hi, value))
+        return AreaShares(value, se, lo, hi, listed, n_ref)
 
 
-def _one_hot(labels: np.ndarray, size: int) -> np.ndarray:
-    """(len(labels), size) 1.0 where entry i has label j: sums by label as a product."""
-    out = np.zeros((len(labels), size))
-    out[np.arange(len(labels)), labels] = 1.0
-    return out
-
-
-def _is_identity(labels: np.ndarray) -> bool:
-    return len(labels) == N_L3 and bool((labels == np.arange(N_L3)).all())
-
-
-def _whole(counts: np.ndarray) -> np.ndarray:
-    """Unit counts summed as floats (exact: whole numbers far below 2**53) as int64."""
-    return np.rint(counts).astype(np.int64)
-
-
-def _row(shares: AreaShares, index: int | None) -> AreaShares:
-    """One row of shares with rows in front (``None``: a row in front of shares without)."""
-    return AreaShares(*(getattr(shares, f.name)[index] for f in fields(shares)))
+def total_shares(shares: AreaShares, px: np.ndarray, total: int, z: float) -> AreaShares:
+    """:func:`with_interval` of :func:`sum_estimates`, area shares only, of the domains'
+    shares (R, B, K) of ``px`` pixels each: the total's shares (1, B, K), to float rounding."""
+    listed = shares.listed
+    weight = np.asarray(px, float)[:, None, None]
+    value = np.where(listed, weight * shares.value, 0.0).sum(0) / total
+    # a listed domain's SE missing (NaN) leaves the sum's missing too
+    se = np.sqrt(np.where(listed, np.square(weight * shares.se), 0.0).sum(0)) / total
+    has = ~np.isnan(se) & (se != 0)  # no interval where the standard error is 0 or missing
+    lo = np.where(has, np.fmin(np.fmax(0.0, value - z * se), value), np.nan)
+    hi = np.where(has, np.fmax(np.fmin(1.0, value + z * se), value), np.nan)
+    units = np.where(listed, shares.units_reference, 0).sum(0)
+    return AreaShares(*(a[None] for a in (value, se, lo, hi, listed.any(0), units)))

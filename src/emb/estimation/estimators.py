@@ -34,7 +34,7 @@ error:
   deviations are summed over its pairs of units that differ, exactly 0 where its units agree.
 
 Both return :class:`AreaEstimates`; where the strata are the map's classes the two agree to
-float precision (``tests/evaluation/test_area_estimator.py``). :func:`olofsson_shares` and
+float precision (``tests/estimation/test_estimators.py``). :func:`olofsson_shares` and
 :func:`stehman_shares` give the area shares of many samples at once (the draws of the test
 split's check, ``emb.estimation.holdout_check``), each sample's bit for bit as its estimates'.
 
@@ -56,6 +56,7 @@ What the sample cannot give is said, never guessed:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -307,94 +308,6 @@ def stehman_shares(
     return _shares(big_n, n_h, listed, n_ref, figures, bounds)
 
 
-def olofsson_domain_shares(
-    strata_px: np.ndarray, matrices: np.ndarray, confidence: float | None = None
-) -> AreaShares:
-    """:func:`olofsson_shares` of D domains at once (strata_px (D, K); error matrices
-    (D, B, K, K), rows the strata): AreaShares of (D, B, K) arrays, domain d's bit for bit
-    ``olofsson_shares(strata_px[d], matrices[d], confidence)``'s. Only the area shares'
-    figures are computed (no accuracy: a check tallies areas), every domain in one pass."""
-    big_n = np.asarray(strata_px, np.int64)
-    matrices = np.asarray(matrices, np.int64)
-    n_i = matrices.sum(-1)
-    _check_strata(big_n[:, None, :], n_i)
-    w = big_n / big_n.sum(-1, keepdims=True)
-    inv = np.divide(1.0, n_i - 1.0, out=np.zeros(n_i.shape), where=n_i > 1)
-    factor = inv * _not_census(big_n[:, None, :], n_i)
-    # p = n_ij / n_i. and a = p (1 - p) factor_i, 0 where n_ij is: computed where it is not
-    p, a = np.zeros(matrices.shape), np.zeros(matrices.shape)
-    at = np.flatnonzero(matrices)
-    of_row = at // matrices.shape[-1]
-    p.reshape(-1)[at] = shares = matrices.reshape(-1)[at] / n_i.reshape(-1)[of_row]
-    a.reshape(-1)[at] = shares * (1 - shares) * factor.reshape(-1)[of_row]
-    row = w[:, None, None, :]  # each domain's weights, a row per sample's matrix (as w @ p)
-    proportion, variance = (row @ p)[..., 0, :], ((row**2) @ a)[..., 0, :]
-    n_ref = matrices.sum(-2)
-    listed = _listed(big_n[:, None, :], n_i, n_ref)
-    bounds = _domain_area_bounds(big_n, n_i, matrices, confidence, listed.any(1))
-    return _area_shares(big_n[:, None, :], n_i, listed, n_ref, proportion, variance, bounds)
-
-
-def stehman_domain_shares(
-    strata_px: np.ndarray, hits: np.ndarray, n_mapped: np.ndarray, mapped_px: np.ndarray,
-    confidence: float | None = None,
-) -> AreaShares:  # fmt: skip
-    """:func:`stehman_shares` of D domains at once: strata_px (D, H); hits (D, B, H, K) the
-    units per stratum of reference k (``strata_counts``' hits, stratum by stratum); n_mapped
-    (D, B, K) the units mapped k; mapped_px (D, K). AreaShares of (D, B, K) arrays, domain d's
-    bit for bit ``stehman_shares``' of its counts (area shares only, every domain at once)."""
-    big_n = np.asarray(strata_px, np.int64)
-    hits = np.ascontiguousarray(hits, np.int64)
-    n_h = hits.sum(-1)
-    _check_strata(big_n[:, None, :], n_h)
-    weights = big_n.astype(float)
-    n_f = n_h.astype(float)
-    weight = np.divide(weights[:, None, :] ** 2, n_f, out=np.zeros(n_f.shape), where=n_f > 1)
-    var_weight = (weight * _not_census(big_n[:, None, :], n_f))[..., None, :]
-    units = n_f[..., :, None]  # as _StratifiedTotals.total of y = [reference = k]
-    means = np.divide(hits * 1.0, units, out=np.zeros(hits.shape), where=units > 0)
-    pairs = hits * (units - hits)  # the units that differ, times (1 - 0)^2
-    squares = np.divide(pairs, units, out=np.zeros(hits.shape), where=units > 0)
-    s2 = np.divide(squares, units - 1.0, out=np.zeros(hits.shape), where=units > 1)
-    total = weights.sum(-1)[:, None, None]
-    proportion = (weights[:, None, None, :] @ means)[..., 0, :] / total
-    variance = (var_weight @ s2)[..., 0, :] / total**2
-    n_ref = hits.sum(-2)
-    listed = _listed(np.asarray(mapped_px)[:, None, :], n_mapped, n_ref)
-    bounds = _domain_area_bounds(big_n, n_h, hits, confidence, listed.any(1))
-    return _area_shares(big_n[:, None, :], n_h, listed, n_ref, proportion, variance, bounds)
-
-
-def _domain_area_bounds(
-    big_n: np.ndarray, n_h: np.ndarray, hits: np.ndarray, confidence: float | None,
-    classes: np.ndarray,
-) -> Bounds | None:  # fmt: skip
-    """:func:`_area_bounds` of D domains, hits (D, B, H, K) stratum by stratum, ``classes``
-    (D, K): the strata with pixels in any domain (a stratum a domain lacks adds exact zeros to
-    its sums, taken one stratum after another), the classes any domain asks for; NaN where a
-    domain did not ask. None without a ``confidence``."""
-    if confidence is None:
-        return None
-    classes = classes | (classes.sum(-1) < 2)[:, None]  # as _area_bounds: every class then
-    strata, asked = np.flatnonzero(big_n.any(0)), classes.any(0)
-    chosen = np.take(np.take(hits, strata, axis=2), np.flatnonzero(asked), axis=3)
-    got = intervals.area_by_stratum(big_n[:, None, strata], n_h[..., strata], chosen, confidence)
-    lo, hi = (np.full(hits.shape[:2] + hits.shape[-1:], np.nan) for _ in range(2))
-    lo[..., asked], hi[..., asked] = got
-    mine = classes[:, None, :]
-    return Bounds(np.where(mine, lo, np.nan), np.where(mine, hi, np.nan))
-
-
-def _area_shares(
-    big_n: np.ndarray, n_h: np.ndarray, listed: np.ndarray, n_ref: np.ndarray,
-    proportion: np.ndarray, variance: np.ndarray, bounds: Bounds | None,
-) -> AreaShares:  # fmt: skip
-    """:func:`_shares` of the area figures alone."""
-    zeros = np.zeros_like(proportion)
-    figures = _Figures(proportion, variance, zeros, zeros, zeros, zeros, zeros, zeros)
-    return _shares(big_n, n_h, listed, n_ref, figures, bounds)
-
-
 def strata_counts(
     stratum: np.ndarray, mapped: np.ndarray, reference: np.ndarray, h: int, k: int,
     units: np.ndarray | None = None, holds: np.ndarray | None = None,
@@ -557,32 +470,48 @@ def _result(
     """
     lone = (n_h == 1) & (big_n > 1)  # 1 unit among more than 1 pixel: no variance estimate
     everywhere = _lone_why(lone, big_n)
+    # every figure as Python numbers once (the same values), not a numpy scalar per class
+    listed = np.flatnonzero((mapped_px > 0) | (n_mapped > 0) | (n_ref > 0))
+    lists = {name: np.asarray(getattr(f, name))[listed].tolist()
+             for name in ("users", "users_var", "producers", "producers_var", "proportion",
+                          "proportion_var")}  # fmt: skip
+    ranges = {} if bounds is None else {
+        name: tuple(np.asarray(v)[listed].tolist() for v in bounds[name])
+        for name in ("users", "producers", "proportion")
+    }  # fmt: skip
 
-    def at(figure: str, c: int | None) -> tuple[float, float] | None:
+    def at(figure: str, i: int) -> tuple[float, float] | None:
         if bounds is None:
             return None
-        lo, hi = (float(np.asarray(v)[()] if c is None else v[c]) for v in bounds[figure])
-        return None if np.isnan(lo) or np.isnan(hi) else (lo, hi)
+        lo, hi = (v[i] for v in ranges[figure])
+        return None if math.isnan(lo) or math.isnan(hi) else (lo, hi)
 
     classes = []
-    for c in np.flatnonzero((mapped_px > 0) | (n_mapped > 0) | (n_ref > 0)):
-        users_why = _lone_why(lone & users_strata[:, c], big_n)
-        users = _estimate(f.users[c], f.users_var[c], users_why, at("users", c))
-        producers = _estimate(f.producers[c], f.producers_var[c], everywhere, at("producers", c))
-        proportion = _estimate(f.proportion[c], f.proportion_var[c], everywhere,
-                               at("proportion", c))  # fmt: skip
+    counts = zip(mapped_px[listed].tolist(), n_mapped[listed].tolist(), n_ref[listed].tolist(),
+                 strict=True)  # fmt: skip
+    for i, (c, (px, mapped, ref)) in enumerate(zip(listed.tolist(), counts, strict=True)):
+        users_why = _lone_why(lone & users_strata[:, c], big_n) if everywhere else ""
+        users = _estimate(lists["users"][i], lists["users_var"][i], users_why, at("users", i))
+        producers = _estimate(lists["producers"][i], lists["producers_var"][i], everywhere,
+                              at("producers", i))  # fmt: skip
+        proportion = _estimate(lists["proportion"][i], lists["proportion_var"][i], everywhere,
+                               at("proportion", i))  # fmt: skip
         classes.append(
             ClassEstimate(
-                cls=int(c),
-                mapped_px=int(mapped_px[c]),
-                units_mapped=int(n_mapped[c]),
-                units_reference=int(n_ref[c]),
+                cls=c,
+                mapped_px=int(px),
+                units_mapped=int(mapped),
+                units_reference=int(ref),
                 proportion=proportion,
-                users=users if n_mapped[c] > 0 else None,
-                producers=producers if f.proportion[c] > 0 else None,
+                users=users if mapped > 0 else None,
+                producers=producers if lists["proportion"][i] > 0 else None,
             )
         )
-    overall = _estimate(f.overall, f.overall_var, everywhere, at("overall", None))
+    overall_range = None
+    if bounds is not None:
+        lo, hi = (float(np.asarray(v)[()]) for v in bounds["overall"])
+        overall_range = None if np.isnan(lo) or np.isnan(hi) else (lo, hi)
+    overall = _estimate(f.overall, f.overall_var, everywhere, overall_range)
     return AreaEstimates(int(big_n.sum()), tuple(classes), overall)
 
 

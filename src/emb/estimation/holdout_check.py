@@ -90,9 +90,19 @@ class StratifiedSampler:
 
     def cell_units(self, rng: np.random.Generator) -> np.ndarray:
         """:meth:`draw`'s units in the cells with pixels only, in ``self.cells``' order."""
+        return np.bincount(self._hits(rng), minlength=len(self.cells))
+
+    def cell_runs(self, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`cell_units`' cells that got units (positions in ``self.cells``, ascending)
+        and their units: a draw's few cells, not every cell with pixels."""
+        hit = self._hits(rng)
+        starts = np.flatnonzero(np.diff(hit, prepend=-1))
+        return hit[starts], np.diff(starts, append=len(hit))
+
+    def _hits(self, rng: np.random.Generator) -> np.ndarray:
+        """Each unit's cell (a position in ``self.cells``), ascending."""
         ranks = self._choices.ranks(rng)  # sorted: a search of sorted keys walks its array once
-        hit = np.searchsorted(self.bounds, ranks, side="right")
-        return np.bincount(hit, minlength=len(self.cells))
+        return np.searchsorted(self.bounds, ranks, side="right")
 
 
 class StrataChoices:
@@ -132,7 +142,6 @@ class StrataChoices:
                 census.append(np.arange(start, start + size))
         self._highs = np.concatenate(highs).astype(np.int64) if highs else np.zeros(0, np.int64)
         self._census = np.concatenate(census) if census else np.zeros(0, np.int64)
-        self._floyd = floyd
         counts = np.array([c for _, _, c, _ in floyd], np.int64)
         self._at = np.concatenate([np.arange(a, a + c) for a, _, c, _ in floyd]
                                   or [np.zeros(0, np.int64)]).astype(np.int64)  # fmt: skip
@@ -140,7 +149,12 @@ class StrataChoices:
         self._low = np.repeat([z - c for _, z, c, _ in floyd], counts).astype(np.int64)
         self._owner = np.repeat(np.arange(len(floyd)), counts)
         self._starts = np.array([s for *_, s in floyd], np.int64)
-        self._firsts = (np.cumsum(counts) - counts).tolist()  # each one's first rank
+        self._counts = counts
+        self._firsts = np.cumsum(counts) - counts  # each one's first rank
+        self._within = np.arange(len(self._at)) - np.repeat(self._firsts, counts)  # its place
+        # every stratum the same count (the check by district's minimums): sorted stratum by
+        # stratum, rows of a few ranks, not one long sort (a third of its time)
+        self._row = int(counts[0]) if len(counts) and (counts == counts[0]).all() else 0
 
     def ranks(self, rng: np.random.Generator) -> np.ndarray:
         """The ranks of one draw (every stratum's, each offset by its start), sorted."""
@@ -148,33 +162,50 @@ class StrataChoices:
             return self._census
         drawn = rng.integers(0, self._highs)
         kept = drawn[self._at]
-        ranks = np.sort(kept + self._offset)  # stratum after stratum, count ranks each
+        keys = kept + self._offset  # stratum after stratum, count ranks each
+        ranks = np.sort(keys.reshape(-1, self._row), -1).ravel() if self._row else np.sort(keys)
         # a rank drawn twice in a stratum (ranks of strata apart never meet), or one a later j
         # may equal: that stratum's Floyd replayed (rare where count << size), in its place
         twice = ranks[1:][ranks[1:] == ranks[:-1]]
         redo = np.union1d(self._owner[kept >= self._low],
                           np.searchsorted(self._starts, twice, side="right") - 1)  # fmt: skip
-        for s in redo.tolist():
-            at, size, count, start = self._floyd[s]
-            first = self._firsts[s]
-            ranks[first : first + count] = np.sort(_floyd(drawn[at : at + count], size, count))
-            ranks[first : first + count] += start
+        if len(redo):
+            at = _ranges(self._firsts[redo], self._counts[redo])  # their draws, their ranks
+            ranks[at] = self._replayed(kept, at)
         tails = [_tail(drawn[at : at + n], size, count) + start
                  for at, n, size, count, start in self._replays]  # fmt: skip
         if not tails and not len(self._census):
             return ranks
         return np.sort(np.concatenate([self._census, ranks, *tails]))
 
+    def _replayed(self, kept: np.ndarray, at: np.ndarray) -> np.ndarray:
+        """Floyd's ranks of the strata whose draws are ``kept[at]`` (whole strata, in order),
+        sorted: draw i (of j = size - count + i) is kept where new, else j is. Draw i is not
+        new where an earlier draw of its stratum was the same, or where it equals an earlier
+        j = size - count + m whose draw m was not new (m < i: a chain, followed back until
+        nothing changes), every stratum at once."""
+        draws, low, offset = kept[at], self._low[at], self._offset[at]
+        i = self._within[at]  # each draw's place in its stratum
+        key = draws + offset
+        order = np.argsort(key, kind="stable")  # a value's first draw first
+        repeated = np.zeros(len(at), bool)
+        repeated[order[1:]] = key[order[1:]] == key[order[:-1]]
+        m = draws - low
+        chained = (m >= 0) & (m < i)
+        earlier = np.where(chained, np.arange(len(at)) - i + m, 0)  # draw m's place here
+        taken = repeated
+        while True:
+            again = repeated | (chained & taken[earlier])
+            if np.array_equal(again, taken):
+                break
+            taken = again
+        return np.sort(np.where(taken, low + i, draws) + offset)
 
-def _floyd(drawn: np.ndarray, size: int, count: int) -> np.ndarray:
-    """Floyd's ranks from its integers: each j's draw where new, else j."""
-    kept: set[int] = set()
-    out = []
-    for j, value in zip(range(size - count, size), drawn.tolist(), strict=True):
-        rank = j if value in kept else value
-        kept.add(rank)
-        out.append(rank)
-    return np.array(out, np.int64)
+
+def _ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """The positions start .. start + count - 1 of each (start, count), one after another."""
+    before = np.cumsum(counts) - counts
+    return np.repeat(starts - before, counts) + np.arange(int(counts.sum()))
 
 
 def _tail(drawn: np.ndarray, size: int, count: int) -> np.ndarray:
@@ -326,6 +357,20 @@ def draw_all(
         joint[sampler.cells] = sampler.cell_units(np.random.default_rng([*seed, d]))
         out[i] = joint[cells]
     return out
+
+
+def draw_runs(
+    sampler: StratifiedSampler, draws: range, seed: Sequence[int]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each draw d of ``draws`` (from ``default_rng([*seed, d])``) as its cells with units:
+    (the draw's index in ``draws``, the cell's position in ``sampler.cells``, its units), one
+    entry per cell with units, draw after draw (:meth:`StratifiedSampler.cell_runs`)."""
+    if not draws:
+        raise ValueError(f"draws: expected at least 1 draw, found {len(draws)}")
+    runs = [sampler.cell_runs(np.random.default_rng([*seed, d])) for d in draws]
+    which = np.repeat(np.arange(len(runs)), [len(cells) for cells, _ in runs])
+    return (which, np.concatenate([c for c, _ in runs]),
+            np.concatenate([u for _, u in runs]))  # fmt: skip
 
 
 class DrawTallies:

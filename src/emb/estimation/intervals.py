@@ -94,103 +94,6 @@ def area(strata_px: np.ndarray, units: np.ndarray, hits: np.ndarray, confidence:
     return adjusted_wald(proportion(strata_px, units, hits), confidence)
 
 
-def area_by_stratum(
-    strata_px: np.ndarray, units: np.ndarray, hits: np.ndarray, confidence: float
-) -> Bounds:
-    """:func:`area` of counts laid out stratum by stratum, many domains at once: strata_px
-    (..., H) N_h of each domain (broadcast against units); units (..., H) n_h; hits (..., H, K)
-    the units of reference k per stratum, K >= 2; bounds (..., K). Bit for bit ``area(
-    strata_px, units[..., None, :], swapaxes(hits, -1, -2), confidence)`` of each domain (the
-    layout in which :func:`area`'s sums run one stratum after another), at a fraction of its
-    cost: only the two categories an area has (the third, units of neither, is empty), and
-    each stratum's terms of a class without a hit there (most: a stratum's units fall in a
-    few classes) computed once per stratum, not once per class; every term is the one
-    :func:`smoothed` computes, every sum over the strata taken in its order."""
-    big_n = np.broadcast_to(np.asarray(strata_px, float), np.shape(units))
-    w = big_n / big_n.sum(-1, keepdims=True)
-    n = np.asarray(units, float)
-    census = n >= big_n
-    prior = np.where(census, 0.0, JEFFREYS)
-    spread = np.where(census, 0.0, np.divide(1.0, n, out=np.zeros_like(n), where=n > 0))
-    sums = dict(zip(_AREA_TERMS, _summed_terms(np.asarray(hits), n, w, prior, spread),
-                    strict=True))  # fmt: skip
-    smooth_x = sums["smooth_x"]
-    smooth = np.divide(sums["smooth_a"], smooth_x, out=np.full_like(smooth_x, np.nan),
-                       where=smooth_x > 0)  # fmt: skip
-    big_a, big_x = sums["big_a"], sums["big_x"]
-    estimate = np.divide(big_a, big_x, out=np.full_like(big_a, np.nan), where=big_x > 0)
-    lone = (n == 1) & (big_n > 1)
-    missing = (n == 0) & (big_n > 0)
-    none = (lone | missing).any(-1)[..., None] | ~(big_x > 0)
-    got = Smoothed(estimate, big_a, big_x, sums["var_a"], sums["var_x"], sums["cov_ax"], smooth,
-                   none)  # fmt: skip
-    return adjusted_wald(got, confidence)
-
-
-def _summed_terms(
-    hits: np.ndarray, n: np.ndarray, w: np.ndarray, prior: np.ndarray, spread: np.ndarray
-) -> np.ndarray:
-    """(terms, ..., K) each of :func:`_area_terms`' sums over the strata of hits (..., H, K),
-    one stratum after another (the order :func:`area`'s layout sums in, each sum starting
-    from its first stratum's term): per stratum, every class takes the stratum's no-hit term
-    but the few with hits there, which take theirs. Sums of a few classes per domain at a
-    time, held in cache, not one array of every term."""
-    lead, (strata, k) = hits.shape[:-2], hits.shape[-2:]
-    terms = len(_AREA_TERMS)
-    by_stratum = np.ascontiguousarray(np.moveaxis(hits, -2, 0))  # (H, ..., K): h by h
-    at = np.flatnonzero(by_stratum)
-    stratum, rest = np.divmod(at, by_stratum.size // strata)
-    row, cls = np.divmod(rest, k)
-    each = (np.ravel(v)[row * strata + stratum] for v in (n, w, prior, spread))
-    some = np.stack(_area_terms(by_stratum.ravel()[at].astype(float), *each, some=True), -1)
-    none = np.stack(_area_terms(np.zeros_like(n), n, w, prior, spread))  # (terms, ..., H)
-    none = np.ascontiguousarray(np.moveaxis(none.reshape(terms, -1, strata), -1, 0))
-    ends = np.cumsum(np.bincount(stratum, minlength=strata)).tolist()
-    rows = none.shape[-1]
-    sums = np.empty((k, terms, rows))  # a class's sums, each a row per (..., ) of the lead
-    flat = sums.reshape(-1)
-    place = (cls * terms * rows + row)[:, None] + np.arange(terms) * rows  # (entries, terms)
-    for h in range(strata):  # stratum after stratum
-        mine = slice(ends[h - 1] if h else 0, ends[h])  # this stratum's entries
-        to = place[mine]
-        if h == 0:
-            sums[:] = none[0]
-            flat[to] = some[mine]
-        else:
-            before = flat[to]
-            sums += none[h]
-            flat[to] = before + some[mine]
-    return np.moveaxis(sums, 0, -1).reshape((terms, *lead, k))
-
-
-_AREA_TERMS = ("smooth_x", "smooth_a", "big_a", "big_x", "var_a", "var_x", "cov_ax")
-
-
-def _area_terms(
-    a: np.ndarray, n: np.ndarray, w: np.ndarray, prior: np.ndarray, spread: np.ndarray,
-    some: bool = False,
-) -> tuple[np.ndarray, ...]:  # fmt: skip
-    """Each stratum's term of every sum of :func:`smoothed` for an area (``_AREA_TERMS``), of
-    ``a`` hits among ``n`` units, elementwise, as :func:`smoothed` computes them (``some``:
-    every a > 0, so n > 0 and no division needs its guard)."""
-    b = n - a
-    alpha_a, alpha_b = a + prior, b + prior
-    total = alpha_a + alpha_b  # + the third category's alpha, 0
-    if some:
-        share_a, share_b, q_a, q_b = alpha_a / total, alpha_b / total, a / n, b / n
-    else:
-        share_a = np.divide(alpha_a, total, out=np.zeros_like(total), where=total > 0)
-        share_b = np.divide(alpha_b, total, out=np.zeros_like(total), where=total > 0)
-        q_a = np.divide(a, n, out=np.zeros_like(a), where=n > 0)
-        q_b = np.divide(b, n, out=np.zeros_like(b), where=n > 0)
-    var_a = share_a * (1 - share_a) * spread
-    var_b = share_b * (1 - share_b) * spread
-    cov_ab = -share_a * share_b * spread
-    w2 = w**2
-    return (w * (share_a + share_b), w * share_a, w * q_a, w * (q_a + q_b), w2 * var_a,
-            w2 * (var_a + var_b + 2 * cov_ab), w2 * (var_a + cov_ab))  # fmt: skip
-
-
 def overall(
     strata_px: np.ndarray, units: np.ndarray, agree: np.ndarray, confidence: float
 ) -> Bounds:
@@ -339,17 +242,25 @@ def adjusted_wald(s: Smoothed, confidence: float) -> Bounds:
     [0, 1]. With one stratum n* = n: Agresti & Coull's interval itself. A variance of 0
     (every stratum a census) gives the estimate itself.
     """
+    return _withheld(s, *effective_n_bounds(s.estimate, s.smooth, ratio_var(s), confidence))
+
+
+def effective_n_bounds(
+    estimate: np.ndarray, smooth: np.ndarray, var: np.ndarray, confidence: float
+) -> Bounds:
+    """:func:`adjusted_wald`'s bounds of a ratio's papers' ``estimate``, its smoothed centre
+    ``smooth`` and the variance ``var`` at that centre (:func:`ratio_var`), whatever computed
+    them (the check by district sums its variances its own way)."""
     z = z_of(confidence)
-    var = ratio_var(s)
-    n = np.divide(s.smooth * (1 - s.smooth), var, out=np.full_like(var, np.inf), where=var > 0)
+    n = np.divide(smooth * (1 - smooth), var, out=np.full_like(var, np.inf), where=var > 0)
     known = ~(var > 0)
     n = np.where(known, 1.0, n)
     n_t = n + z**2
-    p = (s.estimate * n + z**2 / 2) / n_t
+    p = (estimate * n + z**2 / 2) / n_t
     half = z * np.sqrt(p * (1 - p) / n_t)
-    lo = np.where(known, s.estimate, np.clip(p - half, 0, 1))
-    hi = np.where(known, s.estimate, np.clip(p + half, 0, 1))
-    return _withheld(s, lo, hi)
+    lo = np.where(known, estimate, np.clip(p - half, 0, 1))
+    hi = np.where(known, estimate, np.clip(p + half, 0, 1))
+    return Bounds(lo, hi)
 
 
 def fieller(s: Smoothed, confidence: float) -> Bounds:

@@ -55,7 +55,8 @@ REGION_ID = "[a-z0-9_][a-z0-9_-]*"
 
 
 def one_of(names: Iterable[object]) -> str:
-    """A wildcard pattern matching exactly these names (escaped: region ids may hold dots)."""
+    """A wildcard pattern matching exactly these names (escaped: a run's name or a demo region's
+    may hold characters a regular expression reads otherwise)."""
     return "|".join(re.escape(str(name)) for name in names)
 
 

@@ -91,29 +91,34 @@ def launched_mem_mb(
     return int(math.ceil(mb / 100) * 100) * 2 ** (max(1, attempt) - 1)
 
 
-# The rules' resource functions. Snakemake calls them once for every job of the DAG (4,000 for
-# 1,000 regions x 2 sources), so each one is a lookup in ``pixels``, computed once while the
-# workflow parses (RegionTable.raster_pixels: (source, region) -> pixels of its raster).
+# The rules' resource functions. Snakemake calls them once for every job of the DAG (2,000 shards
+# jobs for 1,000 regions x 2 sources), so each one is a lookup in ``pixels``, computed once
+# while the workflow parses (RegionTable.raster_pixels: (source, region) -> pixels of its raster).
 RegionPixels = Mapping[tuple[str, str], int]
 
 
-def region_mem_mb(stage: str, pixels: RegionPixels) -> Callable[[Any, int], int]:
-    """``mem_mb`` of a per-(source, region) rule: from its raster's size, doubled per retry."""
+def region_mem_mb(stages: tuple[str, ...], pixels: RegionPixels) -> Callable[[Any, int], int]:
+    """``mem_mb`` of a per-(source, region) rule running ``stages`` one after another (rule
+    shards: align_labels, then shards): the largest of their peaks on its raster, doubled per
+    retry (one process at a time, so the peaks never add up)."""
 
     @known_parameters
     def region_mem_mb(wildcards: Any, attempt: int) -> int:
         size = pixels.get((wildcards.source, wildcards.region), 0)
-        return mem_mb(stage, size, wildcards.source, attempt)
+        return max(mem_mb(stage, size, wildcards.source, attempt) for stage in stages)
 
     return region_mem_mb
 
 
-def region_runtime(stage: str, pixels: RegionPixels) -> Callable[[Any], int]:
-    """``runtime`` (minutes) of a per-(source, region) rule: from its raster's size."""
+def region_runtime(stages: tuple[str, ...], pixels: RegionPixels) -> Callable[[Any], int]:
+    """``runtime`` (minutes) of a per-(source, region) rule running ``stages`` one after
+    another: the sum of their times on its raster (what the grouped SLURM job asked for when
+    each stage was a job of its own)."""
 
     @known_parameters
     def region_runtime(wildcards: Any) -> int:
-        return runtime(stage, pixels.get((wildcards.source, wildcards.region), 0), wildcards.source)
+        size = pixels.get((wildcards.source, wildcards.region), 0)
+        return sum(runtime(stage, size, wildcards.source) for stage in stages)
 
     return region_runtime
 
