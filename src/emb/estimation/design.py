@@ -15,9 +15,10 @@ rank: n units touch at most n strips (a design by district, whose minimums make 
 touches nearly all). The first pass burns the districts per strip, cut to it, and keeps the
 burn as runs for the second; both count a strip per (district near it, map value), each a
 compiled loop over its pixels (:mod:`emb.estimation.strata_scan`): their cost against one read
-of the maps is measured by ``bench/state_scale.py``. Memory stays flat in the maps' size but
-for those counts and runs (a few bytes a row a district's edge crosses). The
-points go out as a CSV to fill in (``reference``), a GeoPackage of the same points, and a JSON
+of the maps is measured by ``bench/state_scale.py``. With two threads the reads, the burns and
+the kept runs are a reader thread's, the loops (which let go of the GIL) the counting thread's.
+Memory stays flat in the maps' size but for those counts and runs (a few bytes a row a
+district's edge crosses). The points go out as a CSV to fill in (``reference``), a GeoPackage of the same points, and a JSON
 record of the design beside them, which the estimate needs.
 """
 
