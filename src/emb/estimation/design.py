@@ -18,8 +18,8 @@ compiled loop over its pixels (:mod:`emb.estimation.strata_scan`): their cost ag
 of the maps is measured by ``bench/state_scale.py``. With two threads the reads, the burns and
 the kept runs are a reader thread's, the loops (which let go of the GIL) the counting thread's.
 Memory stays flat in the maps' size but for those counts and runs (a few bytes a row a
-district's edge crosses). The points go out as a CSV to fill in (``reference``), a GeoPackage of the same points, and a JSON
-record of the design beside them, which the estimate needs.
+district's edge crosses). The points go out as a CSV to fill in (``reference``), a GeoPackage
+of the same points, and a JSON record of the design beside them, which the estimate needs.
 """
 
 from __future__ import annotations
