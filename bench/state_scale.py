@@ -44,12 +44,18 @@ s), RSS 482 / 364 MiB (numba's compiler); the same points. Its first call loads 
 loops from numba's cache (~0.5 s CPU; ~1.8 s to compile them where there is none).
 
 With ``--threads 2`` the population pass and the design read the maps in a thread of their own,
-a few strips ahead of the counting; the read, the yardstick, stays in one thread. Default 1,
-as the rules declare: 2026-12-07, this 2-core machine at load ~1, 1,000 regions, 1 vs 2
-threads: population pass 15.6 / 15.6 s, design 28.1 / 31.5 s, the check by district's draws
-7.2 / 9.3 s (the reader thread contends with numpy, nothing is hidden). Each part's CPU time
-(user + system, its whole process) is reported beside its wall time: on a loaded machine the
-ratio of CPU times is the steadier.
+a few strips ahead of the counting, and burn the districts there too, so that the counting
+thread runs only the compiled loops (which let go of the GIL); the read, the yardstick, stays in
+one thread. 2026-12-07, this 2-core machine at load 0.6-1.2, 1,000 regions, this tree against
+the one before (burns in the counting thread, the census by runs), alternated: design with 2
+threads 8.5 / 10.2 s against 12.0 / 11.2 s (CPU 14.9 / 17.5 against 18.0 / 17.4 s; read
+2.7-3.6 s: 2.8-3.1x the read), with 1 thread 14.2-15.8 s in both (CPU 16.2-17.9 s, the same);
+population pass with 2 threads 7.8-8.8 s against 9.3-11.6 s (CPU 10.4-11.7 against
+12.5-15.2 s), with 1 thread 9.4-10.2 against 10.8-12.6 s; the check (pass, 200 draws, by
+district 2.5 s) with 2 threads ~11 s, ~3.8x the read. Where the other core is busy (load 3+),
+2 threads give nothing (nor lose: the same CPU). The same points and populations with 1 or 2
+threads. Each part's CPU time (user + system, its whole process) is reported beside its wall
+time: on a loaded machine the ratio of CPU times is the steadier.
 
 Usage: ``python bench/state_scale.py [--regions 1000] [--size 1024] [--test-share 1.0]
 [--draws 200] [--district-draws N] [--distinct 4] [--threads 1] [--json PATH] [--workdir DIR]
@@ -341,8 +347,9 @@ def main() -> None:
     parser.add_argument("--district-draws", type=int, default=None,
                         help="the check by district's draws (default: --draws)")  # fmt: skip
     parser.add_argument("--threads", type=int, default=1,
-                        help="threads of the check's population pass and of the design (the "
-                        "rules' threads: 1; 2 gave no wall time on 2 cores, 2026-12-07); the "
+                        help="threads of the check's population pass and of the design (2: "
+                        "reads and burns beside the counting, ~1.5x less wall time on 2 free "
+                        "cores, 2026-12-07); the "
                         "read stays in one")  # fmt: skip
     parser.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     parser.add_argument("--measure", nargs=5, help=argparse.SUPPRESS)

@@ -20,10 +20,12 @@ from affine import Affine
 from pyproj import CRS, Transformer
 from rasterio.windows import Window
 
+from emb.estimation import districts as districts_module
 from emb.estimation import population
 from emb.estimation.districts import (
     OUTSIDE,
     DistrictsError,
+    MapDistricts,
     district_counts,
     district_ids,
     district_strips,
@@ -227,6 +229,33 @@ def test_a_sliver_overlap_goes_to_the_first_district(tmp_path: Path) -> None:
                            Window(0, 0, WIDTH, HEIGHT))  # fmt: skip
         assert (ids[:, 50] == 1).all()  # the first in the file, whichever side it lies
         assert (ids > 0).all()
+
+
+def test_a_window_one_district_covers_is_filled_unless_another_reaches_into_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A district over the whole map and, first in the file (it wins), a small one inside it
+    (MapDistricts built by hand: no overlap check): a window far from the small one is filled
+    without a cut or a burn; a window the small one reaches into is burned, its centres the
+    small one's (shapely on the centres says which)."""
+    transform = map_transform(False)
+    small = shapely.box(WEST + 300.0, NORTH - 400.0, WEST + 430.0, NORTH - 250.0)
+    big = shapely.box(WEST - 100.0, NORTH - HEIGHT * 10.0 - 100.0, WEST + WIDTH * 10.0 + 100.0,
+                      NORTH + 100.0)  # fmt: skip
+    shapes = MapDistricts(MAP_CRS, (small, big), np.array([small.bounds, big.bounds]))
+    want = expected_ids(transform, [small, big])
+    burn, cut = districts_module.rasterize, districts_module._cut
+    monkeypatch.setattr(districts_module, "rasterize", None)  # a burn or a cut would fail
+    monkeypatch.setattr(districts_module, "_cut", None)
+    far = Window(60, 50, 40, 30)
+    assert (district_ids(shapes, transform, far) == 2).all()
+    monkeypatch.setattr(districts_module, "rasterize", burn)
+    monkeypatch.setattr(districts_module, "_cut", cut)
+    near = Window(20, 10, 40, 40)
+    got = district_ids(shapes, transform, near)
+    rows, cols = near.toslices()
+    assert (got == 1).sum() > 100
+    np.testing.assert_array_equal(got, want[rows, cols])
 
 
 def test_the_formats_read_alike(tmp_path: Path) -> None:

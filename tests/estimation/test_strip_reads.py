@@ -1,7 +1,8 @@
 """The strips as the streaming passes read them (issue 58, item 5): a reader thread a few strips
 ahead of the counting (same items, same order, its error in its place, stopped when the
-counting stops), strips read into uint8 planes counted by a compiled loop (buffers reused from
-strip to strip); each set against a whole-array count or a pass without them."""
+counting stops, burning the districts there), strips read into uint8 planes of a ring counted
+by a compiled loop (buffers reused from strip to strip), all under one GDAL environment; each
+set against a whole-array count or a pass without them."""
 
 from __future__ import annotations
 
@@ -11,15 +12,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import rasterio
 from test_design import write_map
 from test_streams import ORIGIN, regions_and_their_count, wavy_districts
 
 from emb.classes import N_L3, ClassMap
-from emb.estimation import holdout_counts, population
+from emb.estimation import design, holdout_counts, population
 from emb.estimation.design import draw_points
 from emb.estimation.districts import Districts, read_districts
 from emb.estimation.holdout_counts import box_bands, read_population
-from emb.estimation.population import read_ahead
+from emb.estimation.population import AHEAD, PlaneRing, one_env, read_ahead
 
 
 @pytest.fixture
@@ -107,3 +109,65 @@ def test_the_design_draws_the_same_points_in_thin_strips_and_with_a_reader_threa
     assert points(1) == whole
     assert points(2) == whole
     assert len(whole) == 900
+
+
+def test_a_plane_ring_hands_out_its_sets_in_turn_grown_when_small() -> None:
+    """Three sets of two planes: each set's planes apart and contiguous (a raster reads
+    straight into one), the sets apart, the fourth the first again; a larger strip grows
+    the set it gets; one set for one thread, AHEAD + 2 with a reader thread."""
+    ring = PlaneRing(3, planes=2)
+    sets = [ring.next(4, 5) for _ in range(3)]
+    planes = [p for one in sets for p in one]
+    assert all(p.shape == (4, 5) and p.dtype == np.uint8 and p.flags.c_contiguous for p in planes)
+    assert not any(np.shares_memory(a, b) for i, a in enumerate(planes) for b in planes[i + 1 :])
+    again = ring.next(4, 5)
+    assert np.shares_memory(again[0], sets[0][0]) and np.shares_memory(again[1], sets[0][1])
+    grown = ring.next(10, 7)
+    assert grown[0].shape == (10, 7) and not np.shares_memory(grown[0], grown[1])
+    assert len(PlaneRing.for_threads(1).flats) == 1
+    assert len(PlaneRing.for_threads(2).flats) == AHEAD + 2
+
+
+def test_the_reads_are_made_under_one_gdal_environment() -> None:
+    """A rasterio.open inside finds an environment (none of its own set up each time)."""
+
+    def found() -> Iterator[bool]:
+        yield rasterio.env.hasenv()
+
+    assert not rasterio.env.hasenv()
+    assert list(one_env(found())) == [True]
+    assert list(read_ahead(one_env(found()), threads=2)) == [True]
+
+
+def test_with_a_reader_thread_the_districts_are_burned_there(
+    tmp_path: Path, districts: Districts, class_map: ClassMap, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The design's two passes (no burn kept, so the second burns again) and the check's
+    population: every district burn made by the reader thread, the counting thread left
+    with the compiled loops (which let go of the GIL)."""
+    burners: list[str] = []
+
+    def recorded(burn):  # noqa: ANN001, ANN202 - a wrapper of district_burn
+        def burned(*args):  # noqa: ANN002, ANN202
+            burners.append(threading.current_thread().name)
+            return burn(*args)
+
+        return burned
+
+    for module in (design, holdout_counts):
+        monkeypatch.setattr(module, "district_burn", recorded(module.district_burn))
+    monkeypatch.setattr(design, "KEPT_RUN_PIXELS", 10**9)  # only one-district strips kept
+    monkeypatch.setattr(population, "STRIP_BYTES", 16 * 260)
+    values = np.random.default_rng(5).integers(0, N_L3, (300, 260), dtype=np.uint8)
+    maps = [write_map(tmp_path / "a.tif", values, origin=ORIGIN)]
+    draw_points(maps, 2, class_map, 900, 5, 11, districts=districts, threads=2)
+    design_burns = len(burners)
+    strips = -(-300 // 16)
+    assert design_burns > strips  # the second pass burned too
+    (tmp_path / "check").mkdir()
+    (found, labels, indexes), _ = regions_and_their_count(
+        tmp_path / "check", districts, 6, (ORIGIN[0] + 2560.0, ORIGIN[1]), [(0, 0), (64, 128)]
+    )  # fmt: skip
+    read_population(found, labels, indexes, districts, threads=2)
+    assert len(burners) > design_burns
+    assert set(burners) == {"read-ahead"}

@@ -15,10 +15,11 @@ rank: n units touch at most n strips (a design by district, whose minimums make 
 touches nearly all). The first pass burns the districts per strip, cut to it, and keeps the
 burn as runs for the second; both count a strip per (district near it, map value), each a
 compiled loop over its pixels (:mod:`emb.estimation.strata_scan`): their cost against one read
-of the maps is measured by ``bench/state_scale.py``. Memory stays flat in the maps' size but
-for those counts and runs (a few bytes a row a district's edge crosses). The
-points go out as a CSV to fill in (``reference``), a GeoPackage of the same points, and a JSON
-record of the design beside them, which the estimate needs.
+of the maps is measured by ``bench/state_scale.py``. With two threads the reads, the burns and
+the kept runs are a reader thread's, the loops (which let go of the GIL) the counting thread's.
+Memory stays flat in the maps' size but for those counts and runs (a few bytes a row a
+district's edge crosses). The points go out as a CSV to fill in (``reference``), a GeoPackage
+of the same points, and a JSON record of the design beside them, which the estimate needs.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from emb import geo
 from emb.classes import IGNORE, N_L3, ClassMap
 from emb.estimation.districts import Districts, MapDistricts, district_burn, on_map
 from emb.estimation.population import (
-    AHEAD,
+    PlaneRing,
     Points,
     collapse_counts,
     count_l3_strips,
@@ -46,6 +47,7 @@ from emb.estimation.population import (
     level_names,
     level_table,
     map_pixel_ha,
+    one_env,
     read_ahead,
     refuse_foreign,
     streaming,
@@ -146,19 +148,21 @@ def _map_records(
     pass), and its transform and WKT (for the points); H = K classes at ``level``, or (D + 1) * K
     with districts. With districts the maps' strips come through :func:`_map_reads` (with
     ``threads`` > 1 read by a thread of their own, a few strips ahead of the counting), and
-    each strip's districts kept in ``burns`` (:class:`_KeptBurn`, by (map, strip))."""
+    each strip's districts kept in ``burns`` (:class:`_KeptBurn`, by (map, strip)); the
+    reads, the district burns and the kept runs all in the reader thread, so that the counting
+    thread runs only the compiled loop (which lets go of the GIL) and a little glue."""
     if districts is None:
         return [_map_record(m, level, cmap) for m in maps]
-    out, ring = [], _PlaneRing(1 if threads <= 1 else AHEAD + 2)
-    reads = (item for m in maps for item in _map_reads(m, ring))
+    out, ring = [], PlaneRing.for_threads(threads)
+    near = _StripDistricts(districts, placed, {} if burns is None else burns, first=True)
+    reads = (item for m in maps for item in _map_reads(m, ring, None, near))
     counter = None
-    for item in read_ahead(reads, threads):
+    for item in read_ahead(one_env(reads), threads):
         if item[0] == "strip":
-            counter.add(item[1], item[2], item[3])
+            counter.add(*item[3:])
         elif item[0] == "map":
             path, head = item[1], item[2]
-            counter = _FirstPassCounts(level, cmap, districts, _placed(districts, head[6], placed),
-                                     head[5], {} if burns is None else burns, path)  # fmt: skip
+            counter = _FirstPassCounts(level, cmap, districts)
         else:
             strata_strips, l3 = counter.result(path)
             out.append(_record_of(path, head, level, cmap, strata_strips, l3))
@@ -199,37 +203,55 @@ def _record_of(
     return record, strata_strips.sum(0), strata_strips, grid
 
 
-def _map_reads(path: Path, ring: _PlaneRing, wanted: np.ndarray | None = None) -> Iterator[tuple]:
+def _map_reads(
+    path: Path, ring: PlaneRing, wanted: np.ndarray | None = None,
+    near: _StripDistricts | None = None,
+) -> Iterator[tuple]:  # fmt: skip
     """The reads of one map, in the order they are counted (maybe in a thread of their own,
     :func:`emb.estimation.population.read_ahead`): ``("map", path, head)`` (:func:`_head`),
-    ``("strip", i, window, values)`` for each strip i (only where ``wanted[i]``, when given),
-    ``("end", path)``; ``values`` (h, w) uint8 the strip's map values, in a buffer of
-    ``ring``."""
+    ``("strip", i, window, values, local, ids)`` for each strip i (only where ``wanted[i]``,
+    when given), ``("end", path)``; ``values`` (h, w) uint8 the strip's map values, in a
+    buffer of ``ring``; ``local``, ``ids`` its districts from ``near`` (:func:`_one_district`;
+    None, None without)."""
     with streaming(path) as src:
-        yield "map", path, _head(src, path)
+        head = _head(src, path)
+        if near is not None:
+            near.start(path, head)
+        yield "map", path, head
         for i, win in enumerate(strips(src)):
             if wanted is None or wanted[i]:
-                values = ring.next(int(win.height), int(win.width))
+                (values,) = ring.next(int(win.height), int(win.width))
                 src.read(1, window=win, out=values)
-                yield "strip", i, win, values
+                local, ids = (None, None) if near is None else near.of(i, win)
+                yield "strip", i, win, values, local, ids
     yield "end", path
 
 
-class _PlaneRing:
-    """``size`` reused uint8 strip buffers handed out in turn (a fresh one a strip would cost
-    its page faults); with a reader thread ahead of the counting
-    (:func:`emb.estimation.population.read_ahead`) it writes only one the counting is done
-    with when there are ``AHEAD`` + 2 of them (the one taken, the queue's, the one read)."""
+class _StripDistricts:
+    """Each strip's districts for a pass over the maps, worked out where the strips are read
+    (the reader thread): the first pass burns them (:func:`district_burn`) and keeps them in
+    ``burns`` (:class:`_KeptBurn`, by (map, strip)); the second takes the kept ones out, and
+    burns again where none was kept."""
 
-    def __init__(self, size: int) -> None:
-        self.flats, self.at = [np.zeros(0, np.uint8) for _ in range(size)], -1
+    def __init__(
+        self, districts: Districts, placed: dict[str, MapDistricts], burns: dict, first: bool
+    ) -> None:
+        self.districts, self.placed, self.burns, self.first = districts, placed, burns, first
 
-    def next(self, height: int, width: int) -> np.ndarray:
-        """(height, width) contiguous uint8 view of the next buffer in turn, grown when small."""
-        self.at = (self.at + 1) % len(self.flats)
-        if self.flats[self.at].size < height * width:
-            self.flats[self.at] = np.zeros(height * width, np.uint8)
-        return self.flats[self.at][: height * width].reshape(height, width)
+    def start(self, path: Path, head: tuple) -> None:
+        """Take the map at ``path`` (its :func:`_head`): the districts on its CRS."""
+        self.path, self.transform = path, head[5]
+        self.shapes = _placed(self.districts, head[6], self.placed)
+
+    def of(self, i: int, win: Window) -> tuple[np.ndarray | None, np.ndarray]:
+        """(local, ids) of the map's strip i (:func:`_one_district`)."""
+        kept = None if self.first else self.burns.pop((self.path, i), None)
+        if kept is not None:
+            return kept.burned()
+        local, ids = _one_district(*district_burn(self.shapes, self.transform, win))
+        if self.first:
+            _KeptBurn.keep(self.burns, (self.path, i), local, ids)
+        return local, ids
 
 
 class _FirstPassCounts:
@@ -238,21 +260,14 @@ class _FirstPassCounts:
     near it, map value) key by one compiled loop (:func:`emb.estimation.strata_scan.count_keys`,
     (L + 1) x 256 counts; a strip in one district per value), folded into its strata."""
 
-    def __init__(
-        self, level: int, cmap: ClassMap, districts: Districts, shapes: MapDistricts,
-        transform: Affine, burns: dict, path: Path,
-    ) -> None:  # fmt: skip
+    def __init__(self, level: int, cmap: ClassMap, districts: Districts) -> None:
         self.table, self.k = level_table(level, cmap), len(level_names(level, cmap))
         self.h = (len(districts.names) + 1) * self.k
-        self.shapes, self.transform, self.burns, self.path = shapes, transform, burns, path
         self.rows: list[np.ndarray] = []
         self.l3 = np.zeros(256, np.int64)
 
-    def add(self, i: int, win: Window, values: np.ndarray) -> None:
-        """Count strip i (its values: :func:`_map_reads`); its districts kept for the second
-        pass."""
-        local, ids = _one_district(*district_burn(self.shapes, self.transform, win))
-        _KeptBurn.keep(self.burns, (self.path, i), local, ids)
+    def add(self, values: np.ndarray, local: np.ndarray | None, ids: np.ndarray) -> None:
+        """Count a strip: its values and districts (:func:`_map_reads`)."""
         hist = np.zeros(len(ids) * 256, np.int64)
         count_keys(values.ravel(), None if local is None else local.ravel(), hist)
         self.l3 += hist.reshape(len(ids), 256).sum(0)
@@ -441,16 +456,19 @@ def _pick_ranked(
     seen = np.zeros(k, np.int64)  # pixels of each stratum passed so far
     found_at, found_in = np.zeros(drawn.flat.size, np.int64), np.zeros(drawn.flat.size, np.int64)
     out: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-    ring = _PlaneRing(1 if threads <= 1 else AHEAD + 2)
-    reads = (item for m, w in zip(maps, wanted, strict=True) for item in _map_reads(m, ring, w))
+    ring = PlaneRing.for_threads(threads)
+    near = None if districts is None else _StripDistricts(districts, placed or {},
+                                                          {} if burns is None else burns,
+                                                          first=False)  # fmt: skip
+    reads = (item for m, w in zip(maps, wanted, strict=True)
+             for item in _map_reads(m, ring, w, near))  # fmt: skip
     classes = table[:256].astype(np.int64)  # int64 first: NO_STRATUM is no uint8
     by_value = np.where(classes == IGNORE, NO_STRATUM, classes)
     at, found = 0, ([], [], [])
-    for item in read_ahead(reads, threads):
+    for item in read_ahead(one_env(reads), threads):
         if item[0] == "map":
-            path, head, at, found = item[1], item[2], 0, ([], [], [])
+            path, at, found = item[1], 0, ([], [], [])
             per_strip = strata_strips[len(out)]
-            shapes = None if districts is None else _placed(districts, head[6], placed)
             continue
         if item[0] == "end":
             seen += per_strip[at:].sum(0)  # the strips after the last read
@@ -459,16 +477,11 @@ def _pick_ranked(
             order = np.lexsort((cols_a, rows_a))
             out.append((rows_a[order], cols_a[order], cls_a[order]))
             continue
-        _, i, win, values = item
+        _, i, win, values, local, ids = item
         seen += per_strip[at:i].sum(0)  # the strips skipped, no drawn rank in them
         at = i + 1
         before = seen.copy()
-        local, strata_of = None, by_value
-        if shapes is not None:
-            kept = None if burns is None else burns.pop((path, i), None)
-            local, ids = (kept.burned() if kept is not None else
-                          _one_district(*district_burn(shapes, head[5], win)))  # fmt: skip
-            strata_of = _strata_table(ids, table, n_classes)
+        strata_of = by_value if ids is None else _strata_table(ids, table, n_classes)
         m = pick_ranked(values.ravel(), None if local is None else local.ravel(), strata_of,
                         seen, drawn.next, drawn.taken, drawn.ends, drawn.flat, found_at,
                         found_in)  # fmt: skip

@@ -315,7 +315,8 @@ def district_burn(
     Each polygon is cut to the window (one pixel wider on each side) before the burn: GDAL's
     scanline burn tests every edge on every row, and a county's thousands of vertices would
     cost more than the pixels; inside the window the edges, so the pixels burned, are the
-    same. A window one district holds whole is filled, not burned."""
+    same. A window one district holds whole, no other touching it (:func:`_held_whole`), is
+    filled, neither cut nor burned; one that only the cut shows to be so, filled too."""
     height, width = int(window.height), int(window.width)
     xmin, ymin, xmax, ymax = window_bounds(transform, window)
     b = shapes.bounds
@@ -325,10 +326,13 @@ def district_burn(
         return np.zeros((height, width), np.uint8), np.zeros(1, np.int64)
     pad = window_bounds(transform, Window(window.col_off - 1, window.row_off - 1, width + 2,
                                           height + 2))  # fmt: skip
+    ids = np.concatenate([[OUTSIDE_ID], near + 1]).astype(np.int64)
+    whole = _held_whole(shapes, near, shapely.box(*pad))
+    if whole:  # one district holds the window, no other touches it: no cut, no burn
+        return np.full((height, width), whole, np.uint8 if len(ids) <= 256 else np.uint16), ids
     # first district last: it wins a centre two claim
     burns = [(_cut(shapes.geometries[d], b[d], pad), i + 1) for i, d in enumerate(near)][::-1]
     burns = [(g, i) for g, i in burns if not g.is_empty]
-    ids = np.concatenate([[OUTSIDE_ID], near + 1]).astype(np.int64)
     # local ids in uint8 while they fit: GDAL burns a byte raster faster
     local = np.zeros((height, width), np.uint8 if len(ids) <= 256 else np.uint16)
     if len(burns) == 1 and burns[0][0].area >= shapely.box(*pad).area:
@@ -337,6 +341,19 @@ def district_burn(
         rasterize([(_mapping(g), i) for g, i in burns], out=local, all_touched=False,
                   transform=window_transform(window, transform))  # fmt: skip
     return local, ids
+
+
+def _held_whole(shapes: MapDistricts, near: np.ndarray, box: BaseGeometry) -> int:
+    """The local index (1..L, :func:`district_burn`'s) of the district among ``near`` that
+    covers ``box`` where no other of them touches it (a neighbour's sliver of overlap would
+    claim centres: then the window is burned), else 0. Prepared polygons (once each) answer
+    without walking a county's vertices, where cutting them to the window would."""
+    polygons = np.array([shapes.geometries[d] for d in near.tolist()], dtype=object)
+    shapely.prepare(polygons)
+    covering = np.flatnonzero(shapely.covers(polygons, box))
+    if covering.size != 1 or shapely.intersects(np.delete(polygons, covering), box).any():
+        return 0
+    return int(covering[0]) + 1
 
 
 def _mapping(geometry: BaseGeometry) -> dict:

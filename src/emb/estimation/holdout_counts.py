@@ -11,7 +11,6 @@ time linear in the pixels (``bench/state_scale.py``).
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -19,19 +18,21 @@ from pathlib import Path
 
 import numpy as np
 import rasterio
+from affine import Affine
 from rasterio.windows import Window
 
 from emb.classes import IGNORE, N_L1, N_L2, N_L3, ClassMap
 from emb.estimation.cell_census import add_census
-from emb.estimation.districts import Districts, MapDistricts, district_burn, on_map
+from emb.estimation.districts import Districts, district_burn, on_map
 from emb.estimation.population import (
-    AHEAD,
     CHUNK,
     STRIP_BYTES,
+    PlaneRing,
     cache_bytes,
     crs_text,
     level_table,
     map_pixel_ha,
+    one_env,
     read_ahead,
 )
 from emb.io import reading
@@ -189,16 +190,19 @@ def test_boxes(index: Mapping, path: Path | str) -> np.ndarray:
 
 
 def _region_reads(
-    region: str, map_path: Path, label_path: Path, index_path: Path, ring: Iterator[StripPlanes]
-) -> Iterator[tuple]:
+    region: str, map_path: Path, label_path: Path, index_path: Path, ring: PlaneRing,
+    near: _RegionDistricts | None = None,
+) -> Iterator[tuple]:  # fmt: skip
     """The reads of one region's test tiles, in the order they are counted (by
     :func:`read_population`, maybe in a thread of their own): ``("grid", region, map, labels,
-    tiles, crs, transform)``, then ``("strip", window, spans, map, CDL)`` for each strip,
-    then ``("area", pixel ha)``. A band of tile rows is read at a time (:func:`box_bands`), in
-    strips whose planes (map, CDL, the local district burned later) take at most STRIP_BYTES
-    (``spans``: the strip's columns in tiles), under a GDAL block cache of two block rows per
-    raster: a block is decoded once, memory is flat in the number of tiles and regions. The
-    (h, w) uint8 planes are buffers of ``ring`` (:class:`StripPlanes` in turn), reused."""
+    tiles)``, then ``("strip", window, spans, map, CDL, local, ids)`` for each strip (its
+    districts burned by ``near``, :func:`emb.estimation.districts.district_burn`; without,
+    one domain: None, WHOLE), then ``("area", pixel ha)``. A band of tile rows is read at a
+    time (:func:`box_bands`), in strips whose planes (map, CDL, the local district) take at
+    most STRIP_BYTES (``spans``: the strip's columns in tiles), under a GDAL block cache of two
+    block rows per raster: a block is decoded once, memory is flat in the number of tiles and
+    regions. The (h, w) uint8 planes are buffers of ``ring`` (two planes a strip, in turn),
+    reused."""
     boxes = test_boxes(read_index(index_path, ()), index_path)
     opened = (reading(map_path), reading(label_path))
     with opened[0], opened[1], rasterio.open(map_path) as mp, rasterio.open(label_path) as lab:
@@ -208,28 +212,43 @@ def _region_reads(
                 f"({lab.width} x {lab.height}, {tuple(lab.transform)[:6]}), found "
                 f"{mp.width} x {mp.height}, {tuple(mp.transform)[:6]}"
             )
-        yield "grid", region, map_path, label_path, boxes, mp.crs, mp.transform
+        if near is not None:
+            near.start(map_path, mp.crs, mp.transform)
+        yield "grid", region, map_path, label_path, boxes
         with rasterio.Env(GDAL_CACHEMAX=cache_bytes(mp) + cache_bytes(lab)):
             for row0, row1, spans in box_bands(boxes, mp.height, mp.width):
                 col0, col1 = spans[0][0], spans[-1][1]  # one read per band, then the spans
                 step = max(1, STRIP_BYTES // (PLANE_BYTES * (col1 - col0)))
                 for top in range(row0, row1, step):
                     win = Window(col0, top, col1 - col0, min(step, row1 - top))
-                    yield ("strip", win, [(a - col0, b - col0) for a, b in spans],
-                           *_read_planes(mp, lab, win, next(ring)))  # fmt: skip
+                    mapped, reference = ring.next(int(win.height), int(win.width))
+                    mp.read(1, window=win, out=mapped)
+                    lab.read(1, window=win, out=reference)
+                    local, ids = (None, WHOLE) if near is None else near.of(win)
+                    yield ("strip", win, [(a - col0, b - col0) for a, b in spans], mapped,
+                           reference, local, ids)  # fmt: skip
         yield "area", map_pixel_ha(mp, map_path)  # after the counts, as it was read after them
 
 
-def _on_crs(
-    districts: Districts, map_path: Path, crs: rasterio.crs.CRS | None,
-    placed: dict[str, MapDistricts],
-) -> MapDistricts:  # fmt: skip
-    """The districts on a map's CRS, moved once per CRS (kept in ``placed`` by its text)."""
-    if crs is None:
-        raise AreaCheckError(f"{map_path}: no CRS: the districts cannot be placed on it")
-    text = crs_text(crs)
-    shapes = placed[text] = placed.get(text) or on_map(districts, text)
-    return shapes
+class _RegionDistricts:
+    """Each strip's districts, burned where the strips are read (the reader thread, so that
+    the counting thread runs only the compiled census, which lets go of the GIL); the
+    districts moved onto each CRS once (kept in ``placed`` by its text)."""
+
+    def __init__(self, districts: Districts) -> None:
+        self.districts, self.placed = districts, {}
+
+    def start(self, map_path: Path, crs: rasterio.crs.CRS | None, transform: Affine) -> None:
+        """Take a region's map: the districts on its CRS; a map without one is refused."""
+        if crs is None:
+            raise AreaCheckError(f"{map_path}: no CRS: the districts cannot be placed on it")
+        text = crs_text(crs)
+        self.shapes = self.placed[text] = self.placed.get(text) or on_map(self.districts, text)
+        self.transform = transform
+
+    def of(self, win: Window) -> tuple[np.ndarray, np.ndarray]:
+        """(local, ids) of a strip of the map (:func:`district_burn`)."""
+        return district_burn(self.shapes, self.transform, win)
 
 
 def _region_pairs(map_path: Path, label_path: Path, boxes: np.ndarray) -> np.ndarray:
@@ -262,32 +281,6 @@ PLANE_BYTES = 3  # a pixel's bytes in a strip: map, CDL, local district
 WHOLE = np.zeros(1, np.int64)  # the domains of a region counted without districts: the whole
 
 
-class StripPlanes:
-    """A strip's two reused uint8 planes, the map's and the CDL's, each raster read straight
-    into its own (contiguous: GDAL copies rows; a fresh pair a strip would cost its page
-    faults)."""
-
-    def __init__(self) -> None:
-        self.flat = np.zeros((2, 0), np.uint8)
-
-    def window(self, height: int, width: int) -> tuple[np.ndarray, np.ndarray]:
-        """(height, width) uint8 views of the two planes, grown when too small."""
-        if self.flat.shape[1] < height * width:
-            self.flat = np.zeros((2, height * width), np.uint8)
-        both = self.flat[:, : height * width].reshape(2, height, width)
-        return both[0], both[1]
-
-
-def _read_planes(
-    mp: rasterio.DatasetReader, lab: rasterio.DatasetReader, win: Window, planes: StripPlanes
-) -> tuple[np.ndarray, np.ndarray]:
-    """(map, CDL) (h, w) uint8 planes of a window, read into ``planes``' buffers."""
-    mapped, reference = planes.window(int(win.height), int(win.width))
-    mp.read(1, window=win, out=mapped)
-    lab.read(1, window=win, out=reference)
-    return mapped, reference
-
-
 def _add_cells(
     cells: np.ndarray, ids: np.ndarray, local: np.ndarray | None, mapped: np.ndarray,
     reference: np.ndarray, spans: Sequence[tuple[int, int]],
@@ -314,24 +307,21 @@ def read_population(
     are read and decoded by a thread of their own, a few strips ahead of the counting."""
     n_domains = 1 + (len(districts.names) if districts is not None else 0)
     cells, areas = np.zeros((n_domains, CELLS), np.int64), {}
-    placed: dict[str, MapDistricts] = {}  # the districts on each CRS (by its text), moved once
-    ring = itertools.cycle([StripPlanes() for _ in range(1 if threads <= 1 else AHEAD + 2)])
+    ring = PlaneRing.for_threads(threads, planes=2)
+    near = None if districts is None else _RegionDistricts(districts)
 
     def reads() -> Iterator[tuple]:
         for region, index_path in indexes.items():
             yield from _region_reads(region, Path(maps[region]), Path(labels[region]),
-                                     Path(index_path), ring)  # fmt: skip
+                                     Path(index_path), ring, near)  # fmt: skip
 
-    shapes, grid, foreign = None, None, 0
-    for item in read_ahead(reads(), threads):
+    grid, foreign = None, 0
+    for item in read_ahead(one_env(reads()), threads):
         if item[0] == "strip":
-            _, win, spans, mapped, reference = item
-            local, ids = (None, WHOLE) if shapes is None else district_burn(
-                shapes, grid[6], win)  # fmt: skip
+            _, win, spans, mapped, reference, local, ids = item
             _add_cells(cells, ids, local, mapped, reference, spans)
         elif item[0] == "grid":
             grid, foreign = item, int(cells[:, FOREIGN].sum())
-            shapes = None if districts is None else _on_crs(districts, item[2], item[5], placed)
         else:
             region, map_path, label_path, boxes = grid[1:5]
             areas[region] = item[1]
