@@ -55,10 +55,15 @@ population pass with 2 threads 7.8-8.8 s against 9.3-11.6 s (CPU 10.4-11.7 again
 district 2.5 s) with 2 threads ~11 s, ~3.8x the read. Where the other core is busy (load 3+),
 2 threads give nothing (nor lose: the same CPU). The same points and populations with 1 or 2
 threads. Each part's CPU time (user + system, its whole process) is reported beside its wall
-time: on a loaded machine the ratio of CPU times is the steadier.
+time: on a loaded machine the ratio of CPU times is the steadier. Default 2, as the rules
+declare since: the whole tree (the draws by district ~2.5 s too), load ~1, 1,000 regions, two
+alternated rounds, 1 / 2 threads: read 3.19, 2.79 s; design 14.45, 13.92 / 9.10, 9.75 s (CPU
+16.8, 15.9 / 15.6, 16.3 s: 3.3x the read with 2); check 12.13, 12.70 / 11.14, 11.31 s
+(population pass 9.40, 10.17 / 8.42, 8.61 s; by district 2.54, 2.40 / 2.47, 2.47 s: 3.8x the
+read with 2). RSS 409-500 MiB.
 
 Usage: ``python bench/state_scale.py [--regions 1000] [--size 1024] [--test-share 1.0]
-[--draws 200] [--district-draws N] [--distinct 4] [--threads 1] [--json PATH] [--workdir DIR]
+[--draws 200] [--district-draws N] [--distinct 4] [--threads 2] [--json PATH] [--workdir DIR]
 [--keep]``;
 the default path in its smallest mode (tests/bench): ``--regions 4 --size 256 --draws 2``.
 """
@@ -346,7 +351,7 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true")
     parser.add_argument("--district-draws", type=int, default=None,
                         help="the check by district's draws (default: --draws)")  # fmt: skip
-    parser.add_argument("--threads", type=int, default=1,
+    parser.add_argument("--threads", type=int, default=2,
                         help="threads of the check's population pass and of the design (2: "
                         "reads and burns beside the counting, ~1.5x less wall time on 2 free "
                         "cores, 2026-12-07); the "
