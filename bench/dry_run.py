@@ -69,7 +69,12 @@ alternating the sizes so both see the same machine, and keeps each one's best ti
   it is ~16 s for 1,000 regions: under the 20 s goal (estimated; no quiet machine to measure
   on). The widest prep group asks for 50 cores, ~28,000 MB and 20 min as before (each member
   the larger of the two stages' memory and both their times; the group's two layers of 50
-  summed the same).
+  summed the same). Measured quiet the same day (load ~1, this tree alone, ``--sizes 100 1000
+  --repeats 1``, twice): lumi 100 5.09 s, 1,000 19.31 s (CPU 20.1 s); betzy 100 4.84, 5.59 s,
+  1,000 20.33, 21.39 s (CPU 21.1, 22.2 s): at the 20 s goal, not under it with room. Of a
+  1,000-region dry run the regions check takes ~8 s (``region_checks.check_regions``: 3,000
+  rasters, ~1 ms a rasterio open of a 128-band TESSERA file, ~0.5 ms its first one-pixel
+  read, in 4 reader threads: 7.8-9.5 s with 2, 4 or 8 of them), the next thing to look at.
 - growth_{cluster}: time for the large table / time for the small one; ~10 for 10x the
   regions is linear, more means something quadratic in the DAG is back.
 - group_{cluster}_{n}: the widest group job as Snakemake submits it (its side-by-side members
