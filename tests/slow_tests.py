@@ -139,10 +139,10 @@ SLOW_FILES: dict[str, str | dict[str, str]] = {
             "the train CLI in a subprocess (~7 s)",
     },
 }  # fmt: skip
-# Under pytest-xdist (README: `pytest -n 3`; pyproject: `--dist loadscope`, so each module's
+# Under pytest-xdist (README: `pytest -n 2`; pyproject: `--dist loadscope`, so each module's
 # tests run in one worker process and its module fixtures are built once) these modules start
 # first, longest first, then the rest of the slow tier, then the quick tier: a long module
-# started last would leave the other workers idle while it runs. Seconds in CI, 2 workers.
+# started last would leave the other worker idle while it runs. Seconds in CI, 2 workers.
 LONGEST_FIRST: dict[str, int] = {
     "tests/test_slurm.py": 800,
     "tests/reliability/test_real_forms.py": 450,
