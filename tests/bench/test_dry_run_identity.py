@@ -138,5 +138,6 @@ def test_two_dry_runs_of_the_demo_compare_equal(bench, tmp_path, capsys) -> None
 
     assert bench.compare(tmp_path / "before", tmp_path / "after", [])
     found = json.loads((tmp_path / "after" / "listing.json").read_text())["setups"]["demo"]
-    assert found["returncode"] == 0 and found["jobs"] > 40
+    # the whole demo DAG: 40 jobs since one shards job aligns and cuts each (source, region)
+    assert found["returncode"] == 0 and found["jobs"] >= 40
     assert "<checkout>" in (tmp_path / "after" / "demo.stdout").read_text()
