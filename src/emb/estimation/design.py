@@ -37,7 +37,7 @@ from rasterio.windows import Window
 
 from emb import geo
 from emb.classes import IGNORE, N_L3, ClassMap
-from emb.estimation.districts import Districts, MapDistricts, district_burn, on_map
+from emb.estimation.districts import Districts, MapDistricts, district_burn, on_map_once
 from emb.estimation.population import (
     PlaneRing,
     Points,
@@ -241,7 +241,7 @@ class _StripDistricts:
     def start(self, path: Path, head: tuple) -> None:
         """Take the map at ``path`` (its :func:`_head`): the districts on its CRS."""
         self.path, self.transform = path, head[5]
-        self.shapes = _placed(self.districts, head[6], self.placed)
+        self.shapes = on_map_once(self.districts, head[6], self.placed)
 
     def of(self, i: int, win: Window) -> tuple[np.ndarray | None, np.ndarray]:
         """(local, ids) of the map's strip i (:func:`_one_district`)."""
@@ -327,15 +327,6 @@ def _one_district(local: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray | None
     if local.size and local.min() == local.max():
         return None, ids[int(local.flat[0]) :][:1]
     return local, ids
-
-
-def _placed(
-    districts: Districts, crs: rasterio.crs.CRS, placed: dict[str, MapDistricts] | None
-) -> MapDistricts:
-    """The districts on a map's CRS, moved once per CRS (kept in ``placed``)."""
-    text, placed = crs_text(crs), {} if placed is None else placed
-    shapes = placed[text] = placed.get(text) or on_map(districts, text)
-    return shapes
 
 
 def _check_maps(maps: list[Path], records: list[MapRecord]) -> float:

@@ -286,6 +286,16 @@ def on_map(districts: Districts, map_crs: CRS | rasterio.crs.CRS | str) -> MapDi
     return MapDistricts(crs, moved, bounds)
 
 
+def on_map_once(
+    districts: Districts, crs: rasterio.crs.CRS, placed: dict[str, MapDistricts]
+) -> MapDistricts:
+    """:func:`on_map` once per CRS over many maps (kept in ``placed`` by the CRS's text): a
+    thousand regions in one UTM zone move the districts once."""
+    text = crs_text(crs)
+    shapes = placed[text] = placed.get(text) or on_map(districts, text)
+    return shapes
+
+
 def window_bounds(transform: Affine, window: Window) -> tuple[float, float, float, float]:
     """(xmin, ymin, xmax, ymax) of a window on any affine grid (a bottom-up map's rasterio
     bounds have bottom > top)."""

@@ -23,13 +23,12 @@ from rasterio.windows import Window
 
 from emb.classes import IGNORE, N_L1, N_L2, N_L3, ClassMap
 from emb.estimation.cell_census import add_census
-from emb.estimation.districts import Districts, district_burn, on_map
+from emb.estimation.districts import Districts, district_burn, on_map_once
 from emb.estimation.population import (
     CHUNK,
     STRIP_BYTES,
     PlaneRing,
     cache_bytes,
-    crs_text,
     level_table,
     map_pixel_ha,
     one_env,
@@ -242,8 +241,7 @@ class _RegionDistricts:
         """Take a region's map: the districts on its CRS; a map without one is refused."""
         if crs is None:
             raise AreaCheckError(f"{map_path}: no CRS: the districts cannot be placed on it")
-        text = crs_text(crs)
-        self.shapes = self.placed[text] = self.placed.get(text) or on_map(self.districts, text)
+        self.shapes = on_map_once(self.districts, crs, self.placed)
         self.transform = transform
 
     def of(self, win: Window) -> tuple[np.ndarray, np.ndarray]:
