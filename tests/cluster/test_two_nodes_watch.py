@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import socket
+import sys
 import threading
 import time
+from collections.abc import Iterator
+from http.server import HTTPServer, SimpleHTTPRequestHandler
 
 import pytest
 from test_two_nodes import free_port
 
-from emb.cluster.watch import SILENT_S, NodeWatch, store_port
+from emb.cluster.watch import REQUEST_S, SILENT_S, NodeWatch, store_port
 
 
 def registered(*watches: NodeWatch, timeout: float = 30) -> None:
@@ -59,14 +63,15 @@ def test_an_error_in_the_heartbeat_thread_is_one_warning_not_a_dead_thread(
     capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A port no store can take (the launcher refuses it first; this is for what no check
-    foresaw): torch's TypeError, said in one line; the thread ends without a traceback."""
+    foresaw): the socket's OverflowError, said in one line; the thread ends without a
+    traceback."""
     uncaught: list[threading.ExceptHookArgs] = []
     monkeypatch.setattr(threading, "excepthook", uncaught.append)
     watch = NodeWatch("127.0.0.1:295000", "node0", 2, True, 1)
     watch.close()  # joins the thread
     assert uncaught == []
     (line,) = capsys.readouterr().err.splitlines()
-    assert line.startswith("warning: node0: heartbeat stopped (TypeError: ")
+    assert line.startswith("warning: node0: heartbeat stopped (OverflowError: ")
     assert line.endswith("); a lost node will not be named")
 
 
@@ -74,3 +79,72 @@ def test_the_store_port_stays_a_port_for_every_rendezvous_port() -> None:
     assert store_port(29500) == 39500
     assert store_port(60000) == 50000  # 70000 is no port
     assert all(1 <= store_port(p) <= 65535 for p in (1, 55535, 55536, 65535))
+
+
+class QuietFiles(SimpleHTTPRequestHandler):
+    """Another HTTP server, its log kept out of the test's stderr (which must stay empty)."""
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+        pass
+
+
+def foreign_listener(port: int, kind: str) -> Iterator[None]:
+    """Something that is not the store on its port, as another job's listener may be: one that
+    accepts and stays silent, one that hangs up at once, or an HTTP server of its own."""
+    if kind == "http":
+        server = HTTPServer(("127.0.0.1", port), QuietFiles)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        yield
+        server.shutdown()
+        server.server_close()
+        return
+    held: list[socket.socket] = []
+    with socket.create_server(("127.0.0.1", port)) as listener:
+        listener.settimeout(0.2)
+        done = threading.Event()
+
+        def accept() -> None:
+            while not done.is_set():
+                try:
+                    connection, _ = listener.accept()
+                except TimeoutError:
+                    continue
+                if kind == "silent":
+                    held.append(connection)
+                else:
+                    connection.close()
+
+        thread = threading.Thread(target=accept, daemon=True)
+        thread.start()
+        yield
+        done.set()
+        thread.join()
+    for connection in held:
+        connection.close()
+
+
+@pytest.mark.parametrize("kind", ["silent", "hangs-up", "http"])
+def test_another_listener_on_the_store_port_is_a_first_node_never_reached(
+    kind: str, capfd: pytest.CaptureFixture
+) -> None:
+    """Within the stated wait, in the launcher's own words: no stack dump, no hang (torch's
+    client hung past its timeout on a silent listener and dumped C++ stacks on the others)."""
+    port = free_port()
+    listener = foreign_listener(store_port(port), kind)
+    next(listener)
+    try:
+        alone = NodeWatch(f"127.0.0.1:{port}", "node1", 2, False, 3)
+        tick = time.monotonic()
+        try:
+            time.sleep(3)
+            lost, started = alone.lost()
+        finally:
+            alone.close()
+        took = time.monotonic() - tick
+    finally:
+        next(listener, None)
+    assert (lost, started) == ([f"the first node (store 127.0.0.1:{store_port(port)}), never "
+                                "reached in 3 s"], False)  # fmt: skip
+    assert took < 3 + SILENT_S + 2 * REQUEST_S + 2, f"{took:.1f} s"
+    sys.stderr.flush()
+    assert capfd.readouterr().err == ""

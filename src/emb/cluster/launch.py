@@ -12,7 +12,7 @@ data set because training was started the wrong way:
   same torchrun, run here; tests start two such nodes on one machine.
 
 Across nodes the rendezvous waits ``--rdzv-timeout`` seconds (600) for every node, and each
-node's launcher beats in a store on the first node (:mod:`emb.cluster.watch`): when the node
+node's launcher beats in an HTTP store on the first node (:mod:`emb.cluster.watch`): when the node
 command fails, the launcher names the nodes that stopped beating (exit 75: the retry resumes
 from ``last.pt``) or never came. Its line is the last: torchrun's own traceback is held back
 and cut to its exception (:mod:`emb.cluster.torchrun_output`). The endpoint is checked before
