@@ -37,9 +37,11 @@ WAIT_S = 10  # --rdzv-timeout where a node is meant to wait in vain
 
 
 def free_port() -> int:
-    """A port free on 127.0.0.1, with the launchers' store port above it free too."""
+    """A port free on 127.0.0.1, with the launchers' store port above it free too; both
+    below Linux's ephemeral range (from 32768), where other tests' outgoing connections and
+    gloo's listeners take ports while these wait."""
     for _ in range(100):
-        port = random.randint(20000, 29000)
+        port = random.randint(20000, 32767 - PORT_OFFSET)
         try:
             for p in (port, port + PORT_OFFSET):
                 with socket.socket() as s:
