@@ -265,7 +265,7 @@ class _FirstPassCounts:
         self.l3 = np.zeros(256, np.int64)
 
     def add(self, values: np.ndarray, local: np.ndarray | None, ids: np.ndarray) -> None:
-        """Count a strip: its values and districts (:func:`_map_reads`)."""
+        """Count a strip: its values and districts (:meth:`_StripDistricts.on`)."""
         hist = np.zeros(len(ids) * 256, np.int64)
         count_keys(values.ravel(), None if local is None else local.ravel(), hist)
         self.l3 += hist.reshape(len(ids), 256).sum(0)
