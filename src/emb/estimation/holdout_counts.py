@@ -31,8 +31,7 @@ from emb.estimation.population import (
     cache_bytes,
     level_table,
     map_pixel_ha,
-    one_env,
-    read_ahead,
+    read_ahead_groups,
 )
 from emb.io import reading
 from emb.prep.region_index import read_index, tile_origin, windows_of_test_tiles
@@ -190,7 +189,7 @@ def test_boxes(index: Mapping, path: Path | str) -> np.ndarray:
 
 def _region_reads(
     region: str, map_path: Path, label_path: Path, index_path: Path, ring: PlaneRing,
-    near: _RegionDistricts | None = None,
+    near: _RegionDistricts | None = None, readers: int = 1,
 ) -> Iterator[tuple]:  # fmt: skip
     """The reads of one region's test tiles, in the order they are counted (by
     :func:`read_population`, maybe in a thread of their own): ``("grid", region, map, labels,
@@ -214,7 +213,8 @@ def _region_reads(
         if near is not None:
             near.start(map_path, mp.crs, mp.transform)
         yield "grid", region, map_path, label_path, boxes
-        with rasterio.Env(GDAL_CACHEMAX=cache_bytes(mp) + cache_bytes(lab)):
+        # GDAL's block cache is one for the process: room for each reader's two rasters
+        with rasterio.Env(GDAL_CACHEMAX=readers * (cache_bytes(mp) + cache_bytes(lab))):
             for row0, row1, spans in box_bands(boxes, mp.height, mp.width):
                 col0, col1 = spans[0][0], spans[-1][1]  # one read per band, then the spans
                 step = max(1, STRIP_BYTES // (PLANE_BYTES * (col1 - col0)))
@@ -234,8 +234,8 @@ class _RegionDistricts:
     the counting thread runs only the compiled census, which lets go of the GIL); the
     districts moved onto each CRS once (kept in ``placed`` by its text)."""
 
-    def __init__(self, districts: Districts) -> None:
-        self.districts, self.placed = districts, {}
+    def __init__(self, districts: Districts, placed: dict | None = None) -> None:
+        self.districts, self.placed = districts, {} if placed is None else placed
 
     def start(self, map_path: Path, crs: rasterio.crs.CRS | None, transform: Affine) -> None:
         """Take a region's map: the districts on its CRS; a map without one is refused."""
@@ -305,16 +305,16 @@ def read_population(
     are read and decoded by a thread of their own, a few strips ahead of the counting."""
     n_domains = 1 + (len(districts.names) if districts is not None else 0)
     cells, areas = np.zeros((n_domains, CELLS), np.int64), {}
-    ring = PlaneRing.for_threads(threads, planes=2)
-    near = None if districts is None else _RegionDistricts(districts)
-
-    def reads() -> Iterator[tuple]:
-        for region, index_path in indexes.items():
-            yield from _region_reads(region, Path(maps[region]), Path(labels[region]),
-                                     Path(index_path), ring, near)  # fmt: skip
-
+    producers = max(1, threads)  # each region's reads by one of them (:func:`read_ahead_groups`)
+    rings = [PlaneRing.for_threads(threads, planes=2) for _ in range(producers)]
+    placed: dict = {}  # the districts on each CRS, shared by the producers
+    nears = [None if districts is None else _RegionDistricts(districts, placed)
+             for _ in range(producers)]  # fmt: skip
+    reads = [_region_reads(region, Path(maps[region]), Path(labels[region]), Path(index_path),
+                           rings[i % producers], nears[i % producers], producers)
+             for i, (region, index_path) in enumerate(indexes.items())]  # fmt: skip
     grid, foreign = None, 0
-    for item in read_ahead(one_env(reads()), threads):
+    for item in read_ahead_groups(reads, threads):
         if item[0] == "strip":
             _, win, spans, mapped, reference, local, ids = item
             _add_cells(cells, ids, local, mapped, reference, spans)

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import ExitStack, closing, contextmanager
 from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
 from typing import TypeVar
 
@@ -251,6 +252,41 @@ def read_ahead(items: Iterator[T], threads: int, ahead: int = AHEAD) -> Iterator
             except queue.Empty:
                 continue
         worker.join()
+
+
+GROUP_END = object()  # after a group's items in a producer's stream (:func:`read_ahead_groups`)
+
+
+def _marked(groups: Iterable[Iterator[T]]) -> Iterator[T | object]:
+    """The items of ``groups`` one after another, each group followed by ``GROUP_END``."""
+    for group in groups:
+        yield from group
+        yield GROUP_END
+
+
+def read_ahead_groups(
+    groups: Sequence[Iterator[T]], threads: int, ahead: int = AHEAD
+) -> Iterator[T]:
+    """The items of ``groups`` (e.g. one a region) in their order, as :func:`read_ahead` of
+    their chain, but produced by ``threads`` threads (each its own bounded queue, under one
+    GDAL environment): group g by producer ``g % threads``, so groups are read and decoded
+    side by side while their items are taken one group after another. A group's resources
+    reused (strip buffers: AHEAD + 2 sets) need only be a producer's. One thread: the chain,
+    no thread. A producer's error is raised here in its place (its group's turn); closing
+    this generator stops every producer."""
+    producers = max(1, min(threads, len(groups)))
+    if threads <= 1 or producers == 1:
+        yield from read_ahead(one_env(chain.from_iterable(groups)), threads, ahead)
+        return
+    with ExitStack() as stack:
+        streams = [stack.enter_context(closing(
+            read_ahead(one_env(_marked(groups[w::producers])), threads, ahead)))
+            for w in range(producers)]  # fmt: skip
+        for g in range(len(groups)):
+            for item in streams[g % producers]:
+                if item is GROUP_END:
+                    break
+                yield item
 
 
 def count_l3(path: Path | str, mask_window: Window | None = None) -> np.ndarray:
