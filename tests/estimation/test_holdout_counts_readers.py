@@ -4,6 +4,8 @@ thread gives; each reader's GDAL block cache kept."""
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -79,3 +81,31 @@ def test_each_reader_has_its_block_cache(tmp_path: Path) -> None:
             want = 3 * (cache_bytes(mp) + cache_bytes(lab))
         assert rasterio.env.getenv()["GDAL_CACHEMAX"] == want
         reads.close()
+
+
+def test_readers_side_by_side_burn_one_at_a_time(
+    tmp_path: Path, districts: Districts, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three readers: no two district burns (nor placements) at once, on shared polygons
+    that GEOS and PROJ cannot use from two threads at once (each burn held a while)."""
+    monkeypatch.setattr(holdout_counts, "STRIP_BYTES", 40 * 192 * holdout_counts.PLANE_BYTES)
+    busy, most, guard = [0], [0], threading.Lock()
+
+    def counted(burn):  # noqa: ANN001, ANN202 - a wrapper of district_burn or on_map_once
+        def held(*args):  # noqa: ANN002, ANN202
+            with guard:
+                busy[0] += 1
+                most[0] = max(most[0], busy[0])
+            time.sleep(0.005)  # lets go of the GIL: another reader would burn meanwhile
+            try:
+                return burn(*args)
+            finally:
+                with guard:
+                    busy[0] -= 1
+
+        return held
+
+    for name in ("district_burn", "on_map_once"):
+        monkeypatch.setattr(holdout_counts, name, counted(getattr(holdout_counts, name)))
+    read_population(*five_regions(tmp_path), districts, threads=3)
+    assert most == [1]

@@ -15,6 +15,7 @@ import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from threading import Lock
 
 import numpy as np
 import rasterio
@@ -192,15 +193,15 @@ def _region_reads(
     near: _RegionDistricts | None = None, readers: int = 1,
 ) -> Iterator[tuple]:  # fmt: skip
     """The reads of one region's test tiles, in the order they are counted (by
-    :func:`read_population`, maybe in a thread of their own): ``("grid", region, map, labels,
-    tiles)``, then ``("strip", window, spans, map, CDL, local, ids)`` for each strip (its
-    districts burned by ``near``, :func:`emb.estimation.districts.district_burn`; without,
-    one domain: None, WHOLE), then ``("area", pixel ha)``. A band of tile rows is read at a
+    :func:`read_population`, maybe in one of its ``readers`` threads): ``("grid", region,
+    map, labels, tiles)``, then ``("strip", window, spans, map, CDL, local, ids)`` for each
+    strip (its districts burned by ``near``, :func:`emb.estimation.districts.district_burn`;
+    without, one domain: None, WHOLE), then ``("area", pixel ha)``. A band of tile rows is read at a
     time (:func:`box_bands`), in strips whose planes (map, CDL, the local district) take at
     most STRIP_BYTES (``spans``: the strip's columns in tiles), under a GDAL block cache of two
     block rows per raster: a block is decoded once, memory is flat in the number of tiles and
-    regions. The (h, w) uint8 planes are buffers of ``ring`` (two planes a strip, in turn),
-    reused."""
+    regions (GDAL's cache is one for the process: room for each reader's). The (h, w) uint8
+    planes are buffers of ``ring`` (two planes a strip, in turn; a reader's own), reused."""
     boxes = test_boxes(read_index(index_path, ()), index_path)
     opened = (reading(map_path), reading(label_path))
     with opened[0], opened[1], rasterio.open(map_path) as mp, rasterio.open(label_path) as lab:
@@ -230,23 +231,31 @@ def _region_reads(
 
 
 class _RegionDistricts:
-    """Each strip's districts, burned where the strips are read (the reader thread, so that
+    """Each strip's districts, burned where the strips are read (a reader thread, so that
     the counting thread runs only the compiled census, which lets go of the GIL); the
-    districts moved onto each CRS once (kept in ``placed`` by its text)."""
+    districts moved onto each CRS once (kept in ``placed`` by its text). Readers side by side
+    share ``placed`` and ``lock``: placing and burning hold it, as the placed polygons (GEOS
+    prepares them lazily) and PROJ's cached transformers are not safe in two threads at once
+    (a double free, seen 2026-12-07); a burn is mostly held by the GIL anyway."""
 
-    def __init__(self, districts: Districts, placed: dict | None = None) -> None:
+    def __init__(
+        self, districts: Districts, placed: dict | None = None, lock: Lock | None = None
+    ) -> None:
         self.districts, self.placed = districts, {} if placed is None else placed
+        self.lock = Lock() if lock is None else lock
 
     def start(self, map_path: Path, crs: rasterio.crs.CRS | None, transform: Affine) -> None:
         """Take a region's map: the districts on its CRS; a map without one is refused."""
         if crs is None:
             raise AreaCheckError(f"{map_path}: no CRS: the districts cannot be placed on it")
-        self.shapes = on_map_once(self.districts, crs, self.placed)
+        with self.lock:
+            self.shapes = on_map_once(self.districts, crs, self.placed)
         self.transform = transform
 
     def of(self, win: Window) -> tuple[np.ndarray, np.ndarray]:
         """(local, ids) of a strip of the map (:func:`district_burn`)."""
-        return district_burn(self.shapes, self.transform, win)
+        with self.lock:
+            return district_burn(self.shapes, self.transform, win)
 
 
 def _region_pairs(map_path: Path, label_path: Path, boxes: np.ndarray) -> np.ndarray:
@@ -301,14 +310,17 @@ def read_population(
     ``districts``, per domain too (a district may span regions: its counts add up). Each test
     pixel is counted once (tiles may overlap) in its (domain, cell): a pixel's domain is the
     district holding its centre (:func:`emb.estimation.districts.district_burn`), burned once
-    per strip; the counts, 30 KB a district, are all that grows. ``threads`` > 1: the rasters
-    are read and decoded by a thread of their own, a few strips ahead of the counting."""
+    per strip; the counts, 30 KB a district, are all that grows. ``threads`` > 1: the regions
+    are opened, read, decoded and burned by ``threads`` reader threads side by side, a region
+    each in turn, a few strips ahead of the counting, which takes them in order
+    (:func:`emb.estimation.population.read_ahead_groups`): the same counts, regions and
+    refusals as one thread, the decoding (the critical path) shared by the cores."""
     n_domains = 1 + (len(districts.names) if districts is not None else 0)
     cells, areas = np.zeros((n_domains, CELLS), np.int64), {}
     producers = max(1, threads)  # each region's reads by one of them (:func:`read_ahead_groups`)
     rings = [PlaneRing.for_threads(threads, planes=2) for _ in range(producers)]
-    placed: dict = {}  # the districts on each CRS, shared by the producers
-    nears = [None if districts is None else _RegionDistricts(districts, placed)
+    placed, lock = {}, Lock()  # the districts on each CRS, shared by the readers
+    nears = [None if districts is None else _RegionDistricts(districts, placed, lock)
              for _ in range(producers)]  # fmt: skip
     reads = [_region_reads(region, Path(maps[region]), Path(labels[region]), Path(index_path),
                            rings[i % producers], nears[i % producers], producers)
