@@ -50,31 +50,35 @@ def test_groups_are_read_by_threads_side_by_side_each_in_an_environment() -> Non
     assert producers[0] != producers[1] and threading.get_ident() not in producers
 
 
-def test_an_error_is_raised_in_its_place_not_before() -> None:
-    """Group 1 fails after an item; group 2 (the other thread's, ready sooner) fails at once:
-    the items before group 1's failure, then group 1's error."""
+def endless(g: int) -> Iterator[tuple]:
+    """Items (g, 0), (g, 1), ... without end."""
+    i = 0
+    while True:
+        yield g, i
+        i += 1
+
+
+def test_an_error_is_raised_in_its_place_every_producer_stopped() -> None:
+    """Group 1 fails after an item (its thread's error ready while group 0 is taken), group 2
+    (the other thread's) is endless: group 0's items, group 1's, then its error, the endless
+    producer stopped by then though the error (its traceback) is still held."""
 
     def failing(g: int, after: int) -> Iterator[tuple]:
         yield from group(g, after)
         raise ValueError(f"group {g} failed")
 
-    groups = [group(0, 4), failing(1, 1), failing(2, 0), group(3, 1)]
+    before = {t.ident for t in threading.enumerate()}
     taken = []
-    with pytest.raises(ValueError, match="group 1 failed"):
-        for item in read_ahead_groups(groups, threads=2):
+    with pytest.raises(ValueError, match="group 1 failed") as caught:
+        for item in read_ahead_groups([group(0, 3), failing(1, 1), endless(2)], threads=2):
             taken.append(item)
-    assert taken == [(0, 0), (0, 1), (0, 2), (0, 3), (1, 0)]
+    assert taken == [(0, 0), (0, 1), (0, 2), (1, 0)]
+    assert caught.value is not None
+    assert not [t for t in threading.enumerate() if t.ident not in before and t.is_alive()]
 
 
 def test_closing_stops_every_producer() -> None:
     """Endless groups, one item taken, then closed: no producer left running."""
-
-    def endless(g: int) -> Iterator[tuple]:
-        i = 0
-        while True:
-            yield g, i
-            i += 1
-
     before = {t.ident for t in threading.enumerate()}
     taken = read_ahead_groups([endless(g) for g in range(3)], threads=3)
     assert next(taken) == (0, 0)
