@@ -109,3 +109,31 @@ def test_readers_side_by_side_burn_one_at_a_time(
         monkeypatch.setattr(holdout_counts, name, counted(getattr(holdout_counts, name)))
     read_population(*five_regions(tmp_path), districts, threads=3)
     assert most == [1]
+
+
+def test_each_reader_counts_its_regions_without_waiting_on_the_other(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two readers, regions of many strips (each counted a while): the second region's
+    strips are counted, by another thread, before the first's are all counted (a reader
+    handing its strips to one counting thread would wait a few strips in)."""
+    monkeypatch.setattr(holdout_counts, "STRIP_BYTES", 8 * 192 * holdout_counts.PLANE_BYTES)
+    counted: list[tuple[int, int]] = []
+
+    def slow(cells, *args):  # noqa: ANN001, ANN002, ANN202 - a wrapper of _add_cells
+        time.sleep(0.002)
+        counted.append((id(cells), threading.get_ident()))
+        return add_cells(cells, *args)
+
+    add_cells = holdout_counts._add_cells
+    monkeypatch.setattr(holdout_counts, "_add_cells", slow)
+    maps, labels, indexes = five_regions(tmp_path)
+    first_two = {k: {r: v[r] for r in ("r0", "r1")} for k, v in
+                 (("maps", maps), ("labels", labels), ("indexes", indexes))}  # fmt: skip
+    read_population(first_two["maps"], first_two["labels"], first_two["indexes"], threads=2)
+    firsts = [i for i, (cells, _) in enumerate(counted) if cells == counted[0][0]]
+    seconds = [i for i, (cells, _) in enumerate(counted) if cells != counted[0][0]]
+    assert len(firsts) > 5 and len(seconds) > 5
+    assert seconds[0] < firsts[-1]
+    assert {t for _, t in counted} & {threading.get_ident()} == set()
+    assert len({t for _, t in counted}) == 2

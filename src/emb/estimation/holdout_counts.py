@@ -301,6 +301,28 @@ def _add_cells(
                np.array(spans, np.int64).reshape(-1, 2))  # fmt: skip
 
 
+def _region_count(
+    region: str, map_path: Path, label_path: Path, index_path: Path, cells: np.ndarray,
+    near: _RegionDistricts | None, readers: int,
+) -> Iterator[tuple]:  # fmt: skip
+    """One region's test pixels added to ``cells`` (a reader's own: no other thread writes
+    them) as its strips are read (:func:`_region_reads`, one plane set reused: a strip is
+    counted before the next is read), then one item: (region, map, labels, tiles, pixel ha,
+    whether it added a foreign value). A reader counts its regions without waiting on any
+    other's, however many strips a region has."""
+    before = int(cells[:, FOREIGN].sum())
+    for item in _region_reads(region, map_path, label_path, index_path,
+                              PlaneRing(1, planes=2), near, readers):  # fmt: skip
+        if item[0] == "strip":
+            _, win, spans, mapped, reference, local, ids = item
+            _add_cells(cells, ids, local, mapped, reference, spans)
+        elif item[0] == "grid":
+            boxes = item[4]
+        else:
+            pixel_ha = item[1]
+    yield region, map_path, label_path, boxes, pixel_ha, int(cells[:, FOREIGN].sum()) > before
+
+
 def read_population(
     maps: Mapping[str, Path], labels: Mapping[str, Path], indexes: Mapping[str, Path],
     districts: Districts | None = None, threads: int = 1,
@@ -310,35 +332,30 @@ def read_population(
     ``districts``, per domain too (a district may span regions: its counts add up). Each test
     pixel is counted once (tiles may overlap) in its (domain, cell): a pixel's domain is the
     district holding its centre (:func:`emb.estimation.districts.district_burn`), burned once
-    per strip; the counts, 30 KB a district, are all that grows. ``threads`` > 1: the regions
-    are opened, read, decoded and burned by ``threads`` reader threads side by side, a region
-    each in turn, a few strips ahead of the counting, which takes them in order
+    per strip; the counts, 30 KB a district, are all that grows (a reader's own). ``threads`` >
+    1: the regions are opened, read, decoded, burned and counted by ``threads`` reader threads
+    side by side, a region each in turn, each into counts of its own (added up at the end:
+    integers, the same sums), their regions taken in order
     (:func:`emb.estimation.population.read_ahead_groups`): the same counts, regions and
     refusals as one thread, the decoding (the critical path) shared by the cores."""
     n_domains = 1 + (len(districts.names) if districts is not None else 0)
-    cells, areas = np.zeros((n_domains, CELLS), np.int64), {}
-    producers = max(1, threads)  # each region's reads by one of them (:func:`read_ahead_groups`)
-    rings = [PlaneRing.for_threads(threads, planes=2) for _ in range(producers)]
+    readers = max(1, min(threads, len(indexes)))  # region i's by reader i % readers
+    cells = [np.zeros((n_domains, CELLS), np.int64) for _ in range(readers)]  # a reader's own
     placed, lock = {}, Lock()  # the districts on each CRS, shared by the readers
     nears = [None if districts is None else _RegionDistricts(districts, placed, lock)
-             for _ in range(producers)]  # fmt: skip
-    reads = [_region_reads(region, Path(maps[region]), Path(labels[region]), Path(index_path),
-                           rings[i % producers], nears[i % producers], producers)
-             for i, (region, index_path) in enumerate(indexes.items())]  # fmt: skip
-    grid, foreign = None, 0
-    for item in read_ahead_groups(reads, threads):
-        if item[0] == "strip":
-            _, win, spans, mapped, reference, local, ids = item
-            _add_cells(cells, ids, local, mapped, reference, spans)
-        elif item[0] == "grid":
-            grid, foreign = item, int(cells[:, FOREIGN].sum())
-        else:
-            region, map_path, label_path, boxes = grid[1:5]
-            areas[region] = item[1]
-            if cells[:, FOREIGN].sum() > foreign:  # counted again as pairs, to name the values
-                _joint_of(_region_pairs(map_path, label_path, boxes),
-                          f"{map_path} or its labels {label_path}")  # fmt: skip
-    counts = cells[:, : N_L3 * N_L3].reshape(n_domains, N_L3, N_L3)
+             for _ in range(readers)]  # fmt: skip
+    counted = [_region_count(region, Path(maps[region]), Path(labels[region]), Path(index_path),
+                             cells[i % readers], nears[i % readers], readers)
+               for i, (region, index_path) in enumerate(indexes.items())]  # fmt: skip
+    areas = {}
+    for region, map_path, label_path, boxes, pixel_ha, foreign in read_ahead_groups(
+        counted, threads
+    ):
+        areas[region] = pixel_ha
+        if foreign:  # counted again as pairs, to name the values
+            _joint_of(_region_pairs(map_path, label_path, boxes),
+                      f"{map_path} or its labels {label_path}")  # fmt: skip
+    counts = sum(cells[1:], cells[0])[:, : N_L3 * N_L3].reshape(n_domains, N_L3, N_L3)
     if not areas:
         raise AreaCheckError("no region to check: the run trains on no region with test tiles")
     first = next(iter(areas.values()))
