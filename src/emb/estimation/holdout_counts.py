@@ -6,7 +6,8 @@ The population: every test tile's pixels (each once, tiles may overlap), where t
 class and the CDL is labelled (255 on either side is left out: an unlabelled pixel has no
 reference). At the scale of a state (issue 58, item 5) it is streamed from each region's test
 tiles a band of tile rows at a time: memory is a few strips whatever the number of regions,
-time linear in the pixels (``bench/state_scale.py``).
+time linear in the pixels (``bench/state_scale.py``); with threads, regions are read and
+counted side by side, one reader each.
 """
 
 from __future__ import annotations
@@ -196,12 +197,13 @@ def _region_reads(
     :func:`read_population`, maybe in one of its ``readers`` threads): ``("grid", region,
     map, labels, tiles)``, then ``("strip", window, spans, map, CDL, local, ids)`` for each
     strip (its districts burned by ``near``, :func:`emb.estimation.districts.district_burn`;
-    without, one domain: None, WHOLE), then ``("area", pixel ha)``. A band of tile rows is read at a
-    time (:func:`box_bands`), in strips whose planes (map, CDL, the local district) take at
-    most STRIP_BYTES (``spans``: the strip's columns in tiles), under a GDAL block cache of two
-    block rows per raster: a block is decoded once, memory is flat in the number of tiles and
-    regions (GDAL's cache is one for the process: room for each reader's). The (h, w) uint8
-    planes are buffers of ``ring`` (two planes a strip, in turn; a reader's own), reused."""
+    without, one domain: None, WHOLE), then ``("area", pixel ha)``. A band of tile rows is
+    read at a time (:func:`box_bands`), in strips whose planes (map, CDL, the local district)
+    take at most STRIP_BYTES (``spans``: the strip's columns in tiles), under a GDAL block
+    cache of two block rows per raster: a block is decoded once, memory is flat in the number
+    of tiles and regions (GDAL's cache is one for the process: room for each reader's). The
+    (h, w) uint8 planes are buffers of ``ring`` (two planes a strip, in turn; a reader's
+    own), reused."""
     boxes = test_boxes(read_index(index_path, ()), index_path)
     opened = (reading(map_path), reading(label_path))
     with opened[0], opened[1], rasterio.open(map_path) as mp, rasterio.open(label_path) as lab:
@@ -231,12 +233,12 @@ def _region_reads(
 
 
 class _RegionDistricts:
-    """Each strip's districts, burned where the strips are read (a reader thread, so that
-    the counting thread runs only the compiled census, which lets go of the GIL); the
-    districts moved onto each CRS once (kept in ``placed`` by its text). Readers side by side
-    share ``placed`` and ``lock``: placing and burning hold it, as the placed polygons (GEOS
-    prepares them lazily) and PROJ's cached transformers are not safe in two threads at once
-    (a double free, seen 2026-12-07); a burn is mostly held by the GIL anyway."""
+    """Each strip's districts, burned where the strips are read and counted (a reader
+    thread); the districts moved onto each CRS once (kept in ``placed`` by its text).
+    Readers side by side share ``placed`` and ``lock``: placing and burning hold it, as the
+    placed polygons (GEOS prepares them lazily) and PROJ's cached transformers are not safe
+    in two threads at once (a double free, seen 2026-12-07); a burn is mostly held by the
+    GIL anyway."""
 
     def __init__(
         self, districts: Districts, placed: dict | None = None, lock: Lock | None = None
@@ -303,16 +305,15 @@ def _add_cells(
 
 def _region_count(
     region: str, map_path: Path, label_path: Path, index_path: Path, cells: np.ndarray,
-    near: _RegionDistricts | None, readers: int,
+    ring: PlaneRing, near: _RegionDistricts | None, readers: int,
 ) -> Iterator[tuple]:  # fmt: skip
     """One region's test pixels added to ``cells`` (a reader's own: no other thread writes
-    them) as its strips are read (:func:`_region_reads`, one plane set reused: a strip is
-    counted before the next is read), then one item: (region, map, labels, tiles, pixel ha,
-    whether it added a foreign value). A reader counts its regions without waiting on any
-    other's, however many strips a region has."""
+    them) as its strips are read (:func:`_region_reads` into ``ring``, a reader's own: one
+    plane set is enough, a strip counted before the next is read), then one item: (region,
+    map, labels, tiles, pixel ha, whether it added a foreign value). A reader counts its
+    regions without waiting on any other's, however many strips a region has."""
     before = int(cells[:, FOREIGN].sum())
-    for item in _region_reads(region, map_path, label_path, index_path,
-                              PlaneRing(1, planes=2), near, readers):  # fmt: skip
+    for item in _region_reads(region, map_path, label_path, index_path, ring, near, readers):
         if item[0] == "strip":
             _, win, spans, mapped, reference, local, ids = item
             _add_cells(cells, ids, local, mapped, reference, spans)
@@ -332,10 +333,10 @@ def read_population(
     ``districts``, per domain too (a district may span regions: its counts add up). Each test
     pixel is counted once (tiles may overlap) in its (domain, cell): a pixel's domain is the
     district holding its centre (:func:`emb.estimation.districts.district_burn`), burned once
-    per strip; the counts, 30 KB a district, are all that grows (a reader's own). ``threads`` >
-    1: the regions are opened, read, decoded, burned and counted by ``threads`` reader threads
-    side by side, a region each in turn, each into counts of its own (added up at the end:
-    integers, the same sums), their regions taken in order
+    per strip; the counts, 30 KB a district, are all that grows (a reader's own).
+    ``threads`` > 1: the regions are opened, read, decoded, burned and counted by
+    ``threads`` reader threads side by side, a region each in turn, each into counts of its
+    own (added up at the end: integers, the same sums), their regions taken in order
     (:func:`emb.estimation.population.read_ahead_groups`): the same counts, regions and
     refusals as one thread, the decoding (the critical path) shared by the cores."""
     n_domains = 1 + (len(districts.names) if districts is not None else 0)
@@ -344,8 +345,9 @@ def read_population(
     placed, lock = {}, Lock()  # the districts on each CRS, shared by the readers
     nears = [None if districts is None else _RegionDistricts(districts, placed, lock)
              for _ in range(readers)]  # fmt: skip
+    rings = [PlaneRing(1, planes=2) for _ in range(readers)]
     counted = [_region_count(region, Path(maps[region]), Path(labels[region]), Path(index_path),
-                             cells[i % readers], nears[i % readers], readers)
+                             cells[i % readers], rings[i % readers], nears[i % readers], readers)
                for i, (region, index_path) in enumerate(indexes.items())]  # fmt: skip
     areas = {}
     for region, map_path, label_path, boxes, pixel_ha, foreign in read_ahead_groups(
