@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
 from typing import TypeVar
 
@@ -210,47 +211,100 @@ def read_ahead(items: Iterator[T], threads: int, ahead: int = AHEAD) -> Iterator
     if threads <= 1:
         yield from items
         return
-    handed: queue.Queue = queue.Queue(maxsize=ahead)
-    stop = threading.Event()
-    done = object()
+    producer = _Producer(items, ahead)
+    try:
+        yield from producer.taken()
+    finally:
+        producer.stop()
 
-    def produce() -> None:
+
+class _Producer:
+    """A thread, started at once, putting ``items`` into a queue of ``ahead`` (its error in
+    its place) until they end or :meth:`stop`; the items closed by that thread."""
+
+    DONE = object()
+
+    def __init__(self, items: Iterator[T], ahead: int) -> None:
+        self.items, self.handed = items, queue.Queue(maxsize=ahead)
+        self.halt = threading.Event()
+        self.worker = threading.Thread(target=self.produce, name="read-ahead", daemon=True)
+        self.worker.start()
+
+    def produce(self) -> None:
         try:
-            for item in items:
-                while not stop.is_set():
+            for item in self.items:
+                while not self.halt.is_set():
                     try:
-                        handed.put((item, None), timeout=0.1)
+                        self.handed.put((item, None), timeout=0.1)
                         break
                     except queue.Full:
                         continue
-                if stop.is_set():
+                if self.halt.is_set():
                     return
-            handed.put((done, None))
+            self.handed.put((self.DONE, None))
         except BaseException as err:  # noqa: BLE001 - raised in the consumer's thread
-            handed.put((done, err))
+            self.handed.put((self.DONE, err))
         finally:
-            close = getattr(items, "close", None)
+            close = getattr(self.items, "close", None)
             if close is not None:
                 close()
 
-    worker = threading.Thread(target=produce, name="read-ahead", daemon=True)
-    worker.start()
-    try:
+    def taken(self) -> Iterator[T]:
+        """The items as the thread hands them; its error raised in its place."""
         while True:
-            item, err = handed.get()
+            item, err = self.handed.get()
             if err is not None:
                 raise err
-            if item is done:
+            if item is self.DONE:
                 return
             yield item
-    finally:
-        stop.set()
-        while worker.is_alive():  # a producer blocked on a full queue sees the stop
+
+    def stop(self) -> None:
+        """Stop the thread (one blocked on a full queue sees the stop) and wait for it."""
+        self.halt.set()
+        while self.worker.is_alive():
             try:
-                handed.get(timeout=0.1)
+                self.handed.get(timeout=0.1)
             except queue.Empty:
                 continue
-        worker.join()
+        self.worker.join()
+
+
+GROUP_END = object()  # after a group's items in a producer's stream (:func:`read_ahead_groups`)
+
+
+def _marked(groups: Iterable[Iterator[T]]) -> Iterator[T | object]:
+    """The items of ``groups`` one after another, each group followed by ``GROUP_END``."""
+    for group in groups:
+        yield from group
+        yield GROUP_END
+
+
+def read_ahead_groups(
+    groups: Sequence[Iterator[T]], threads: int, ahead: int = AHEAD
+) -> Iterator[T]:
+    """The items of ``groups`` (e.g. one a region) in their order, as :func:`read_ahead` of
+    their chain, but produced by ``threads`` threads (each its own bounded queue, under one
+    GDAL environment): group g by producer ``g % threads``, so groups are read and decoded
+    side by side while their items are taken one group after another. A group's resources
+    reused (strip buffers: AHEAD + 2 sets) need only be a producer's. One thread: the chain,
+    no thread. Every producer starts at once; a producer's error is raised here in its place
+    (its group's turn); closing this generator stops every producer."""
+    producers = max(1, min(threads, len(groups)))
+    if threads <= 1 or producers == 1:
+        yield from read_ahead(one_env(chain.from_iterable(groups)), threads, ahead)
+        return
+    with ExitStack() as stack:
+        streams = []
+        for w in range(producers):
+            producer = _Producer(one_env(_marked(groups[w::producers])), ahead)
+            stack.callback(producer.stop)
+            streams.append(producer.taken())
+        for g in range(len(groups)):
+            for item in streams[g % producers]:
+                if item is GROUP_END:
+                    break
+                yield item
 
 
 def count_l3(path: Path | str, mask_window: Window | None = None) -> np.ndarray:
