@@ -46,7 +46,7 @@ from emb.rasters import (
     YEAR_TAGS,
     product_tags,
 )
-from emb.threads import in_threads
+from emb.workflow.forked_reads import in_order
 
 
 def shown(file: str) -> str:
@@ -225,9 +225,9 @@ def check_regions(
     seen: dict[tuple, str] = {}  # an embedding raster's file or grid -> where it was listed
     checks = RegionChecks()
     listed: dict[str, list[Footprint]] = {s: [] for s in SOURCES}
-    rows = enumerate(records(table), start=1)
+    rows = list(enumerate(records(table), start=1))
     read_row = partial(_read_row, path=path, generated=generated)
-    for (row, (region, rec)), read in in_threads(read_row, rows, READERS):
+    for (row, (region, rec)), read in in_order(read_row, rows, READERS):
         check_row_kind(rec, where_in(path, row, region, "cdl"))
         if not any(rec.get(s, "") for s in SOURCES):
             raise RegionsError(
@@ -271,12 +271,23 @@ def check_regions(
 
 # Rows whose files are read at once, ahead of the checks (GDAL's opens and reads release the
 # GIL): the 3,000 rasters of bench/dry_run.py's 1,000 regions took 9.5 s one after another,
-# 5-6 s with 2 to 8 readers on a shared 2-core machine; more cores, more gain.
+# 5-6 s with 2 to 8 readers on a shared 2-core machine; more cores, more gain. From
+# forked_reads.FORK_FROM rows on, worker processes read them instead (the CRS each open
+# builds holds the GIL).
 READERS = 4
 Outcome = Raster | Exception | None
 
 
 def _read_row(
+    item: tuple[int, tuple[str, Mapping[str, str]]], path: Path, generated: set[str]
+) -> dict[str, Outcome]:
+    """:func:`_read_row_open`'s outcomes, their datasets (closed by now) left behind: what
+    a worker process sends back must pickle."""
+    found = _read_row_open(item, path, generated)
+    return {k: replace(v, dataset=None) if isinstance(v, Raster) else v for k, v in found.items()}
+
+
+def _read_row_open(
     item: tuple[int, tuple[str, Mapping[str, str]]], path: Path, generated: set[str]
 ) -> dict[str, Outcome]:
     """A row's rasters opened and header-checked, and the CDL's labels under each embedding
