@@ -88,7 +88,10 @@ alternating the sizes so both see the same machine, and keeps each one's best ti
   11.85 -> 7.51, 6.00 s; the whole dry run 26.27, 25.29 -> 18.63, 19.92 s. ``--sizes 100 1000
   --repeats 1 --baseline`` e06da81, this tree / e06da81's, wall then CPU s (load 2-3): lumi
   100 4.55 / 4.62, 4.46 / 4.49; lumi 1,000 18.12 / 19.00 (0.95), 17.69 / 18.68; betzy 100
-  4.68 / 5.43, 4.59 / 5.37; betzy 1,000 18.92 / 21.62 (0.87), 20.02 / 21.88 (0.91). From the
+  4.68 / 5.43, 4.59 / 5.37; betzy 1,000 18.92 / 21.62 (0.87), 20.02 / 21.88 (0.91); again
+  at load ~1: lumi 100 5.40 / 6.49, 5.57 / 6.68; lumi 1,000 18.18 / 24.77 (0.73), 21.86 /
+  25.72 (0.85); betzy 100 5.67 / 5.40, 5.82 / 5.56; betzy 1,000 22.46 / 28.15 (0.80), 25.94 /
+  29.12 (0.89). From the
   quiet 19.3 s (lumi) and 20.3-21.4 s (betzy), ~0.75-0.87 of it is ~15-18 s (estimated; no
   quiet machine to measure on). Next: numba (~0.4-0.7 s of every parse) comes in through
   emb.workflow.samples -> emb.estimation.sample_files -> design -> strata_scan.
