@@ -75,6 +75,26 @@ alternating the sizes so both see the same machine, and keeps each one's best ti
   1,000-region dry run the regions check takes ~8 s (``region_checks.check_regions``: 3,000
   rasters, ~1 ms a rasterio open of a 128-band TESSERA file, ~0.5 ms its first one-pixel
   read, in 4 reader threads: 7.8-9.5 s with 2, 4 or 8 of them), the next thing to look at.
+  2026-12-07, round 4 (issue 58 item 6; load 1-5, other helpers running): the regions check.
+  Per row of 3 rasters, one after another (perf, cProfile): 3 opens ~3 ms (half of each open
+  GDAL building the GeoTIFF's CRS, rasterio holding the GIL), the first pixel's read() ~1.4 ms
+  (it looks up every band's mask flags first: 128 of them for TESSERA), the grid checks ~0.8
+  ms, the labels check ~0.4 ms per source. Changed: the first pixel read as its checksum (0.02
+  ms, catches the same unreadable data), the labels checked once per row where both sources
+  share an extent, a CRS's name looked up once per CRS, and from 200 rows on the rows read in
+  forked processes (emb.workflow.forked_reads, one per core up to 4: 4 threads ran ~1 core).
+  The check inside a 1,000-region lumi dry run (timed in the snakemake process, alternated
+  with e06da81's, load 1.4-2.7): wall 10.62, 10.99 -> 4.19, 3.41 s, CPU (workers too) 11.42,
+  11.85 -> 7.51, 6.00 s; the whole dry run 26.27, 25.29 -> 18.63, 19.92 s. ``--sizes 100 1000
+  --repeats 1 --baseline`` e06da81, this tree / e06da81's, wall then CPU s (load 2-3): lumi
+  100 4.55 / 4.62, 4.46 / 4.49; lumi 1,000 18.12 / 19.00 (0.95), 17.69 / 18.68; betzy 100
+  4.68 / 5.43, 4.59 / 5.37; betzy 1,000 18.92 / 21.62 (0.87), 20.02 / 21.88 (0.91); again
+  at load ~1: lumi 100 5.40 / 6.49, 5.57 / 6.68; lumi 1,000 18.18 / 24.77 (0.73), 21.86 /
+  25.72 (0.85); betzy 100 5.67 / 5.40, 5.82 / 5.56; betzy 1,000 22.46 / 28.15 (0.80), 25.94 /
+  29.12 (0.89). From the
+  quiet 19.3 s (lumi) and 20.3-21.4 s (betzy), ~0.75-0.87 of it is ~15-18 s (estimated; no
+  quiet machine to measure on). Next: numba (~0.4-0.7 s of every parse) comes in through
+  emb.workflow.samples -> emb.estimation.sample_files -> design -> strata_scan.
 - growth_{cluster}: time for the large table / time for the small one; ~10 for 10x the
   regions is linear, more means something quadratic in the DAG is back.
 - group_{cluster}_{n}: the widest group job as Snakemake submits it (its side-by-side members

@@ -46,7 +46,7 @@ from emb.rasters import (
     YEAR_TAGS,
     product_tags,
 )
-from emb.threads import in_threads
+from emb.workflow.forked_reads import in_order
 
 
 def shown(file: str) -> str:
@@ -225,9 +225,9 @@ def check_regions(
     seen: dict[tuple, str] = {}  # an embedding raster's file or grid -> where it was listed
     checks = RegionChecks()
     listed: dict[str, list[Footprint]] = {s: [] for s in SOURCES}
-    rows = enumerate(records(table), start=1)
+    rows = list(enumerate(records(table), start=1))
     read_row = partial(_read_row, path=path, generated=generated)
-    for (row, (region, rec)), read in in_threads(read_row, rows, READERS):
+    for (row, (region, rec)), read in in_order(read_row, rows, READERS):
         check_row_kind(rec, where_in(path, row, region, "cdl"))
         if not any(rec.get(s, "") for s in SOURCES):
             raise RegionsError(
@@ -271,12 +271,23 @@ def check_regions(
 
 # Rows whose files are read at once, ahead of the checks (GDAL's opens and reads release the
 # GIL): the 3,000 rasters of bench/dry_run.py's 1,000 regions took 9.5 s one after another,
-# 5-6 s with 2 to 8 readers on a shared 2-core machine; more cores, more gain.
+# 5-6 s with 2 to 8 readers on a shared 2-core machine; more cores, more gain. From
+# forked_reads.FORK_FROM rows on, worker processes read them instead (the CRS each open
+# builds holds the GIL).
 READERS = 4
 Outcome = Raster | Exception | None
 
 
 def _read_row(
+    item: tuple[int, tuple[str, Mapping[str, str]]], path: Path, generated: set[str]
+) -> dict[str, Outcome]:
+    """:func:`_read_row_open`'s outcomes, their datasets (closed by now) left behind: what
+    a worker process sends back must pickle."""
+    found = _read_row_open(item, path, generated)
+    return {k: replace(v, dataset=None) if isinstance(v, Raster) else v for k, v in found.items()}
+
+
+def _read_row_open(
     item: tuple[int, tuple[str, Mapping[str, str]]], path: Path, generated: set[str]
 ) -> dict[str, Outcome]:
     """A row's rasters opened and header-checked, and the CDL's labels under each embedding
@@ -298,10 +309,14 @@ def _read_row(
                 found[column] = err
                 return found
         cdl = found.get("cdl")
+        labelled: set[tuple] = set()  # the extents (CRS, bounds) the CDL has labels over
         for source in SOURCES:
             if isinstance(cdl, Raster) and source in found:
                 try:
-                    _check_labels_over(cdl, found[source], where_in(path, row, region, "cdl"))
+                    extent = (found[source].crs.to_wkt(), tuple(found[source].bounds))
+                    if extent not in labelled:  # both sources on one grid: read once
+                        _check_labels_over(cdl, found[source], where_in(path, row, region, "cdl"))
+                        labelled.add(extent)
                     found[f"labels over {source}"] = None
                 except Exception as err:  # noqa: BLE001 - raised by check_regions, in its place
                     found[f"labels over {source}"] = err
@@ -333,7 +348,10 @@ def _open_checked(file: str, column: str, where: str, held: ExitStack) -> Raster
         count, dtype, crs, transform = src.count, src.dtypes[0], src.crs, src.transform
         raster = Raster(file, crs, src.bounds, transform, (src.height, src.width), src.tags(),
                         identity, src)  # fmt: skip
-        src.read(1, window=Window(0, 0, 1, 1))  # the header alone may hide unreadable data
+        # the header alone may hide unreadable data: the first pixel is read (its checksum:
+        # read() looks up every band's mask flags first, ~0.9 ms of a 128-band raster's
+        # ~1.3 ms open and read, against 0.02 ms)
+        src.checksum(1, window=Window(0, 0, 1, 1))
     except RasterioIOError as err:
         raise RegionsError(f"{where}: cannot read {file} as a raster ({err})") from err
     expected = BANDS.get(column, 1)
@@ -406,13 +424,25 @@ def _check_grid(raster: Raster, where: str) -> None:
         raise RegionsError(f"{where}: {shown(file)} {problem}")
 
 
+CRS_NAMES: dict[str, str] = {}  # a CRS's WKT -> its to_string(), looked up once per CRS
+
+
+def crs_name(crs: CRS) -> str:
+    """``crs.to_string()``, found once per CRS, not once per raster (it searches for the CRS's
+    authority code; thousands of rasters share a few CRSs)."""
+    wkt = crs.to_wkt()
+    if wkt not in CRS_NAMES:
+        CRS_NAMES[wkt] = crs.to_string()
+    return CRS_NAMES[wkt]
+
+
 def _check_not_seen(
     raster: Raster, source: str, year: str, where: str, seen: dict[tuple, str]
 ) -> None:
     """The same embedding pixels under two regions would leak between one source's splits.
     An AEF and a TESSERA raster on one grid are fine: each source has its own shards; so are
     two years on one grid (multi-year training: their blocks share one split draw)."""
-    grid = (raster.crs.to_string(), tuple(raster.transform), raster.shape)
+    grid = (crs_name(raster.crs), tuple(raster.transform), raster.shape)
     keys = [("file", source, raster.identity), ("grid", source, year, *grid)]
     for key in keys:
         if key in seen:
