@@ -49,6 +49,23 @@ def test_few_items_are_read_in_this_process(forking: None) -> None:
     assert got == [(1, {"item": 1, "pid": os.getpid()})]
 
 
+def test_off_linux_many_items_are_read_in_this_process(
+    forking: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """macOS offers fork, but a forked child of a process with its frameworks loaded may crash."""
+    monkeypatch.setattr(forked_reads.sys, "platform", "darwin")
+    got = list(in_order(pid_of, list(range(50)), READERS))
+    assert {found["pid"] for _, found in got} == {os.getpid()}
+
+
+def test_the_cores_are_counted_where_the_os_cannot_give_this_process_its_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delattr(forked_reads.os, "sched_getaffinity")  # as on macOS
+    monkeypatch.setattr(forked_reads.os, "cpu_count", lambda: 3)
+    assert forked_reads.processes() == 3
+
+
 def test_an_exception_that_cannot_travel_comes_back_as_its_type_and_text(forking: None) -> None:
     got = dict(in_order(odd_failure, list(range(6)), READERS))
     error = got[3]["read"]

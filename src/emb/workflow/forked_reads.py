@@ -1,12 +1,13 @@
 """Many small file checks across the machine's cores, in order: rasterio holds the GIL while it
 builds each raster's CRS (~half of an open), so reader threads overlap little of it; forked
-processes do. Below a threshold, or where fork is missing, threads as before."""
+processes do. Below a threshold, or off Linux, threads as before."""
 
 from __future__ import annotations
 
 import multiprocessing
 import os
 import pickle
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from typing import TypeVar
@@ -23,8 +24,10 @@ MAX_PROCESSES = 4  # a login node's share; each reads ~1,000 rasters a second
 
 
 def processes() -> int:
-    """The cores this process may run on, at most MAX_PROCESSES."""
-    return max(1, min(len(os.sched_getaffinity(0)), MAX_PROCESSES))
+    """The cores this process may run on (the machine's where the OS cannot say), at most
+    MAX_PROCESSES."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(cores or 1, MAX_PROCESSES))
 
 
 def in_order(
@@ -35,7 +38,9 @@ def in_order(
     or of exceptions it caught (sent back whole where they pickle, else as RuntimeError with
     their type and text)."""
     workers = processes()
-    forks = "fork" in multiprocessing.get_all_start_methods()
+    # Linux only: macOS offers fork, but a forked child of a process that has loaded its
+    # system frameworks (as GDAL's and PROJ's libraries may) can crash
+    forks = sys.platform == "linux" and "fork" in multiprocessing.get_all_start_methods()
     if len(items) < FORK_FROM or workers < 2 or not forks:
         yield from in_threads(fn, items, threads)
         return
