@@ -17,7 +17,7 @@ import io
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple, NoReturn
+from typing import TYPE_CHECKING, NamedTuple, NoReturn
 
 import numpy as np
 import pyogrio.raw
@@ -26,7 +26,6 @@ import shapely
 
 from emb import geo
 from emb.classes import IGNORE, ClassMap
-from emb.estimation.design import Design
 from emb.estimation.population import (
     Points,
     check_map,
@@ -38,6 +37,9 @@ from emb.estimation.population import (
 from emb.estimation.sample_record import DISTRICT_COLUMN, SampleRecord, columns, read_record
 from emb.io import atomic_path, reading
 from emb.provenance import digest_file
+
+if TYPE_CHECKING:  # the design's module brings numba's compiler: not for a workflow's parse
+    from emb.estimation.design import Design
 
 REQUIRED_COLUMNS = ("id", "region", "x", "y", "map_class", "reference")
 
