@@ -62,19 +62,6 @@ alternated rounds, 1 / 2 threads: read 3.19, 2.79 s; design 14.45, 13.92 / 9.10,
 (population pass 9.40, 10.17 / 8.42, 8.61 s; by district 2.54, 2.40 / 2.47, 2.47 s: 3.8x the
 read with 2). RSS 409-500 MiB.
 
-The check's population pass with ``threads`` readers side by side (a region each in turn, each
-opening, decoding, burning and counting its regions into counts of its own;
-``population.read_ahead_groups``), against one reader thread beside the counting: 2026-12-07,
-1,000 regions, 2 threads, this 2-core machine busy (load 2-6: another process on a core), the
-two trees alternated. The pass alone (``read_population``, per-thread CPU from
-``/proc/self/task``): the one reader's thread 9.4-9.8 s CPU of 13.2-13.4 s (wall 12.1-13.8 s),
-against readers of 6.3 + 5.6 and 7.5 + 7.0 s CPU of 12.4-15.0 s (wall 11.7-12.5 s): the
-critical path (decoding in one thread) a third shorter, the total CPU the same, so on two free
-cores the pass is bound by half its CPU, not by one thread's decoding. The whole check (this
-bench): 16.2, 26.7 s (pass 13.1, 19.2 s; CPU 19.9, 19.3 s) against 15.0, 13.3 s (pass 12.0,
-10.3 s; CPU 18.8, 15.1 s), the read 3.2-6.0 s; RSS 428-441 MiB both. The same populations (a
-digest of every array) with 1 or 2 threads in both trees.
-
 Usage: ``python bench/state_scale.py [--regions 1000] [--size 1024] [--test-share 1.0]
 [--draws 200] [--district-draws N] [--distinct 4] [--threads 2] [--json PATH] [--workdir DIR]
 [--keep]``;

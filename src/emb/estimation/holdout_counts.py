@@ -6,8 +6,7 @@ The population: every test tile's pixels (each once, tiles may overlap), where t
 class and the CDL is labelled (255 on either side is left out: an unlabelled pixel has no
 reference). At the scale of a state (issue 58, item 5) it is streamed from each region's test
 tiles a band of tile rows at a time: memory is a few strips whatever the number of regions,
-time linear in the pixels (``bench/state_scale.py``); with threads, regions are read and
-counted side by side, one reader each.
+time linear in the pixels (``bench/state_scale.py``).
 """
 
 from __future__ import annotations
@@ -16,7 +15,6 @@ import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from threading import Lock
 
 import numpy as np
 import rasterio
@@ -33,7 +31,8 @@ from emb.estimation.population import (
     cache_bytes,
     level_table,
     map_pixel_ha,
-    read_ahead_groups,
+    one_env,
+    read_ahead,
 )
 from emb.io import reading
 from emb.prep.region_index import read_index, tile_origin, windows_of_test_tiles
@@ -191,19 +190,18 @@ def test_boxes(index: Mapping, path: Path | str) -> np.ndarray:
 
 def _region_reads(
     region: str, map_path: Path, label_path: Path, index_path: Path, ring: PlaneRing,
-    near: _RegionDistricts | None = None, readers: int = 1,
+    near: _RegionDistricts | None = None,
 ) -> Iterator[tuple]:  # fmt: skip
     """The reads of one region's test tiles, in the order they are counted (by
-    :func:`read_population`, maybe in one of its ``readers`` threads): ``("grid", region,
-    map, labels, tiles)``, then ``("strip", window, spans, map, CDL, local, ids)`` for each
-    strip (its districts burned by ``near``, :func:`emb.estimation.districts.district_burn`;
-    without, one domain: None, WHOLE), then ``("area", pixel ha)``. A band of tile rows is
-    read at a time (:func:`box_bands`), in strips whose planes (map, CDL, the local district)
-    take at most STRIP_BYTES (``spans``: the strip's columns in tiles), under a GDAL block
-    cache of two block rows per raster: a block is decoded once, memory is flat in the number
-    of tiles and regions (GDAL's cache is one for the process: room for each reader's). The
-    (h, w) uint8 planes are buffers of ``ring`` (two planes a strip, in turn; a reader's
-    own), reused."""
+    :func:`read_population`, maybe in a thread of their own): ``("grid", region, map, labels,
+    tiles)``, then ``("strip", window, spans, map, CDL, local, ids)`` for each strip (its
+    districts burned by ``near``, :func:`emb.estimation.districts.district_burn`; without,
+    one domain: None, WHOLE), then ``("area", pixel ha)``. A band of tile rows is read at a
+    time (:func:`box_bands`), in strips whose planes (map, CDL, the local district) take at
+    most STRIP_BYTES (``spans``: the strip's columns in tiles), under a GDAL block cache of two
+    block rows per raster: a block is decoded once, memory is flat in the number of tiles and
+    regions. The (h, w) uint8 planes are buffers of ``ring`` (two planes a strip, in turn),
+    reused."""
     boxes = test_boxes(read_index(index_path, ()), index_path)
     opened = (reading(map_path), reading(label_path))
     with opened[0], opened[1], rasterio.open(map_path) as mp, rasterio.open(label_path) as lab:
@@ -216,8 +214,7 @@ def _region_reads(
         if near is not None:
             near.start(map_path, mp.crs, mp.transform)
         yield "grid", region, map_path, label_path, boxes
-        # GDAL's block cache is one for the process: room for each reader's two rasters
-        with rasterio.Env(GDAL_CACHEMAX=readers * (cache_bytes(mp) + cache_bytes(lab))):
+        with rasterio.Env(GDAL_CACHEMAX=cache_bytes(mp) + cache_bytes(lab)):
             for row0, row1, spans in box_bands(boxes, mp.height, mp.width):
                 col0, col1 = spans[0][0], spans[-1][1]  # one read per band, then the spans
                 step = max(1, STRIP_BYTES // (PLANE_BYTES * (col1 - col0)))
@@ -233,31 +230,23 @@ def _region_reads(
 
 
 class _RegionDistricts:
-    """Each strip's districts, burned where the strips are read and counted (a reader
-    thread); the districts moved onto each CRS once (kept in ``placed`` by its text).
-    Readers side by side share ``placed`` and ``lock``: placing and burning hold it, as the
-    placed polygons (GEOS prepares them lazily) and PROJ's cached transformers are not safe
-    in two threads at once (a double free, seen 2026-12-07); a burn is mostly held by the
-    GIL anyway."""
+    """Each strip's districts, burned where the strips are read (the reader thread, so that
+    the counting thread runs only the compiled census, which lets go of the GIL); the
+    districts moved onto each CRS once (kept in ``placed`` by its text)."""
 
-    def __init__(
-        self, districts: Districts, placed: dict | None = None, lock: Lock | None = None
-    ) -> None:
-        self.districts, self.placed = districts, {} if placed is None else placed
-        self.lock = Lock() if lock is None else lock
+    def __init__(self, districts: Districts) -> None:
+        self.districts, self.placed = districts, {}
 
     def start(self, map_path: Path, crs: rasterio.crs.CRS | None, transform: Affine) -> None:
         """Take a region's map: the districts on its CRS; a map without one is refused."""
         if crs is None:
             raise AreaCheckError(f"{map_path}: no CRS: the districts cannot be placed on it")
-        with self.lock:
-            self.shapes = on_map_once(self.districts, crs, self.placed)
+        self.shapes = on_map_once(self.districts, crs, self.placed)
         self.transform = transform
 
     def of(self, win: Window) -> tuple[np.ndarray, np.ndarray]:
         """(local, ids) of a strip of the map (:func:`district_burn`)."""
-        with self.lock:
-            return district_burn(self.shapes, self.transform, win)
+        return district_burn(self.shapes, self.transform, win)
 
 
 def _region_pairs(map_path: Path, label_path: Path, boxes: np.ndarray) -> np.ndarray:
@@ -303,27 +292,6 @@ def _add_cells(
                np.array(spans, np.int64).reshape(-1, 2))  # fmt: skip
 
 
-def _region_count(
-    region: str, map_path: Path, label_path: Path, index_path: Path, cells: np.ndarray,
-    ring: PlaneRing, near: _RegionDistricts | None, readers: int,
-) -> Iterator[tuple]:  # fmt: skip
-    """One region's test pixels added to ``cells`` (a reader's own: no other thread writes
-    them) as its strips are read (:func:`_region_reads` into ``ring``, a reader's own: one
-    plane set is enough, a strip counted before the next is read), then one item: (region,
-    map, labels, tiles, pixel ha, whether it added a foreign value). A reader counts its
-    regions without waiting on any other's, however many strips a region has."""
-    before = int(cells[:, FOREIGN].sum())
-    for item in _region_reads(region, map_path, label_path, index_path, ring, near, readers):
-        if item[0] == "strip":
-            _, win, spans, mapped, reference, local, ids = item
-            _add_cells(cells, ids, local, mapped, reference, spans)
-        elif item[0] == "grid":
-            boxes = item[4]
-        else:
-            pixel_ha = item[1]
-    yield region, map_path, label_path, boxes, pixel_ha, int(cells[:, FOREIGN].sum()) > before
-
-
 def read_population(
     maps: Mapping[str, Path], labels: Mapping[str, Path], indexes: Mapping[str, Path],
     districts: Districts | None = None, threads: int = 1,
@@ -333,31 +301,32 @@ def read_population(
     ``districts``, per domain too (a district may span regions: its counts add up). Each test
     pixel is counted once (tiles may overlap) in its (domain, cell): a pixel's domain is the
     district holding its centre (:func:`emb.estimation.districts.district_burn`), burned once
-    per strip; the counts, 30 KB a district, are all that grows (a reader's own).
-    ``threads`` > 1: the regions are opened, read, decoded, burned and counted by
-    ``threads`` reader threads side by side, a region each in turn, each into counts of its
-    own (added up at the end: integers, the same sums), their regions taken in order
-    (:func:`emb.estimation.population.read_ahead_groups`): the same counts, regions and
-    refusals as one thread, the decoding (the critical path) shared by the cores."""
+    per strip; the counts, 30 KB a district, are all that grows. ``threads`` > 1: the rasters
+    are read and decoded by a thread of their own, a few strips ahead of the counting."""
     n_domains = 1 + (len(districts.names) if districts is not None else 0)
-    readers = max(1, min(threads, len(indexes)))  # region i's by reader i % readers
-    cells = [np.zeros((n_domains, CELLS), np.int64) for _ in range(readers)]  # a reader's own
-    placed, lock = {}, Lock()  # the districts on each CRS, shared by the readers
-    nears = [None if districts is None else _RegionDistricts(districts, placed, lock)
-             for _ in range(readers)]  # fmt: skip
-    rings = [PlaneRing(1, planes=2) for _ in range(readers)]
-    counted = [_region_count(region, Path(maps[region]), Path(labels[region]), Path(index_path),
-                             cells[i % readers], rings[i % readers], nears[i % readers], readers)
-               for i, (region, index_path) in enumerate(indexes.items())]  # fmt: skip
-    areas = {}
-    for region, map_path, label_path, boxes, pixel_ha, foreign in read_ahead_groups(
-        counted, threads
-    ):
-        areas[region] = pixel_ha
-        if foreign:  # counted again as pairs, to name the values
-            _joint_of(_region_pairs(map_path, label_path, boxes),
-                      f"{map_path} or its labels {label_path}")  # fmt: skip
-    counts = sum(cells[1:], cells[0])[:, : N_L3 * N_L3].reshape(n_domains, N_L3, N_L3)
+    cells, areas = np.zeros((n_domains, CELLS), np.int64), {}
+    ring = PlaneRing.for_threads(threads, planes=2)
+    near = None if districts is None else _RegionDistricts(districts)
+
+    def reads() -> Iterator[tuple]:
+        for region, index_path in indexes.items():
+            yield from _region_reads(region, Path(maps[region]), Path(labels[region]),
+                                     Path(index_path), ring, near)  # fmt: skip
+
+    grid, foreign = None, 0
+    for item in read_ahead(one_env(reads()), threads):
+        if item[0] == "strip":
+            _, win, spans, mapped, reference, local, ids = item
+            _add_cells(cells, ids, local, mapped, reference, spans)
+        elif item[0] == "grid":
+            grid, foreign = item, int(cells[:, FOREIGN].sum())
+        else:
+            region, map_path, label_path, boxes = grid[1:5]
+            areas[region] = item[1]
+            if cells[:, FOREIGN].sum() > foreign:  # counted again as pairs, to name the values
+                _joint_of(_region_pairs(map_path, label_path, boxes),
+                          f"{map_path} or its labels {label_path}")  # fmt: skip
+    counts = cells[:, : N_L3 * N_L3].reshape(n_domains, N_L3, N_L3)
     if not areas:
         raise AreaCheckError("no region to check: the run trains on no region with test tiles")
     first = next(iter(areas.values()))

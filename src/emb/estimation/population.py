@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from itertools import chain
 from pathlib import Path
 from typing import TypeVar
 
@@ -211,100 +210,47 @@ def read_ahead(items: Iterator[T], threads: int, ahead: int = AHEAD) -> Iterator
     if threads <= 1:
         yield from items
         return
-    producer = _Producer(items, ahead)
-    try:
-        yield from producer.taken()
-    finally:
-        producer.stop()
+    handed: queue.Queue = queue.Queue(maxsize=ahead)
+    stop = threading.Event()
+    done = object()
 
-
-class _Producer:
-    """A thread, started at once, putting ``items`` into a queue of ``ahead`` (its error in
-    its place) until they end or :meth:`stop`; the items closed by that thread."""
-
-    DONE = object()
-
-    def __init__(self, items: Iterator[T], ahead: int) -> None:
-        self.items, self.handed = items, queue.Queue(maxsize=ahead)
-        self.halt = threading.Event()
-        self.worker = threading.Thread(target=self.produce, name="read-ahead", daemon=True)
-        self.worker.start()
-
-    def produce(self) -> None:
+    def produce() -> None:
         try:
-            for item in self.items:
-                while not self.halt.is_set():
+            for item in items:
+                while not stop.is_set():
                     try:
-                        self.handed.put((item, None), timeout=0.1)
+                        handed.put((item, None), timeout=0.1)
                         break
                     except queue.Full:
                         continue
-                if self.halt.is_set():
+                if stop.is_set():
                     return
-            self.handed.put((self.DONE, None))
+            handed.put((done, None))
         except BaseException as err:  # noqa: BLE001 - raised in the consumer's thread
-            self.handed.put((self.DONE, err))
+            handed.put((done, err))
         finally:
-            close = getattr(self.items, "close", None)
+            close = getattr(items, "close", None)
             if close is not None:
                 close()
 
-    def taken(self) -> Iterator[T]:
-        """The items as the thread hands them; its error raised in its place."""
+    worker = threading.Thread(target=produce, name="read-ahead", daemon=True)
+    worker.start()
+    try:
         while True:
-            item, err = self.handed.get()
+            item, err = handed.get()
             if err is not None:
                 raise err
-            if item is self.DONE:
+            if item is done:
                 return
             yield item
-
-    def stop(self) -> None:
-        """Stop the thread (one blocked on a full queue sees the stop) and wait for it."""
-        self.halt.set()
-        while self.worker.is_alive():
+    finally:
+        stop.set()
+        while worker.is_alive():  # a producer blocked on a full queue sees the stop
             try:
-                self.handed.get(timeout=0.1)
+                handed.get(timeout=0.1)
             except queue.Empty:
                 continue
-        self.worker.join()
-
-
-GROUP_END = object()  # after a group's items in a producer's stream (:func:`read_ahead_groups`)
-
-
-def _marked(groups: Iterable[Iterator[T]]) -> Iterator[T | object]:
-    """The items of ``groups`` one after another, each group followed by ``GROUP_END``."""
-    for group in groups:
-        yield from group
-        yield GROUP_END
-
-
-def read_ahead_groups(
-    groups: Sequence[Iterator[T]], threads: int, ahead: int = AHEAD
-) -> Iterator[T]:
-    """The items of ``groups`` (e.g. one a region) in their order, as :func:`read_ahead` of
-    their chain, but produced by ``threads`` threads (each its own bounded queue, under one
-    GDAL environment): group g by producer ``g % threads``, so groups are read and decoded
-    side by side while their items are taken one group after another. A group's resources
-    reused (strip buffers: AHEAD + 2 sets) need only be a producer's. One thread: the chain,
-    no thread. Every producer starts at once; a producer's error is raised here in its place
-    (its group's turn); closing this generator stops every producer."""
-    producers = max(1, min(threads, len(groups)))
-    if threads <= 1 or producers == 1:
-        yield from read_ahead(one_env(chain.from_iterable(groups)), threads, ahead)
-        return
-    with ExitStack() as stack:
-        streams = []
-        for w in range(producers):
-            producer = _Producer(one_env(_marked(groups[w::producers])), ahead)
-            stack.callback(producer.stop)
-            streams.append(producer.taken())
-        for g in range(len(groups)):
-            for item in streams[g % producers]:
-                if item is GROUP_END:
-                    break
-                yield item
+        worker.join()
 
 
 def count_l3(path: Path | str, mask_window: Window | None = None) -> np.ndarray:
