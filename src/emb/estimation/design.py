@@ -15,10 +15,8 @@ rank: n units touch at most n strips (a design by district, whose minimums make 
 touches nearly all). The first pass burns the districts per strip, cut to it, and keeps the
 burn as runs for the second; both count a strip per (district near it, map value), each a
 compiled loop over its pixels (:mod:`emb.estimation.strata_scan`): their cost against one read
-of the maps is measured by ``bench/state_scale.py``. A map's work in either pass (read, burn,
-count or pick, hash) needs no other map's (the second pass's start in each stratum comes from
-the first's counts), so with ``threads`` > 1 that many maps are worked on at once, taken in
-order (:mod:`emb.estimation.in_order`): decoding, the longest part, runs on every core.
+of the maps is measured by ``bench/state_scale.py``. With two threads the reads, the burns and
+the kept runs are a reader thread's, the loops (which let go of the GIL) the counting thread's.
 Memory stays flat in the maps' size but for those counts and runs (a few bytes a row a
 district's edge crosses). The points go out as a CSV to fill in (``reference``), a GeoPackage
 of the same points, and a JSON record of the design beside them, which the estimate needs.
@@ -27,7 +25,6 @@ of the same points, and a JSON record of the design beside them, which the estim
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,8 +38,8 @@ from rasterio.windows import Window
 from emb import geo
 from emb.classes import IGNORE, N_L3, ClassMap
 from emb.estimation.districts import Districts, MapDistricts, district_burn, on_map_once
-from emb.estimation.in_order import in_order
 from emb.estimation.population import (
+    PlaneRing,
     Points,
     collapse_counts,
     count_l3_strips,
@@ -50,6 +47,8 @@ from emb.estimation.population import (
     level_names,
     level_table,
     map_pixel_ha,
+    one_env,
+    read_ahead,
     refuse_foreign,
     streaming,
     strips,
@@ -147,27 +146,27 @@ def _map_records(
 ) -> list[tuple[MapRecord, np.ndarray, np.ndarray, tuple[Affine, str]]]:  # fmt: skip
     """Per map its record, (H,) pixels per stratum and (S, H) per strip (the first streaming
     pass), and its transform and WKT (for the points); H = K classes at ``level``, or (D + 1) * K
-    with districts, each strip's districts then kept in ``burns`` (:class:`_KeptBurn`, by
-    (map, strip)). With ``threads`` > 1 that many maps are read, burned, counted and hashed
-    at once (:func:`emb.estimation.in_order.in_order`), each by a thread of its own."""
+    with districts. With districts the maps' strips come through :func:`_map_reads` (with
+    ``threads`` > 1 read by a thread of their own, a few strips ahead of the counting), and
+    each strip's districts kept in ``burns`` (:class:`_KeptBurn`, by (map, strip)); the
+    reads, the district burns and the kept runs all in the reader thread, so that the counting
+    thread runs only the compiled loop (which lets go of the GIL) and a little glue."""
     if districts is None:
-        return list(in_order(lambda m: _map_record(m, level, cmap), maps, threads,
-                             around=rasterio.Env))  # fmt: skip
+        return [_map_record(m, level, cmap) for m in maps]
+    out, ring = [], PlaneRing.for_threads(threads)
     near = _StripDistricts(districts, placed, {} if burns is None else burns, first=True)
-
-    def first_pass(path: Path) -> tuple[MapRecord, np.ndarray, np.ndarray, tuple[Affine, str]]:
-        counter = _FirstPassCounts(level, cmap, districts)
-        with streaming(path) as src:
-            head = _head(src, path)
-            on_map = near.on(path, src)
-            for i, win in enumerate(strips(src)):
-                values = _strip_plane(win)
-                src.read(1, window=win, out=values)
-                counter.add(values, *on_map(i, win))
-        strata_strips, l3 = counter.result(path)
-        return _record_of(path, head, level, cmap, strata_strips, l3)
-
-    return list(in_order(first_pass, maps, threads, around=rasterio.Env))
+    reads = (item for m in maps for item in _map_reads(m, ring, None, near))
+    counter = None
+    for item in read_ahead(one_env(reads), threads):
+        if item[0] == "strip":
+            counter.add(*item[3:])
+        elif item[0] == "map":
+            path, head = item[1], item[2]
+            counter = _FirstPassCounts(level, cmap, districts)
+        else:
+            strata_strips, l3 = counter.result(path)
+            out.append(_record_of(path, head, level, cmap, strata_strips, l3))
+    return out
 
 
 def _map_record(
@@ -204,52 +203,55 @@ def _record_of(
     return record, strata_strips.sum(0), strata_strips, grid
 
 
-_planes = threading.local()  # each thread's strip plane, reused (a fresh one costs its faults)
-
-
-def _strip_plane(win: Window) -> np.ndarray:
-    """This thread's (h, w) uint8 plane for the strip ``win`` (contiguous: a raster reads
-    straight into it), grown when too small; valid until the thread's next strip."""
-    size = int(win.height) * int(win.width)
-    flat = getattr(_planes, "flat", None)
-    if flat is None or flat.size < size:
-        flat = _planes.flat = np.empty(size, np.uint8)
-    return flat[:size].reshape(int(win.height), int(win.width))
+def _map_reads(
+    path: Path, ring: PlaneRing, wanted: np.ndarray | None = None,
+    near: _StripDistricts | None = None,
+) -> Iterator[tuple]:  # fmt: skip
+    """The reads of one map, in the order they are counted (maybe in a thread of their own,
+    :func:`emb.estimation.population.read_ahead`): ``("map", path, head)`` (:func:`_head`),
+    ``("strip", i, window, values, local, ids)`` for each strip i (only where ``wanted[i]``,
+    when given), ``("end", path)``; ``values`` (h, w) uint8 the strip's map values, in a
+    buffer of ``ring``; ``local``, ``ids`` its districts from ``near`` (:func:`_one_district`;
+    None, None without)."""
+    with streaming(path) as src:
+        head = _head(src, path)
+        if near is not None:
+            near.start(path, head)
+        yield "map", path, head
+        for i, win in enumerate(strips(src)):
+            if wanted is None or wanted[i]:
+                (values,) = ring.next(int(win.height), int(win.width))
+                src.read(1, window=win, out=values)
+                local, ids = (None, None) if near is None else near.of(i, win)
+                yield "strip", i, win, values, local, ids
+    yield "end", path
 
 
 class _StripDistricts:
-    """Each strip's districts for a pass over the maps, worked out by the thread that reads
-    the strip: the first pass burns them (:func:`district_burn`) and keeps them in ``burns``
-    (:class:`_KeptBurn`, by (map, strip)); the second takes the kept ones out, and burns again
-        where none was kept. The districts are moved onto a CRS once (``placed``) and burned
-    under a lock: a burn prepares the shared polygons in place (shapely, GEOS), which two
-    threads at once corrupt (a double free, seen with two threads)."""
+    """Each strip's districts for a pass over the maps, worked out where the strips are read
+    (the reader thread): the first pass burns them (:func:`district_burn`) and keeps them in
+    ``burns`` (:class:`_KeptBurn`, by (map, strip)); the second takes the kept ones out, and
+    burns again where none was kept."""
 
     def __init__(
         self, districts: Districts, placed: dict[str, MapDistricts], burns: dict, first: bool
     ) -> None:
         self.districts, self.placed, self.burns, self.first = districts, placed, burns, first
-        self.lock = threading.Lock()
 
-    def on(
-        self, path: Path, src: rasterio.DatasetReader
-    ) -> Callable[[int, Window], tuple[np.ndarray | None, np.ndarray]]:
-        """``of(i, window)``: (local, ids) of the open map's strip i (:func:`_one_district`)."""
-        transform, crs, shapes = src.transform, src.crs, []
+    def start(self, path: Path, head: tuple) -> None:
+        """Take the map at ``path`` (its :func:`_head`): the districts on its CRS."""
+        self.path, self.transform = path, head[5]
+        self.shapes = on_map_once(self.districts, head[6], self.placed)
 
-        def of(i: int, win: Window) -> tuple[np.ndarray | None, np.ndarray]:
-            kept = None if self.first else self.burns.pop((path, i), None)
-            if kept is not None:
-                return kept.burned()
-            with self.lock:  # shapely prepares the shared polygons in place: one thread
-                if not shapes:
-                    shapes.append(on_map_once(self.districts, crs, self.placed))
-                local, ids = _one_district(*district_burn(shapes[0], transform, win))
-            if self.first:
-                _KeptBurn.keep(self.burns, (path, i), local, ids)
-            return local, ids
-
-        return of
+    def of(self, i: int, win: Window) -> tuple[np.ndarray | None, np.ndarray]:
+        """(local, ids) of the map's strip i (:func:`_one_district`)."""
+        kept = None if self.first else self.burns.pop((self.path, i), None)
+        if kept is not None:
+            return kept.burned()
+        local, ids = _one_district(*district_burn(self.shapes, self.transform, win))
+        if self.first:
+            _KeptBurn.keep(self.burns, (self.path, i), local, ids)
+        return local, ids
 
 
 class _FirstPassCounts:
@@ -265,7 +267,7 @@ class _FirstPassCounts:
         self.l3 = np.zeros(256, np.int64)
 
     def add(self, values: np.ndarray, local: np.ndarray | None, ids: np.ndarray) -> None:
-        """Count a strip: its values and districts (:meth:`_StripDistricts.on`)."""
+        """Count a strip: its values and districts (:func:`_map_reads`)."""
         hist = np.zeros(len(ids) * 256, np.int64)
         count_keys(values.ravel(), None if local is None else local.ravel(), hist)
         self.l3 += hist.reshape(len(ids), 256).sum(0)
@@ -372,8 +374,8 @@ def draw_points(
     per stratum for these strata's pixels instead (``n: auto``, the recommended size).
     ``districts``: strata are (district, class) pairs instead, district 0 the outside, the
     minimum per pair, the rest by area over all pairs (a district is a pixel's by its centre,
-    :mod:`emb.estimation.districts`). ``threads`` > 1: that many maps read, decoded and
-    counted at once (both passes); the points do not depend on it."""
+    :mod:`emb.estimation.districts`). ``threads`` > 1: with districts, the maps are read and
+    decoded by a thread of their own, a few strips ahead of the counting (both passes)."""
     maps = [Path(m) for m in maps]
     table, names = level_table(level, cmap), level_names(level, cmap)
     placed: dict[str, MapDistricts] = {}  # the districts moved onto each CRS, once
@@ -430,88 +432,84 @@ def _pick_ranked(
     placed: dict[str, MapDistricts] | None = None, threads: int = 1, burns: dict | None = None,
 ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:  # fmt: skip
     """Second streaming pass: per map, (rows, cols, stratum) of the pixels whose rank within
-    their stratum (in scan order) was drawn, sorted row-major. Only the strips that hold a
-    drawn rank are read, each walked from its strata's pixels before it, both known from the
-    first pass's counts (``strata_strips``: (S, H) per map; :func:`_strip_units`), so the maps
-    are apart: with ``threads`` > 1 that many are read and walked at once
-    (:func:`emb.estimation.in_order.in_order`). With ``districts`` a read strip's districts
-    are the first pass's, kept in ``burns`` (:class:`_KeptBurn`, taken out as they are used),
-    or burned again (:func:`district_burn`) where none was kept."""
+    their stratum (in scan order) was drawn, sorted row-major. A strip that holds no drawn
+    rank (its first pass counts, ``strata_strips``: (S, H) per map, say so) is not read
+    (:func:`_wanted_strips`); a strip that is read is counted again and refused if it changed
+    since. With ``districts`` a read strip's districts are the first pass's, kept in ``burns``
+    (:class:`_KeptBurn`, taken out as they are used), or burned again (:func:`district_burn`)
+    where none was kept. A strip is walked in scan order by one compiled
+    loop (:func:`emb.estimation.strata_scan.pick_ranked`) that counts each stratum's pixels and
+    takes those of the drawn ranks. ``threads`` > 1: the strips read by a thread of their own,
+    a few ahead."""
+    k = len(ranks)
+    wanted = _wanted_strips(ranks, strata_px, strata_strips)
+    drawn = _Drawn(ranks, strata_px)
+    seen = np.zeros(k, np.int64)  # pixels of each stratum passed so far
+    found_at, found_in = np.zeros(drawn.flat.size, np.int64), np.zeros(drawn.flat.size, np.int64)
+    out: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    ring = PlaneRing.for_threads(threads)
     near = None if districts is None else _StripDistricts(districts, placed or {},
                                                           {} if burns is None else burns,
                                                           first=False)  # fmt: skip
+    reads = (item for m, w in zip(maps, wanted, strict=True)
+             for item in _map_reads(m, ring, w, near))  # fmt: skip
     classes = table[:256].astype(np.int64)  # int64 first: NO_STRATUM is no uint8
     by_value = np.where(classes == IGNORE, NO_STRATUM, classes)
-
-    def second_pass(task: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        path, per_strip, units = task
-        found: tuple[list, list, list] = ([], [], [])
-        with streaming(path) as src:
-            on_map = None if near is None else near.on(path, src)
-            for i, win in enumerate(strips(src)):
-                if i not in units:
-                    continue
-                values = _strip_plane(win)
-                src.read(1, window=win, out=values)
-                local, ids = (None, None) if on_map is None else on_map(i, win)
-                strata_of = by_value if ids is None else _strata_table(ids, table, n_classes)
-                at, within = _pick_strip(path, win, values, local, strata_of, per_strip[i],
-                                         *units[i])  # fmt: skip
-                found[0].append(int(win.row_off) + at // int(win.width))
-                found[1].append(int(win.col_off) + at % int(win.width))
-                found[2].append(within)
-        rows, cols, strata = (np.concatenate(v) if v else np.zeros(0, np.int64) for v in found)
-        order = np.lexsort((cols, rows))
-        return rows[order], cols[order], strata[order]
-
-    tasks = zip(maps, strata_strips, _strip_units(ranks, strata_px, strata_strips), strict=True)
-    return list(in_order(second_pass, tasks, threads, around=rasterio.Env))
-
-
-def _pick_strip(
-    path: Path, win: Window, values: np.ndarray, local: np.ndarray | None,
-    strata_of: np.ndarray, strip_px: np.ndarray, seen_before: np.ndarray, ranks: np.ndarray,
-    strata: np.ndarray,
-) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
-    """(positions in the strip, strata) of its drawn pixels, in scan order: the strip walked
-    by one compiled loop (:func:`emb.estimation.strata_scan.pick_ranked`) from ``seen_before``
-    (H,) each stratum's pixels before it, taking ``ranks`` (in stratum then rank order, their
-    strata ``strata``); refused if its pixels per stratum are not the first pass's
-    ``strip_px`` (the map changed since)."""
-    sizes = np.bincount(strata, minlength=seen_before.size)
-    ends = np.cumsum(sizes)
-    taken = ends - sizes
-    flat = np.append(ranks, ALL_FOUND)
-    next_rank = np.where(sizes > 0, flat[taken], ALL_FOUND)
-    seen = seen_before.copy()
-    found_at, found_in = np.empty(ranks.size, np.int64), np.empty(ranks.size, np.int64)
-    m = pick_ranked(values.ravel(), None if local is None else local.ravel(), strata_of, seen,
-                    next_rank, taken, ends, flat, found_at, found_in)  # fmt: skip
-    if not np.array_equal(seen - seen_before, strip_px):
+    at, found = 0, ([], [], [])
+    for item in read_ahead(one_env(reads), threads):
+        if item[0] == "map":
+            path, at, found = item[1], 0, ([], [], [])
+            per_strip = strata_strips[len(out)]
+            continue
+        if item[0] == "end":
+            seen += per_strip[at:].sum(0)  # the strips after the last read
+            rows_a, cols_a, cls_a = (np.concatenate(v) if v else np.zeros(0, np.int64)
+                                     for v in found)  # fmt: skip
+            order = np.lexsort((cols_a, rows_a))
+            out.append((rows_a[order], cols_a[order], cls_a[order]))
+            continue
+        _, i, win, values, local, ids = item
+        seen += per_strip[at:i].sum(0)  # the strips skipped, no drawn rank in them
+        at = i + 1
+        before = seen.copy()
+        strata_of = by_value if ids is None else _strata_table(ids, table, n_classes)
+        m = pick_ranked(values.ravel(), None if local is None else local.ravel(), strata_of,
+                        seen, drawn.next, drawn.taken, drawn.ends, drawn.flat, found_at,
+                        found_in)  # fmt: skip
+        found[0].append(int(win.row_off) + found_at[:m] // int(win.width))
+        found[1].append(int(win.col_off) + found_at[:m] % int(win.width))
+        found[2].append(found_in[:m].copy())
+        if not np.array_equal(seen - before, per_strip[i]):
+            raise SampleDesignError(
+                f"{path} changed while the sample was drawn: pixels per stratum of rows "
+                f"{win.row_off}..{win.row_off + win.height - 1} "
+                f"{(seen - before).tolist()} on the second pass, {per_strip[i].tolist()} "
+                "on the first"
+            )
+    if not np.array_equal(seen, strata_px) or not np.array_equal(drawn.taken, drawn.ends):
         raise SampleDesignError(
-            f"{path} changed while the sample was drawn: pixels per stratum of rows "
-            f"{win.row_off}..{win.row_off + win.height - 1} "
-            f"{(seen - seen_before).tolist()} on the second pass, {strip_px.tolist()} "
-            "on the first"
+            f"maps {[str(m) for m in maps]} changed while the sample was drawn: pixels per "
+            f"stratum {seen.tolist()} on the second pass, {strata_px.tolist()} on the first"
         )
-    return found_at[:m], found_in[:m]
+    return out
 
 
-def _strip_units(
+def _wanted_strips(
     ranks: list[np.ndarray], strata_px: np.ndarray, strata_strips: list[np.ndarray]
-) -> Iterator[dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]]:
-    """Per map, {strip i: ((H,) pixels per stratum before it, its drawn ranks, their strata)}
-    for the strips that hold a drawn rank, from the first pass's counts (what the second
-    would find before it reads a strip): only those are read."""
-    drawn, seen = _Drawn(ranks, strata_px), np.zeros(len(ranks), np.int64)
+) -> list[np.ndarray]:
+    """Per map, (S,) bool the strips holding a drawn rank, from the first pass's counts (what
+    the second would find before it reads a strip): only those are read."""
+    drawn, seen, out = _Drawn(ranks, strata_px), np.zeros(len(ranks), np.int64), []
     for per_strip in strata_strips:
-        units = {}
+        wanted = np.zeros(len(per_strip), bool)
         for i, strip_px in enumerate(per_strip):
             hits = np.flatnonzero(drawn.next < seen + strip_px)
             if hits.size:
-                units[i] = (seen.copy(), *drawn.take(hits, seen[hits] + strip_px[hits]))
+                wanted[i] = True
+                drawn.take(hits, seen[hits] + strip_px[hits])
             seen += strip_px
-        yield units
+        out.append(wanted)
+    return out
 
 
 class _Drawn:
