@@ -59,6 +59,20 @@ def test_key_counts_without_a_local_plane_count_the_values() -> None:
     assert counts.tolist() == np.bincount(values, minlength=256).tolist()
 
 
+@pytest.mark.parametrize("n", [0, 1, 5, 4003])
+def test_key_counts_of_runs_and_a_tail_past_the_lanes(n: int) -> None:
+    """Runs of one key (a map's fields), a strip whose length is no multiple of the
+    histograms' LANES (its last pixels counted apart), with and without a local plane."""
+    rng = np.random.default_rng(n)
+    values = np.repeat(rng.integers(0, 61, n).astype(np.uint8), rng.integers(1, 40, n))[:n]
+    local = np.repeat(rng.integers(0, 3, n).astype(np.uint8), rng.integers(1, 90, n))[:n]
+    for plane, width in ((None, 256), (local, 3 * 256)):
+        counts = np.zeros(width, np.int64)
+        count_keys(values, plane, counts)
+        keys = values.astype(np.int64) + (0 if plane is None else plane.astype(np.int64) * 256)
+        assert counts.tolist() == np.bincount(keys, minlength=width).tolist()
+
+
 def walk(
     strips: list[tuple[np.ndarray, np.ndarray | None, np.ndarray]], ranks: list[np.ndarray]
 ) -> tuple[list[tuple[int, int]], np.ndarray, np.ndarray]:

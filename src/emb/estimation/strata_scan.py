@@ -21,16 +21,34 @@ NO_STRATUM = -1  # strata_of's entry for a key of no stratum (nodata)
 ALL_FOUND = np.iinfo(np.int64).max  # a stratum's next drawn rank once all are found
 
 
+LANES = 4  # count_keys's histograms, one for every LANES-th pixel
+
+
 @numba.njit(cache=True, nogil=True)
 def count_keys(values: np.ndarray, local: np.ndarray | None, counts: np.ndarray) -> None:
     """Add to ``counts`` (int64, 256 per local district) a strip's pixels per key; ``values``
-    (n,) uint8 and ``local`` (n,) uint8 or uint16 or None, flat in scan order."""
+    (n,) uint8 and ``local`` (n,) uint8 or uint16 or None, flat in scan order. Pixel p goes
+    to histogram p % LANES, the histograms summed at the end: in one, a map's runs of one
+    value (a field) make each add wait for the one before to the same count (2.6x slower on
+    the bench's maps: 1.6 against 0.6 ms a Mpx, measured 2026-12-07)."""
+    width = counts.size
+    lanes = np.zeros(LANES * width, np.int64)
+    whole = values.size - values.size % LANES
     if local is None:
-        for p in range(values.size):
-            counts[values[p]] += 1
+        for p in range(0, whole, LANES):
+            for lane in range(LANES):
+                lanes[lane * width + values[p + lane]] += 1
+        for p in range(whole, values.size):
+            lanes[values[p]] += 1
     else:
-        for p in range(values.size):
-            counts[np.int64(local[p]) * 256 + values[p]] += 1
+        for p in range(0, whole, LANES):
+            for lane in range(LANES):
+                lanes[lane * width + np.int64(local[p + lane]) * 256 + values[p + lane]] += 1
+        for p in range(whole, values.size):
+            lanes[np.int64(local[p]) * 256 + values[p]] += 1
+    for key in range(width):
+        for lane in range(LANES):
+            counts[key] += lanes[lane * width + key]
 
 
 @numba.njit(cache=True, nogil=True)
