@@ -91,10 +91,14 @@ alternating the sizes so both see the same machine, and keeps each one's best ti
   4.68 / 5.43, 4.59 / 5.37; betzy 1,000 18.92 / 21.62 (0.87), 20.02 / 21.88 (0.91); again
   at load ~1: lumi 100 5.40 / 6.49, 5.57 / 6.68; lumi 1,000 18.18 / 24.77 (0.73), 21.86 /
   25.72 (0.85); betzy 100 5.67 / 5.40, 5.82 / 5.56; betzy 1,000 22.46 / 28.15 (0.80), 25.94 /
-  29.12 (0.89). From the
-  quiet 19.3 s (lumi) and 20.3-21.4 s (betzy), ~0.75-0.87 of it is ~15-18 s (estimated; no
-  quiet machine to measure on). Next: numba (~0.4-0.7 s of every parse) comes in through
-  emb.workflow.samples -> emb.estimation.sample_files -> design -> strata_scan.
+  29.12 (0.89). Then the parse without numba (its compiler came in through
+  emb.workflow.samples -> sample_files -> design -> strata_scan, ~0.4-0.7 s). Measured quiet
+  the same day (load 0.5-1, nothing else running), ``--sizes 100 1000 --repeats 1 --baseline``
+  e06da81, this tree / e06da81's, wall then CPU s: lumi 100 6.04 / 6.67, 6.18 / 6.78; lumi
+  1,000 **19.26** / 26.03 (0.74), 22.74 / 26.88 (0.85); betzy 100 5.99 / 5.61, 6.17 / 5.78;
+  betzy 1,000 **17.80** / 25.86 (0.69), 20.85 / 26.83 (0.78); growth 3.2 / 3.9 (lumi), 3.0 /
+  4.6 (betzy). Under the 20 s goal; the machine was slower that hour than the day's first
+  quiet runs (e06da81's 1,000 regions 26 s against 19.3-21.4 s the morning).
 - growth_{cluster}: time for the large table / time for the small one; ~10 for 10x the
   regions is linear, more means something quadratic in the DAG is back.
 - group_{cluster}_{n}: the widest group job as Snakemake submits it (its side-by-side members
