@@ -62,6 +62,22 @@ alternated rounds, 1 / 2 threads: read 3.19, 2.79 s; design 14.45, 13.92 / 9.10,
 (population pass 9.40, 10.17 / 8.42, 8.61 s; by district 2.54, 2.40 / 2.47, 2.47 s: 3.8x the
 read with 2). RSS 409-500 MiB.
 
+The next day (2026-12-07 afternoon) two tries to put both cores on decoding: the design's maps
+worked in a pool of threads, each pass a map a thread, and the check's regions read by two
+reader threads, each counting its own. Under load (3-7) the longest thread's CPU fell (the
+check's reader 9.4-9.8 -> 5.6-7.5 s), but alternated with the tree before on a quiet machine
+(load 0.5-1, 1,000 regions, two rounds each) neither moved: design 9.97, 11.65 s against 10.24,
+11.26; check 12.35, 12.30 against 14.51, 11.57; the same total CPU (design ~17-19 s, check
+~17-20 s). What holds the GIL (rasterio's opens, ~1.2 ms each, most of it PROJ building a CRS;
+the districts' burns, 2.3-4.5 ms a region crossing a district edge) then runs one thread at a
+time, and two burns at once crashed once (GEOS preparing the shared polygons: double free), so
+they were reverted. Kept: count_keys into 4 histograms (1.6 -> 0.6 ms a Mpx). Quiet, this tree
+against the one before, alternated: read 3.62, 2.89 s / 3.76, 4.11 s; design 11.42, 12.05 /
+9.96, 11.36 s; check 13.70, 13.18 / 13.13, 14.52 s (population pass 9.9, 9.6 / 10.1, 10.5 s;
+by district 3.5, 3.3 / 2.7, 3.7 s): 3-4x the read, the machine ~20% slower that hour than the
+morning (the dry run's baseline too). Goal not met. Next: half the CPU is GIL-bound Python and
+PROJ; worker processes over regions (as the regions check's forked readers), not threads.
+
 Usage: ``python bench/state_scale.py [--regions 1000] [--size 1024] [--test-share 1.0]
 [--draws 200] [--district-draws N] [--distinct 4] [--threads 2] [--json PATH] [--workdir DIR]
 [--keep]``;
