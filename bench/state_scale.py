@@ -76,7 +76,12 @@ against the one before, alternated: read 3.62, 2.89 s / 3.76, 4.11 s; design 11.
 9.96, 11.36 s; check 13.70, 13.18 / 13.13, 14.52 s (population pass 9.9, 9.6 / 10.1, 10.5 s;
 by district 3.5, 3.3 / 2.7, 3.7 s): 3-4x the read, the machine ~20% slower that hour than the
 morning (the dry run's baseline too). Goal not met. Next: half the CPU is GIL-bound Python and
-PROJ; worker processes over regions (as the regions check's forked readers), not threads.
+PROJ; worker processes over regions (as the regions check's forked readers), not threads. The
+bound measured the same hour: the collection's two halves (500 regions each) run as two 1-thread
+``--measure`` processes side by side against the whole with 2 threads, two rounds: check
+8.0-9.1 s each (population pass 6.2-7.5 s) against 14.3, 14.4 s; design 6.7-6.9 s against
+10.1, 10.6 s; the read 4.27 s. Regions in two processes would bring the design to ~1.6x the
+read and the check, its draws by district (~2.5-3 s) still whole, to ~2.2-2.5x.
 
 Usage: ``python bench/state_scale.py [--regions 1000] [--size 1024] [--test-share 1.0]
 [--draws 200] [--district-draws N] [--distinct 4] [--threads 2] [--json PATH] [--workdir DIR]
