@@ -16,8 +16,8 @@ SRC = REPO / "src"
 # Low to high. A module may import its own package, any lower layer and the base modules; the
 # base modules (plain modules of emb) import only each other.
 LAYERS: list[set[str]] = [
-    {"io", "stage_runner", "progress", "threads", "classes", "rasters", "metrics", "provenance",
-     "geo", "colours", "plots", "config_schema"},
+    {"io", "stage_runner", "progress", "threads", "forks", "classes", "rasters", "metrics",
+     "provenance", "geo", "colours", "plots", "config_schema"},
     {"loading", "models", "cluster"},
     {"prep"},
     {"areas", "training"},

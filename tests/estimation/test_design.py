@@ -437,9 +437,11 @@ def test_the_second_pass_reads_only_strips_that_hold_a_drawn_pixel(
     assert 0 < len(reads) <= 6
 
 
+@pytest.mark.parametrize("threads", [1, 2])
 def test_a_strip_changed_between_the_passes_is_refused(
-    tmp_path: Path, class_map: ClassMap, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, class_map: ClassMap, monkeypatch: pytest.MonkeyPatch, threads: int
 ) -> None:
+    """Here or in forked workers (2 threads: one a map): the first map that changed named."""
     maps = two_maps(tmp_path)
     counts = design_module.count_l3_strips
 
@@ -451,7 +453,7 @@ def test_a_strip_changed_between_the_passes_is_refused(
 
     monkeypatch.setattr(design_module, "count_l3_strips", moved)
     with pytest.raises(SampleDesignError, match=r"a.tif changed while the sample was drawn"):
-        draw_points(maps, 3, class_map, n=80, min_per_class=1, seed=3)
+        draw_points(maps, 3, class_map, n=80, min_per_class=1, seed=3, threads=threads)
 
 
 # --- districts ------------------------------------------------------------------------------

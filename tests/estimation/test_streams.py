@@ -163,37 +163,50 @@ def regions_and_their_count(
     return (maps, labels, indexes), want
 
 
+@pytest.mark.parametrize("threads", [1, 2])
 def test_the_population_by_district_is_a_whole_array_count(
-    tmp_path: Path, districts: Districts
+    tmp_path: Path, districts: Districts, threads: int
 ) -> None:
     """Two regions side by side under jagged districts, overlapping test tiles: per (domain,
-    map, CDL) the pixels a whole-array count gives, each test pixel once, 255 left out."""
+    map, CDL) the pixels a whole-array count gives, each test pixel once, 255 left out; the
+    regions counted here or each in a forked worker (2 threads), their counts added."""
     tiles = [(0, 0), (0, 64), (32, 32), (128, 192), (192, 0), (192, 64)]
     (maps, labels, indexes), want = regions_and_their_count(
         tmp_path, districts, 4, (ORIGIN[0] + 2560.0, ORIGIN[1]), tiles)  # fmt: skip
-    population = read_population(maps, labels, indexes, districts)
+    population = read_population(maps, labels, indexes, districts, threads=threads)
     assert population.domains is not None and (want.sum((1, 2)) > 0).sum() >= 4
     assert np.array_equal(population.domains, want)
     assert np.array_equal(population.joint, want.sum(0))
     assert population.domain_names == ("outside", *districts.names)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
 def test_a_foreign_value_is_refused_by_district_naming_it(
-    tmp_path: Path, districts: Districts
+    tmp_path: Path, districts: Districts, threads: int
 ) -> None:
-    mapped = np.full((128, 128), 3, np.uint8)
-    mapped[70, 70] = 200
-    files = write_region(tmp_path / "r", "r", mapped, mapped.copy(), ORIGIN, [(64, 64)])
+    """The region with a value no class has is named, the first such of the regions in their
+    order, whether they are counted here or in forked workers (2 threads: one a region)."""
+    files = {}
+    for name, bad in (("q", None), ("r", 200), ("s", 201)):
+        mapped = np.full((128, 128), 3, np.uint8)
+        if bad is not None:
+            mapped[70, 70] = bad
+        files[name] = write_region(tmp_path / name, name, mapped, mapped.copy(), ORIGIN,
+                                   [(64, 64)])  # fmt: skip
+    maps, labels, indexes = ({k: v[i] for k, v in files.items()} for i in range(3))
     with pytest.raises(AreaCheckError, match=r"r\.tif or its labels .*: map values \[200\]"):
-        read_population({"r": files[0]}, {"r": files[1]}, {"r": files[2]}, districts)
+        read_population(maps, labels, indexes, districts, threads=threads)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
 def test_the_design_by_district_takes_the_drawn_ranks_of_a_whole_array_scan(
-    tmp_path: Path, districts: Districts, class_map: ClassMap
+    tmp_path: Path, districts: Districts, class_map: ClassMap, threads: int
 ) -> None:
     """Maps larger than a chunk under 9 jagged districts, a sample of thousands of units in
     every (district, class) stratum: the points are the pixels whose rank in their stratum
-    (maps in order, each row-major) the seed drew, found by a scan of whole arrays."""
+    (maps in order, each row-major) the seed drew, found by a scan of whole arrays; the maps
+    scanned here or each in a forked worker (2 threads: the second map's scan started where
+    the first pass put it)."""
     rng = np.random.default_rng(8)
     level, seed, minimum = 2, 5, 30
     table, k = level_table(level, class_map), len(level_names(level, class_map))
@@ -208,7 +221,8 @@ def test_the_design_by_district_takes_the_drawn_ranks_of_a_whole_array_scan(
     h = (len(districts.names) + 1) * k
     sizes = np.bincount(np.concatenate(strata)[np.concatenate(strata) >= 0], minlength=h)
     n = int(sizes.astype(bool).sum()) * minimum + 4000
-    design = draw_points(maps, level, class_map, n, minimum, seed, districts=districts)
+    design = draw_points(maps, level, class_map, n, minimum, seed, districts=districts,
+                         threads=threads)  # fmt: skip
     allocation = allocate(sizes, n, minimum)
     draw = np.random.default_rng(seed)
     ranks = [np.sort(draw.choice(int(px), int(c), replace=False)) for px, c in

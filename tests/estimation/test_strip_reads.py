@@ -6,6 +6,7 @@ set against a whole-array count or a pass without them."""
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +17,7 @@ import rasterio
 from test_design import write_map
 from test_streams import ORIGIN, regions_and_their_count, wavy_districts
 
+from emb import forks
 from emb.classes import N_L3, ClassMap
 from emb.estimation import design, holdout_counts, population
 from emb.estimation.design import draw_points
@@ -142,10 +144,11 @@ def test_the_reads_are_made_under_one_gdal_environment() -> None:
 def test_with_a_reader_thread_the_districts_are_burned_there(
     tmp_path: Path, districts: Districts, class_map: ClassMap, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The design's two passes (no burn kept, so the second burns again) and the check's
-    population: every district burn made by the reader thread, the counting thread left
-    with the compiled loops (which let go of the GIL)."""
+    """Where no worker process can be forked: the design's two passes (no burn kept, so the
+    second burns again) and the check's population: every district burn made by the reader
+    thread, the counting thread left with the compiled loops (which let go of the GIL)."""
     burners: list[str] = []
+    monkeypatch.setattr(forks, "fork_allowed", lambda: False)
 
     def recorded(burn):  # noqa: ANN001, ANN202 - a wrapper of district_burn
         def burned(*args):  # noqa: ANN002, ANN202
@@ -171,3 +174,46 @@ def test_with_a_reader_thread_the_districts_are_burned_there(
     read_population(found, labels, indexes, districts, threads=2)
     assert len(burners) > design_burns
     assert set(burners) == {"read-ahead"}
+
+
+def test_with_two_threads_the_maps_are_counted_in_worker_processes(
+    tmp_path: Path, districts: Districts, class_map: ClassMap, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two cores, two maps or regions: the design's two passes and the check's population
+    each counted in forked workers, not here (what holds the GIL, opens and burns, then runs
+    on both cores), with the points and counts that counting here gives."""
+    monkeypatch.setattr(forks, "cores", lambda most: min(most, 2))
+    log = tmp_path / "pids.txt"
+
+    def recorded(fn, name: str):  # noqa: ANN001, ANN202 - a wrapper that notes its process
+        def counted(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+            with log.open("a") as out:
+                out.write(f"{name} {os.getpid()}\n")
+            return fn(*args, **kwargs)
+
+        return counted
+
+    rng = np.random.default_rng(4)
+    maps = []
+    for name, origin in (("a", ORIGIN), ("b", (ORIGIN[0] + 1000.0, ORIGIN[1] - 2600.0))):
+        values = rng.integers(0, N_L3, (300, 260), dtype=np.uint8)
+        maps.append(write_map(tmp_path / f"{name}.tif", values, origin=origin))
+    (tmp_path / "check").mkdir()
+    regions, want = regions_and_their_count(
+        tmp_path / "check", districts, 6, (ORIGIN[0] + 2560.0, ORIGIN[1]), [(0, 0), (64, 128)]
+    )  # fmt: skip
+    here = draw_points(maps, 2, class_map, 900, 5, 11, districts=districts, threads=1)
+    for module, name in ((design, "_records_in_turn"), (design, "_pick_in_turn"),
+                         (holdout_counts, "_count_regions")):  # fmt: skip
+        monkeypatch.setattr(module, name, recorded(getattr(module, name), name))
+    forked = draw_points(maps, 2, class_map, 900, 5, 11, districts=districts, threads=2)
+    population = read_population(*regions, districts, threads=2)
+    calls = [line.split() for line in log.read_text().splitlines()]
+    assert sorted({name for name, _ in calls}) == ["_count_regions", "_pick_in_turn",
+                                                   "_records_in_turn"]  # fmt: skip
+    assert len(calls) == 6  # one call a map or region and a pass
+    assert str(os.getpid()) not in {pid for _, pid in calls}
+    assert np.array_equal(forked.points.x, here.points.x)
+    assert np.array_equal(forked.points.y, here.points.y)
+    assert np.array_equal(forked.record.strata_px, here.record.strata_px)
+    assert np.array_equal(population.domains, want)

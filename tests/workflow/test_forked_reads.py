@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from test_region_checks import READERS, table_of
 
+from emb import forks
 from emb.prep.regions import RegionsError, read_regions
 from emb.workflow import forked_reads
 from emb.workflow.forked_reads import in_order
@@ -53,7 +54,7 @@ def test_off_linux_many_items_are_read_in_this_process(
     forking: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """macOS offers fork, but a forked child of a process with its frameworks loaded may crash."""
-    monkeypatch.setattr(forked_reads.sys, "platform", "darwin")
+    monkeypatch.setattr(forks.sys, "platform", "darwin")
     got = list(in_order(pid_of, list(range(50)), READERS))
     assert {found["pid"] for _, found in got} == {os.getpid()}
 
@@ -61,8 +62,8 @@ def test_off_linux_many_items_are_read_in_this_process(
 def test_the_cores_are_counted_where_the_os_cannot_give_this_process_its_own(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.delattr(forked_reads.os, "sched_getaffinity")  # as on macOS
-    monkeypatch.setattr(forked_reads.os, "cpu_count", lambda: 3)
+    monkeypatch.delattr(forks.os, "sched_getaffinity")  # as on macOS
+    monkeypatch.setattr(forks.os, "cpu_count", lambda: 3)
     assert forked_reads.processes() == 3
 
 

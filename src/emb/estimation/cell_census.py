@@ -43,6 +43,15 @@ def add_census(
                 cells[ids[near], cell] += hist[lane, near, cell]
 
 
+def warm() -> None:
+    """Load the compiled loop now: numba's first call in a process takes ~0.6 s (its compiler
+    set up, the cache read); worker processes forked after it inherit it instead of each paying
+    it."""
+    plane = np.zeros((1, 1), np.uint8)
+    add_census(np.zeros((1, 1), np.int64), np.zeros(1, np.int64), np.zeros(65536, np.uint16),
+               plane, plane, plane, np.zeros((1, 2), np.int64))  # fmt: skip
+
+
 @numba.njit(cache=True, nogil=True)
 def _add_runs(
     cells: np.ndarray, ids: np.ndarray, cell_of: np.ndarray, mapped: np.ndarray,

@@ -24,8 +24,9 @@ of the same points, and a JSON record of the design beside them, which the estim
 
 from __future__ import annotations
 
+import copy
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +38,7 @@ from rasterio.windows import Window
 
 from emb import geo
 from emb.classes import IGNORE, N_L3, ClassMap
+from emb.estimation import strata_scan
 from emb.estimation.districts import Districts, MapDistricts, district_burn, on_map_once
 from emb.estimation.population import (
     PlaneRing,
@@ -56,11 +58,13 @@ from emb.estimation.population import (
 from emb.estimation.sample_record import MapRecord, SampleRecord, StrataDistricts
 from emb.estimation.sample_size import SampleSize
 from emb.estimation.strata_scan import ALL_FOUND, NO_STRATUM, count_keys, pick_ranked
+from emb.forks import forked_workers, in_parts, shares
 from emb.provenance import digest_file
 
 log = logging.getLogger(__name__)
 PIXEL_AREA_RTOL = 1e-6  # maps' pixel areas that differ by less are one pixel size
 KEPT_RUN_PIXELS = 64  # a strip's burn is kept for the second pass below a run in this many px
+SHARES_A_WORKER = 4  # maps differ in what they hold: more shares than workers even out loads
 
 
 class SampleDesignError(ValueError):
@@ -146,15 +150,42 @@ def _map_records(
 ) -> list[tuple[MapRecord, np.ndarray, np.ndarray, tuple[Affine, str]]]:  # fmt: skip
     """Per map its record, (H,) pixels per stratum and (S, H) per strip (the first streaming
     pass), and its transform and WKT (for the points); H = K classes at ``level``, or (D + 1) * K
-    with districts. With districts the maps' strips come through :func:`_map_reads` (with
-    ``threads`` > 1 read by a thread of their own, a few strips ahead of the counting), and
-    each strip's districts kept in ``burns`` (:class:`_KeptBurn`, by (map, strip)); the
-    reads, the district burns and the kept runs all in the reader thread, so that the counting
-    thread runs only the compiled loop (which lets go of the GIL) and a little glue."""
+    with districts, each strip's districts kept in ``burns`` (:class:`_KeptBurn`, by (map,
+    strip)). ``threads`` > 1: the maps in shares, each counted in turn in one of up to
+    ``threads`` forked processes (:mod:`emb.forks`; the districts placed on a CRS once a
+    worker, in ``placed``); where none can be forked, the strips read by a thread of their own
+    (:func:`_records_in_turn`)."""
+    workers = forked_workers(threads, len(maps))
+    inner = 1 if workers > 1 else threads  # a worker is one thread: its core is its own
+    parts = shares(maps, workers * SHARES_A_WORKER if workers > 1 else 1)
+    if workers > 1:
+        strata_scan.warm()  # once here, not once a worker and a pass
+
+    def count(part: int) -> tuple[list, dict]:
+        kept: dict = {}
+        return _records_in_turn(parts[part], level, cmap, districts, placed, inner, kept), kept
+
+    out = []
+    for records, kept in in_parts(count, len(parts), workers):
+        out.extend(records)
+        if burns is not None:
+            burns.update(kept)
+    return out
+
+
+def _records_in_turn(
+    maps: Sequence[Path], level: int, cmap: ClassMap, districts: Districts | None,
+    placed: dict[str, MapDistricts], threads: int, burns: dict,
+) -> list[tuple[MapRecord, np.ndarray, np.ndarray, tuple[Affine, str]]]:  # fmt: skip
+    """:func:`_map_records` of ``maps`` in this process, in turn. With districts the maps'
+    strips come through :func:`_map_reads` (with ``threads`` > 1 read by a thread of their
+    own, a few strips ahead of the counting); the reads, the district burns and the kept runs
+    all in the reader thread, so that the counting thread runs only the compiled loop (which
+    lets go of the GIL) and a little glue."""
     if districts is None:
         return [_map_record(m, level, cmap) for m in maps]
     out, ring = [], PlaneRing.for_threads(threads)
-    near = _StripDistricts(districts, placed, {} if burns is None else burns, first=True)
+    near = _StripDistricts(districts, placed, burns, first=True)
     reads = (item for m in maps for item in _map_reads(m, ring, None, near))
     counter = None
     for item in read_ahead(one_env(reads), threads):
@@ -437,20 +468,45 @@ def _pick_ranked(
     (:func:`_wanted_strips`); a strip that is read is counted again and refused if it changed
     since. With ``districts`` a read strip's districts are the first pass's, kept in ``burns``
     (:class:`_KeptBurn`, taken out as they are used), or burned again (:func:`district_burn`)
-    where none was kept. A strip is walked in scan order by one compiled
-    loop (:func:`emb.estimation.strata_scan.pick_ranked`) that counts each stratum's pixels and
-    takes those of the drawn ranks. ``threads`` > 1: the strips read by a thread of their own,
-    a few ahead."""
-    k = len(ranks)
+    where none was kept. ``threads`` > 1: the maps in shares, each picked in turn in one of up
+    to ``threads`` forked processes (:mod:`emb.forks`), a share started where the first pass's
+    counts of the maps before it put the scan (pixels of each stratum passed, ranks taken);
+    where none can be forked, the strips read by a thread of their own, a few ahead."""
     wanted = _wanted_strips(ranks, strata_px, strata_strips)
     drawn = _Drawn(ranks, strata_px)
-    seen = np.zeros(k, np.int64)  # pixels of each stratum passed so far
+    before = np.cumsum([np.zeros(len(ranks), np.int64)] + [s.sum(0) for s in strata_strips],
+                       axis=0)  # fmt: skip
+    workers = forked_workers(threads, len(maps))
+    inner = 1 if workers > 1 else threads  # a worker is one thread: its core is its own
+    parts = shares(range(len(maps)), workers * SHARES_A_WORKER if workers > 1 else 1)
+    placed = {} if placed is None else placed
+    burns = {} if burns is None else burns
+
+    def pick(part: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        at = parts[part]
+        near = None if districts is None else _StripDistricts(districts, placed, burns,
+                                                              first=False)  # fmt: skip
+        return _pick_in_turn([maps[i] for i in at], table, n_classes, drawn.at(before[at[0]]),
+                             before[at[0]], before[at[-1] + 1], [wanted[i] for i in at],
+                             [strata_strips[i] for i in at], near, inner)  # fmt: skip
+
+    return [found for part in in_parts(pick, len(parts), workers) for found in part]
+
+
+def _pick_in_turn(
+    maps: list[Path], table: np.ndarray, n_classes: int, drawn: _Drawn, start: np.ndarray,
+    end: np.ndarray, wanted: list[np.ndarray], strata_strips: list[np.ndarray],
+    near: _StripDistricts | None, threads: int,
+) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:  # fmt: skip
+    """:func:`_pick_ranked` of ``maps`` in this process, in turn, the scan's pixels of each
+    stratum passed ``start`` before them and ``end`` after them (the first pass's counts),
+    ``drawn`` the ranks not taken at ``start``. A strip is walked in scan order by one compiled
+    loop (:func:`emb.estimation.strata_scan.pick_ranked`) that counts each stratum's pixels and
+    takes those of the drawn ranks."""
+    seen = start.copy()  # pixels of each stratum passed so far
     found_at, found_in = np.zeros(drawn.flat.size, np.int64), np.zeros(drawn.flat.size, np.int64)
     out: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     ring = PlaneRing.for_threads(threads)
-    near = None if districts is None else _StripDistricts(districts, placed or {},
-                                                          {} if burns is None else burns,
-                                                          first=False)  # fmt: skip
     reads = (item for m, w in zip(maps, wanted, strict=True)
              for item in _map_reads(m, ring, w, near))  # fmt: skip
     classes = table[:256].astype(np.int64)  # int64 first: NO_STRATUM is no uint8
@@ -486,10 +542,10 @@ def _pick_ranked(
                 f"{(seen - before).tolist()} on the second pass, {per_strip[i].tolist()} "
                 "on the first"
             )
-    if not np.array_equal(seen, strata_px) or not np.array_equal(drawn.taken, drawn.ends):
+    if not np.array_equal(seen, end) or not np.array_equal(drawn.taken, drawn.at(end).taken):
         raise SampleDesignError(
             f"maps {[str(m) for m in maps]} changed while the sample was drawn: pixels per "
-            f"stratum {seen.tolist()} on the second pass, {strata_px.tolist()} on the first"
+            f"stratum {seen.tolist()} on the second pass, {end.tolist()} on the first"
         )
     return out
 
@@ -527,6 +583,15 @@ class _Drawn:
         strata = np.repeat(np.arange(len(ranks), dtype=np.int64), sizes)
         self.keys = strata * self.big + self.flat[:-1]
         self.next = np.where(sizes > 0, self.flat[self.taken], ALL_FOUND)
+
+    def at(self, seen: np.ndarray) -> _Drawn:
+        """A copy as a scan leaves it once it has passed ``seen`` pixels of each stratum: the
+        ranks below taken (the ranks themselves shared, never written)."""
+        other = copy.copy(self)
+        strata = np.arange(len(self.ends), dtype=np.int64)
+        other.taken = np.searchsorted(self.keys, strata * self.big + seen).astype(np.int64)
+        other.next = np.where(other.taken < self.ends, self.flat[other.taken], ALL_FOUND)
+        return other
 
     def take(self, hits: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(ranks, their strata) of the strata ``hits`` below ``bounds`` (one per hit) not

@@ -22,8 +22,9 @@ from affine import Affine
 from rasterio.windows import Window
 
 from emb.classes import IGNORE, N_L1, N_L2, N_L3, ClassMap
+from emb.estimation import cell_census
 from emb.estimation.cell_census import add_census
-from emb.estimation.districts import Districts, district_burn, on_map_once
+from emb.estimation.districts import Districts, MapDistricts, district_burn, on_map_once
 from emb.estimation.population import (
     CHUNK,
     STRIP_BYTES,
@@ -34,11 +35,13 @@ from emb.estimation.population import (
     one_env,
     read_ahead,
 )
+from emb.forks import forked_workers, in_parts, shares
 from emb.io import reading
 from emb.prep.region_index import read_index, tile_origin, windows_of_test_tiles
 
 LEVEL_CLASSES = {1: N_L1, 2: N_L2, 3: N_L3}
 PAIRS = 256 * 256  # (map value, CDL value) codes of two uint8 pixels
+SHARES_A_WORKER = 4  # regions differ in size: more shares than workers even out their loads
 
 
 class AreaCheckError(ValueError):
@@ -234,8 +237,8 @@ class _RegionDistricts:
     the counting thread runs only the compiled census, which lets go of the GIL); the
     districts moved onto each CRS once (kept in ``placed`` by its text)."""
 
-    def __init__(self, districts: Districts) -> None:
-        self.districts, self.placed = districts, {}
+    def __init__(self, districts: Districts, placed: dict[str, MapDistricts]) -> None:
+        self.districts, self.placed = districts, placed
 
     def start(self, map_path: Path, crs: rasterio.crs.CRS | None, transform: Affine) -> None:
         """Take a region's map: the districts on its CRS; a map without one is refused."""
@@ -301,31 +304,28 @@ def read_population(
     ``districts``, per domain too (a district may span regions: its counts add up). Each test
     pixel is counted once (tiles may overlap) in its (domain, cell): a pixel's domain is the
     district holding its centre (:func:`emb.estimation.districts.district_burn`), burned once
-    per strip; the counts, 30 KB a district, are all that grows. ``threads`` > 1: the rasters
-    are read and decoded by a thread of their own, a few strips ahead of the counting."""
+    per strip; the counts, 30 KB a district, are all that grows. ``threads`` > 1: the regions
+    in shares, counted in up to ``threads`` forked processes (:mod:`emb.forks`; the counts of
+    the shares add up); where none can be forked, the rasters read and decoded by a thread of
+    their own, a few strips ahead of the counting."""
     n_domains = 1 + (len(districts.names) if districts is not None else 0)
+    regions = list(indexes)
+    workers = forked_workers(threads, len(regions))
+    inner = 1 if workers > 1 else threads  # a worker is one thread: its core is its own
+    parts = shares(regions, workers * SHARES_A_WORKER if workers > 1 else 1)
+
+    placed: dict[str, MapDistricts] = {}  # the districts on each CRS, once a process
+    if workers > 1:
+        cell_census.warm()  # once here, not once a worker
+
+    def count(part: int) -> tuple[np.ndarray, dict[str, float]]:
+        return _count_regions(parts[part], maps, labels, indexes, districts, placed, n_domains,
+                              inner)  # fmt: skip
+
     cells, areas = np.zeros((n_domains, CELLS), np.int64), {}
-    ring = PlaneRing.for_threads(threads, planes=2)
-    near = None if districts is None else _RegionDistricts(districts)
-
-    def reads() -> Iterator[tuple]:
-        for region, index_path in indexes.items():
-            yield from _region_reads(region, Path(maps[region]), Path(labels[region]),
-                                     Path(index_path), ring, near)  # fmt: skip
-
-    grid, foreign = None, 0
-    for item in read_ahead(one_env(reads()), threads):
-        if item[0] == "strip":
-            _, win, spans, mapped, reference, local, ids = item
-            _add_cells(cells, ids, local, mapped, reference, spans)
-        elif item[0] == "grid":
-            grid, foreign = item, int(cells[:, FOREIGN].sum())
-        else:
-            region, map_path, label_path, boxes = grid[1:5]
-            areas[region] = item[1]
-            if cells[:, FOREIGN].sum() > foreign:  # counted again as pairs, to name the values
-                _joint_of(_region_pairs(map_path, label_path, boxes),
-                          f"{map_path} or its labels {label_path}")  # fmt: skip
+    for part_cells, part_areas in in_parts(count, len(parts), workers):
+        cells += part_cells
+        areas.update(part_areas)
     counts = cells[:, : N_L3 * N_L3].reshape(n_domains, N_L3, N_L3)
     if not areas:
         raise AreaCheckError("no region to check: the run trains on no region with test tiles")
@@ -344,3 +344,37 @@ def read_population(
             "CDL label"
         )
     return population
+
+
+def _count_regions(
+    regions: Sequence[str], maps: Mapping[str, Path], labels: Mapping[str, Path],
+    indexes: Mapping[str, Path], districts: Districts | None,
+    placed: dict[str, MapDistricts], n_domains: int, threads: int,
+) -> tuple[np.ndarray, dict[str, float]]:  # fmt: skip
+    """(D + 1, CELLS) int64 pixels per (domain, cell) of ``regions``' test tiles, and each
+    region's pixel area (ha), read in turn (:func:`_region_reads`; the districts placed on
+    each CRS kept in ``placed``); a region with values that are neither a class nor 255
+    refused, naming its files and the values."""
+    cells, areas = np.zeros((n_domains, CELLS), np.int64), {}
+    ring = PlaneRing.for_threads(threads, planes=2)
+    near = None if districts is None else _RegionDistricts(districts, placed)
+
+    def reads() -> Iterator[tuple]:
+        for region in regions:
+            yield from _region_reads(region, Path(maps[region]), Path(labels[region]),
+                                     Path(indexes[region]), ring, near)  # fmt: skip
+
+    grid, foreign = None, 0
+    for item in read_ahead(one_env(reads()), threads):
+        if item[0] == "strip":
+            _, win, spans, mapped, reference, local, ids = item
+            _add_cells(cells, ids, local, mapped, reference, spans)
+        elif item[0] == "grid":
+            grid, foreign = item, int(cells[:, FOREIGN].sum())
+        else:
+            region, map_path, label_path, boxes = grid[1:5]
+            areas[region] = item[1]
+            if cells[:, FOREIGN].sum() > foreign:  # counted again as pairs, to name the values
+                _joint_of(_region_pairs(map_path, label_path, boxes),
+                          f"{map_path} or its labels {label_path}")  # fmt: skip
+    return cells, areas

@@ -51,6 +51,13 @@ def count_keys(values: np.ndarray, local: np.ndarray | None, counts: np.ndarray)
             counts[key] += lanes[lane * width + key]
 
 
+def warm() -> None:
+    """Load the compiled loops now: numba's first call in a process takes ~0.6 s (its compiler
+    set up, the cache read), a later one's new types ~0.01 s; worker processes forked after it
+    inherit them instead of each paying it."""
+    count_keys(np.zeros(LANES, np.uint8), None, np.zeros(256, np.int64))
+
+
 @numba.njit(cache=True, nogil=True)
 def pick_ranked(
     values: np.ndarray, local: np.ndarray | None, strata_of: np.ndarray, seen: np.ndarray,

@@ -5,13 +5,11 @@ processes do. Below a threshold, or off Linux, threads as before."""
 from __future__ import annotations
 
 import multiprocessing
-import os
-import pickle
-import sys
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from typing import TypeVar
 
+from emb.forks import cores, fork_allowed, sendable
 from emb.threads import in_threads
 
 T = TypeVar("T")
@@ -24,10 +22,8 @@ MAX_PROCESSES = 4  # a login node's share; each reads ~1,000 rasters a second
 
 
 def processes() -> int:
-    """The cores this process may run on (the machine's where the OS cannot say), at most
-    MAX_PROCESSES."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, min(cores or 1, MAX_PROCESSES))
+    """The cores this process may run on, at most MAX_PROCESSES."""
+    return cores(MAX_PROCESSES)
 
 
 def in_order(
@@ -38,10 +34,7 @@ def in_order(
     or of exceptions it caught (sent back whole where they pickle, else as RuntimeError with
     their type and text)."""
     workers = processes()
-    # Linux only: macOS offers fork, but a forked child of a process that has loaded its
-    # system frameworks (as GDAL's and PROJ's libraries may) can crash
-    forks = sys.platform == "linux" and "fork" in multiprocessing.get_all_start_methods()
-    if len(items) < FORK_FROM or workers < 2 or not forks:
+    if len(items) < FORK_FROM or workers < 2 or not fork_allowed():
         yield from in_threads(fn, items, threads)
         return
     chunk = max(1, len(items) // (workers * 8))  # a few dozen per task: little pickling overhead
@@ -58,18 +51,4 @@ class _Sendable:
         self.fn = fn
 
     def __call__(self, item: T) -> dict[str, object]:
-        return {key: _sendable(value) for key, value in self.fn(item).items()}
-
-
-def _sendable(value: object) -> object:
-    """An exception that pickles back as itself, else a RuntimeError naming it (an exception
-    class whose __init__ takes other arguments than its args fails to unpickle)."""
-    if not isinstance(value, BaseException):
-        return value
-    try:
-        back = pickle.loads(pickle.dumps(value))
-    except Exception:  # noqa: BLE001 - any failure to round-trip means: send text instead
-        return RuntimeError(f"{type(value).__name__}: {value}")
-    if type(back) is type(value) and str(back) == str(value):
-        return value
-    return RuntimeError(f"{type(value).__name__}: {value}")
+        return {key: sendable(value) for key, value in self.fn(item).items()}

@@ -1,0 +1,102 @@
+"""Work in parts across the machine's cores, each part in a forked process: where most of a
+job's time is code that holds the GIL (rasterio's opens, PROJ building a CRS, GEOS burning a
+polygon), threads overlap little of it and processes overlap all of it. A part's function
+reaches the workers by fork, not by pickling (a closure over the job's data will do); its result
+and its error come back pickled. Off Linux, on one core, or for one part, the parts run here in
+turn, with the same results."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import pickle
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from typing import TypeVar
+
+R = TypeVar("R")
+T = TypeVar("T")
+
+_PART: Callable[[int], object] | None = None  # the job of the pool being run (inherited by fork)
+
+
+def cores(most: int) -> int:
+    """The cores this process may run on (the machine's where the OS cannot say), at most
+    ``most``."""
+    found = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(found or 1, most))
+
+
+def fork_allowed() -> bool:
+    """Linux only: macOS offers fork, but a forked child of a process that has loaded its
+    system frameworks (as GDAL's and PROJ's libraries may) can crash."""
+    return sys.platform == "linux" and "fork" in multiprocessing.get_all_start_methods()
+
+
+def in_parts(part: Callable[[int], R], parts: int, workers: int) -> list[R]:
+    """``[part(0), ..., part(parts - 1)]``, up to ``workers`` parts at once in forked
+    processes (for two parts or more, two workers or more, where fork is allowed; a part that
+    itself calls this runs its parts in turn), else in this process in turn. The error of the
+    lowest part that fails is raised, as running them in turn would raise it (sent back whole
+    where it pickles, else as a RuntimeError with its type and text; the worker's traceback as a
+    note); the parts not started by then are not run."""
+    global _PART
+    workers = min(workers, parts)
+    if workers < 2 or not fork_allowed() or _PART is not None:
+        return [part(i) for i in range(parts)]
+    _PART = part
+    try:
+        context = multiprocessing.get_context("fork")
+        with ProcessPoolExecutor(workers, mp_context=context) as pool:
+            found = []
+            for ok, value in pool.map(_run_part, range(parts)):
+                if not ok:
+                    pool.shutdown(wait=True, cancel_futures=True)
+                    raise value
+                found.append(value)
+            return found
+    finally:
+        _PART = None
+
+
+def _run_part(index: int) -> tuple[bool, object]:
+    """(True, result) or (False, the error made sendable) of the pool's part ``index``."""
+    try:
+        return True, _PART(index)
+    except Exception as error:  # noqa: BLE001 - every error goes back to the caller, whole
+        error.add_note(f"in worker process {os.getpid()}, part {index}:\n"
+                       + "".join(traceback.format_tb(error.__traceback__)))  # fmt: skip
+        return False, sendable(error)
+
+
+def sendable(value: object) -> object:
+    """An exception that pickles back as itself, else a RuntimeError naming it (an exception
+    class whose __init__ takes other arguments than its args fails to unpickle); any other
+    value as it is."""
+    if not isinstance(value, BaseException):
+        return value
+    try:
+        back = pickle.loads(pickle.dumps(value))
+    except Exception:  # noqa: BLE001 - any failure to round-trip means: send text instead
+        return RuntimeError(f"{type(value).__name__}: {value}")
+    if type(back) is type(value) and str(back) == str(value):
+        return value
+    return RuntimeError(f"{type(value).__name__}: {value}")
+
+
+def forked_workers(threads: int, parts: int) -> int:
+    """The processes :func:`in_parts` runs ``parts`` parts in, given ``threads`` cores to use:
+    as many as the cores this process may run on allow, at most one a part; 1 (the parts in
+    this process, in turn) where fork is not allowed."""
+    workers = min(cores(threads), parts)
+    return workers if workers >= 2 and fork_allowed() else 1
+
+
+def shares(items: Sequence[T], parts: int) -> list[Sequence[T]]:
+    """``items`` in ``parts`` (at most one an item) contiguous runs of near-equal length, in
+    order."""
+    parts = max(1, min(parts, len(items)))
+    bounds = [len(items) * i // parts for i in range(parts + 1)]
+    return [items[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
