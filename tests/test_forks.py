@@ -1,16 +1,17 @@
 """Work in parts in forked processes (emb.forks): the parts' results in order from other
-processes, a closure reaching them by fork, the lowest failing part's error raised as running
-them in turn would raise it, and the parts in this process where fork is not allowed, for one
-part or one worker, or inside a part."""
+processes, a closure reaching them by fork, two rounds in one process a part, the lowest
+failing part's error raised as running them in turn would raise it, and the parts in this
+process where fork is not allowed, for one part or one worker, or inside a part."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 
 import pytest
 
 from emb import forks
-from emb.forks import forked_workers, in_parts, shares
+from emb.forks import forked_workers, in_parts, shares, two_rounds
 
 
 @pytest.fixture
@@ -99,6 +100,13 @@ def test_the_cores_are_counted_where_the_os_cannot_give_this_process_its_own(
     assert forks.cores(2) == 2
 
 
+def test_weighted_shares_are_near_equal_in_weight_and_never_empty() -> None:
+    assert shares(list("abcdefghij"), 3, [1] * 10) == [list("abc"), list("def"), list("ghij")]
+    assert shares(list("abcde"), 2, [8, 1, 1, 1, 5]) == [["a"], list("bcde")]
+    assert shares(list("abcd"), 4, [0, 0, 0, 9]) == [["a"], ["b"], ["c"], ["d"]]
+    assert shares(list("abcd"), 3, [9, 0, 0, 0]) == [["a"], ["b"], ["c", "d"]]
+
+
 @pytest.mark.parametrize(("n", "parts"), [(10, 3), (3, 8), (8, 8), (1, 1), (0, 2), (1000, 8)])
 def test_shares_are_contiguous_near_equal_and_never_empty(n: int, parts: int) -> None:
     items = list(range(n))
@@ -108,3 +116,61 @@ def test_shares_are_contiguous_near_equal_and_never_empty(n: int, parts: int) ->
     assert len(got) == max(1, min(parts, n))
     assert max(sizes) - min(sizes) <= 1
     assert n == 0 or min(sizes) >= 1
+
+
+def rounds_in_memory(fail: str = "") -> tuple[list, list]:
+    """two_rounds over 3 parts: the first round leaves a value in its process's memory that
+    the second reads; ``between`` sums the first round's answers here."""
+    left: dict[int, int] = {}
+    between_calls: list[int] = []
+
+    def first(i: int) -> tuple[int, int]:
+        if fail == "first" and i >= 1:
+            raise ValueError(f"part {i}: map {i}.tif unreadable")
+        if fail == "dies" and i == 1:
+            os._exit(3)
+        left[i] = 10 * i
+        return i, os.getpid()
+
+    def between(firsts: list) -> int:
+        between_calls.append(os.getpid())
+        if fail == "between":
+            raise KeyError("between: no mapped pixel")
+        return sum(i for i, _ in firsts)
+
+    def second(i: int, total: int) -> tuple[int, int, int]:
+        if fail == "second" and i == 2:
+            raise ValueError("part 2: map 2.tif changed")
+        return left[i] + total, os.getpid(), i
+
+    return two_rounds(first, between, second, 3), between_calls
+
+
+def test_two_rounds_keep_each_parts_memory_in_its_own_process() -> None:
+    got, between_calls = rounds_in_memory()
+    assert [(value, i) for value, _, i in got] == [(3, 0), (13, 1), (23, 2)]
+    pids = [pid for _, pid, _ in got]
+    assert len(set(pids)) == 3 and os.getpid() not in pids
+    assert between_calls == [os.getpid()]
+
+
+@pytest.mark.parametrize(("fail", "error", "match"), [
+    ("first", ValueError, "part 1: map 1.tif unreadable"),
+    ("between", KeyError, "between: no mapped pixel"),
+    ("second", ValueError, "part 2: map 2.tif changed"),
+    ("dies", RuntimeError, r"part 1\) ended in the first round without an answer, exit code 3"),
+])  # fmt: skip
+def test_two_rounds_raise_the_lowest_error_and_leave_no_worker(
+    fail: str, error: type, match: str
+) -> None:
+    before = {child.pid for child in multiprocessing.active_children()}
+    with pytest.raises(error, match=match):
+        rounds_in_memory(fail)
+    assert {child.pid for child in multiprocessing.active_children()} == before
+
+
+def test_off_linux_two_rounds_run_here(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(forks.sys, "platform", "darwin")
+    got, _ = rounds_in_memory()
+    assert [(value, pid, i) for value, pid, i in got] == [(3 + 10 * i, os.getpid(), i)
+                                                         for i in range(3)]  # fmt: skip

@@ -14,10 +14,16 @@ import sys
 import traceback
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from multiprocessing.connection import Connection
 from typing import TypeVar
+
+import numpy as np
 
 R = TypeVar("R")
 T = TypeVar("T")
+A = TypeVar("A")
+B = TypeVar("B")
+C = TypeVar("C")
 
 _PART: Callable[[int], object] | None = None  # the job of the pool being run (inherited by fork)
 
@@ -61,10 +67,88 @@ def in_parts(part: Callable[[int], R], parts: int, workers: int) -> list[R]:
         _PART = None
 
 
+def two_rounds(
+    first: Callable[[int], A], between: Callable[[list[A]], B], second: Callable[[int, B], C],
+    parts: int,
+) -> list[C]:  # fmt: skip
+    """``[second(i, b) for i in range(parts)]`` where ``b = between([first(0), ...])``: each
+    part in a forked process of its own through both rounds, so that what ``first(i)`` leaves
+    in that process's memory (a closure's dict) is there for ``second(i, b)`` and only what the
+    rounds return travels; ``between`` runs here. Where fork is not allowed, for one part, or
+    inside a part, all in this process in turn (the same results). An error: the lowest
+    failing part's of the round is raised (as :func:`in_parts`), the workers stopped."""
+    global _PART
+    if parts < 2 or not fork_allowed() or _PART is not None:
+        b = between([first(i) for i in range(parts)])
+        return [second(i, b) for i in range(parts)]
+    _PART = first  # marks the workers' memory: a part's own calls run in turn
+    context, workers = multiprocessing.get_context("fork"), []
+    try:
+        for i in range(parts):
+            here, there = context.Pipe()
+            worker = context.Process(target=_two_rounds_of, args=(first, second, i, there),
+                                     daemon=True, name=f"emb-part-{i}")  # fmt: skip
+            worker.start()
+            there.close()  # this process's copy: a dead worker's pipe then ends (EOFError)
+            workers.append((worker, here))
+        b = between(_answers(workers, "first"))
+        for _, pipe in workers:
+            pipe.send(b)
+        return _answers(workers, "second")
+    finally:
+        _PART = None
+        for worker, pipe in workers:
+            pipe.close()
+            worker.join(timeout=1)
+            if worker.is_alive():
+                worker.kill()
+                worker.join()
+
+
+def _two_rounds_of(
+    first: Callable[[int], A], second: Callable[[int, B], C], index: int, pipe: Connection
+) -> None:
+    """A worker of :func:`two_rounds`: its part's first round, then, given ``between``'s
+    result, its second; each answer (ok, value) down ``pipe``."""
+    outcome = _outcome(first, index)
+    pipe.send(outcome)
+    if outcome[0]:
+        try:
+            b = pipe.recv()
+        except EOFError:  # the caller stopped (another part's error)
+            return
+        pipe.send(_outcome(lambda i: second(i, b), index))
+    pipe.close()
+
+
+def _answers(workers: list, round_name: str) -> list:
+    """Each worker's answer of a round, in part order; the lowest error raised, a worker that
+    ended without one named."""
+    found = []
+    for i, (worker, pipe) in enumerate(workers):
+        try:
+            ok, value = pipe.recv()
+        except EOFError:
+            worker.join()
+            raise RuntimeError(
+                f"worker process {worker.pid} (part {i}) ended in the {round_name} round without "
+                f"an answer, exit code {worker.exitcode} (killed, e.g. out of memory?)"
+            ) from None
+        if not ok:
+            raise value
+        found.append(value)
+    return found
+
+
 def _run_part(index: int) -> tuple[bool, object]:
     """(True, result) or (False, the error made sendable) of the pool's part ``index``."""
+    return _outcome(_PART, index)
+
+
+def _outcome(part: Callable[[int], R], index: int) -> tuple[bool, object]:
+    """(True, part(index)) or (False, its error made sendable, the worker's traceback a note)."""
     try:
-        return True, _PART(index)
+        return True, part(index)
     except Exception as error:  # noqa: BLE001 - every error goes back to the caller, whole
         error.add_note(f"in worker process {os.getpid()}, part {index}:\n"
                        + "".join(traceback.format_tb(error.__traceback__)))  # fmt: skip
@@ -94,9 +178,20 @@ def forked_workers(threads: int, parts: int) -> int:
     return workers if workers >= 2 and fork_allowed() else 1
 
 
-def shares(items: Sequence[T], parts: int) -> list[Sequence[T]]:
-    """``items`` in ``parts`` (at most one an item) contiguous runs of near-equal length, in
-    order."""
+def shares(
+    items: Sequence[T], parts: int, weights: Sequence[float] | None = None
+) -> list[Sequence[T]]:
+    """``items`` in ``parts`` (at most one an item) contiguous runs, in order, never empty: of
+    near-equal length, or given ``weights`` (e.g. file sizes: the work an item takes) of
+    near-equal weight."""
     parts = max(1, min(parts, len(items)))
-    bounds = [len(items) * i // parts for i in range(parts + 1)]
+    if weights is None or not len(items):
+        bounds = [len(items) * i // parts for i in range(parts + 1)]
+    else:
+        reach = np.cumsum(np.asarray(weights, np.float64))
+        cuts = np.searchsorted(reach, reach[-1] * np.arange(1, parts) / parts, side="right")
+        bounds = [0]
+        for k, cut in enumerate(cuts.tolist(), start=1):  # each part one item at least
+            bounds.append(min(max(cut, bounds[-1] + 1), len(items) - (parts - k)))
+        bounds.append(len(items))
     return [items[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]

@@ -203,13 +203,13 @@ def test_with_two_threads_the_maps_are_counted_in_worker_processes(
         tmp_path / "check", districts, 6, (ORIGIN[0] + 2560.0, ORIGIN[1]), [(0, 0), (64, 128)]
     )  # fmt: skip
     here = draw_points(maps, 2, class_map, 900, 5, 11, districts=districts, threads=1)
-    for module, name in ((design, "_records_in_turn"), (design, "_pick_in_turn"),
+    for module, name in ((design, "_records_in_turn"), (design, "_pick_ranked"),
                          (holdout_counts, "_count_regions")):  # fmt: skip
         monkeypatch.setattr(module, name, recorded(getattr(module, name), name))
     forked = draw_points(maps, 2, class_map, 900, 5, 11, districts=districts, threads=2)
     population = read_population(*regions, districts, threads=2)
     calls = [line.split() for line in log.read_text().splitlines()]
-    assert sorted({name for name, _ in calls}) == ["_count_regions", "_pick_in_turn",
+    assert sorted({name for name, _ in calls}) == ["_count_regions", "_pick_ranked",
                                                    "_records_in_turn"]  # fmt: skip
     assert len(calls) == 6  # one call a map or region and a pass
     assert str(os.getpid()) not in {pid for _, pid in calls}

@@ -58,13 +58,12 @@ from emb.estimation.population import (
 from emb.estimation.sample_record import MapRecord, SampleRecord, StrataDistricts
 from emb.estimation.sample_size import SampleSize
 from emb.estimation.strata_scan import ALL_FOUND, NO_STRATUM, count_keys, pick_ranked
-from emb.forks import forked_workers, in_parts, shares
+from emb.forks import forked_workers, shares, two_rounds
 from emb.provenance import digest_file
 
 log = logging.getLogger(__name__)
 PIXEL_AREA_RTOL = 1e-6  # maps' pixel areas that differ by less are one pixel size
 KEPT_RUN_PIXELS = 64  # a strip's burn is kept for the second pass below a run in this many px
-SHARES_A_WORKER = 4  # maps differ in what they hold: more shares than workers even out loads
 
 
 class SampleDesignError(ValueError):
@@ -144,44 +143,18 @@ def _largest_remainder(total: int, weights: list[int]) -> list[int]:
     return shares
 
 
-def _map_records(
-    maps: list[Path], level: int, cmap: ClassMap, districts: Districts | None,
-    placed: dict[str, MapDistricts], threads: int = 1, burns: dict | None = None,
-) -> list[tuple[MapRecord, np.ndarray, np.ndarray, tuple[Affine, str]]]:  # fmt: skip
-    """Per map its record, (H,) pixels per stratum and (S, H) per strip (the first streaming
-    pass), and its transform and WKT (for the points); H = K classes at ``level``, or (D + 1) * K
-    with districts, each strip's districts kept in ``burns`` (:class:`_KeptBurn`, by (map,
-    strip)). ``threads`` > 1: the maps in shares, each counted in turn in one of up to
-    ``threads`` forked processes (:mod:`emb.forks`; the districts placed on a CRS once a
-    worker, in ``placed``); where none can be forked, the strips read by a thread of their own
-    (:func:`_records_in_turn`)."""
-    workers = forked_workers(threads, len(maps))
-    inner = 1 if workers > 1 else threads  # a worker is one thread: its core is its own
-    parts = shares(maps, workers * SHARES_A_WORKER if workers > 1 else 1)
-    if workers > 1:
-        strata_scan.warm()  # once here, not once a worker and a pass
-
-    def count(part: int) -> tuple[list, dict]:
-        kept: dict = {}
-        return _records_in_turn(parts[part], level, cmap, districts, placed, inner, kept), kept
-
-    out = []
-    for records, kept in in_parts(count, len(parts), workers):
-        out.extend(records)
-        if burns is not None:
-            burns.update(kept)
-    return out
-
-
 def _records_in_turn(
     maps: Sequence[Path], level: int, cmap: ClassMap, districts: Districts | None,
     placed: dict[str, MapDistricts], threads: int, burns: dict,
 ) -> list[tuple[MapRecord, np.ndarray, np.ndarray, tuple[Affine, str]]]:  # fmt: skip
-    """:func:`_map_records` of ``maps`` in this process, in turn. With districts the maps'
-    strips come through :func:`_map_reads` (with ``threads`` > 1 read by a thread of their
-    own, a few strips ahead of the counting); the reads, the district burns and the kept runs
-    all in the reader thread, so that the counting thread runs only the compiled loop (which
-    lets go of the GIL) and a little glue."""
+    """The first streaming pass over ``maps``, in turn: per map its record, (H,) pixels per
+    stratum and (S, H) per strip, and its transform and WKT (for the points); H = K classes at
+    ``level``, or (D + 1) * K with districts, each strip's districts kept in ``burns``
+    (:class:`_KeptBurn`, by (map, strip)), placed on each CRS once in ``placed``. With
+    districts the maps' strips come through :func:`_map_reads` (with ``threads`` > 1 read by a
+    thread of their own, a few strips ahead of the counting); the reads, the district burns and
+    the kept runs all in the reader thread, so that the counting thread runs only the compiled
+    loop (which lets go of the GIL) and a little glue."""
     if districts is None:
         return [_map_record(m, level, cmap) for m in maps]
     out, ring = [], PlaneRing.for_threads(threads)
@@ -203,7 +176,7 @@ def _records_in_turn(
 def _map_record(
     path: Path, level: int, cmap: ClassMap
 ) -> tuple[MapRecord, np.ndarray, np.ndarray, tuple[Affine, str]]:
-    """:func:`_map_records` of one map without districts (strata: its classes)."""
+    """:func:`_records_in_turn` of one map without districts (strata: its classes)."""
     with streaming(path) as src:
         head = _head(src, path)
     per_strip = count_l3_strips(path)
@@ -224,7 +197,7 @@ def _record_of(
     path: Path, head: tuple, level: int, cmap: ClassMap, strata_strips: np.ndarray,
     l3: np.ndarray,
 ) -> tuple[MapRecord, np.ndarray, np.ndarray, tuple[Affine, str]]:  # fmt: skip
-    """A map's entry of :func:`_map_records` from its :func:`_head` and counts."""
+    """A map's entry of :func:`_records_in_turn` from its :func:`_head` and counts."""
     pixel_ha, crs, width, height, grid = head[:5]
     record = MapRecord(
         region=path.stem, path=str(path), sha256=digest_file(path), crs=crs,
@@ -409,25 +382,54 @@ def draw_points(
     decoded by a thread of their own, a few strips ahead of the counting (both passes)."""
     maps = [Path(m) for m in maps]
     table, names = level_table(level, cmap), level_names(level, cmap)
+    workers = forked_workers(threads, len(maps))
+    inner = 1 if workers > 1 else threads  # a worker is one thread: its core is its own
+    parts = shares(maps, workers, [_file_size(m) for m in maps])
+    if workers > 1:
+        strata_scan.warm()  # once here, not once a worker
+    # a part's own, in the process that counts it (its worker's, or this one's)
     placed: dict[str, MapDistricts] = {}  # the districts moved onto each CRS, once
     burns: dict = {}  # each strip's districts from the first pass, for the second
-    firsts = _map_records(maps, level, cmap, districts, placed, threads, burns)
-    records = [r for r, _, _, _ in firsts]
-    pixel_ha = _check_maps(maps, records)
-    strata_px = np.sum([c for _, c, _, _ in firsts], axis=0).astype(np.int64)
-    _check_mapped(records)
-    size = sized(strata_px) if sized is not None else None
-    allocation = size.units if size is not None else allocate(strata_px, n, min_per_class)
-    rng = np.random.default_rng(seed)
-    ranks = [np.sort(rng.choice(int(px), int(k), replace=False)) for px, k in
-             zip(strata_px, allocation, strict=True)]  # fmt: skip
-    found = _pick_ranked(maps, table, len(names), ranks, strata_px, [s for _, _, s, _ in firsts],
-                         districts, placed, threads, burns)  # fmt: skip
+    kept_strips: dict[int, list[np.ndarray]] = {}  # each map's (S, H) per strip, by part
+    made: dict = {}  # what the draw between the passes made here
+
+    def first_pass(part: int) -> tuple[list[MapRecord], list[tuple[Affine, str]], np.ndarray]:
+        found = _records_in_turn(parts[part], level, cmap, districts, placed, inner, burns)
+        kept_strips[part] = [per_strip for _, _, per_strip, _ in found]
+        return ([record for record, _, _, _ in found], [grid for _, _, _, grid in found],
+                np.sum([counts for _, counts, _, _ in found], axis=0))  # fmt: skip
+
+    def draw(firsts: list[tuple]) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
+        records = made["records"] = [record for part in firsts for record in part[0]]
+        made["grids"] = [grid for part in firsts for grid in part[1]]
+        made["pixel_ha"] = _check_maps(maps, records)
+        per_part = [part[2] for part in firsts]  # (H,) pixels per stratum of a part's maps
+        strata_px = np.sum(per_part, axis=0).astype(np.int64)
+        _check_mapped(records)
+        size = made["size"] = sized(strata_px) if sized is not None else None
+        allocation = size.units if size is not None else allocate(strata_px, n, min_per_class)
+        rng = np.random.default_rng(seed)
+        ranks = [np.sort(rng.choice(int(px), int(k), replace=False)) for px, k in
+                 zip(strata_px, allocation, strict=True)]  # fmt: skip
+        made["strata_px"], made["allocation"] = strata_px, allocation
+        return ranks, strata_px, np.cumsum([np.zeros_like(strata_px), *per_part], axis=0)
+
+    def second_pass(part: int, plan: tuple) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        ranks, strata_px, before = plan
+        return _pick_ranked(parts[part], table, len(names), _Drawn(ranks, strata_px),
+                            before[part], kept_strips[part], districts, placed, burns,
+                            inner)  # fmt: skip
+
+    found = [one for part in two_rounds(first_pass, draw, second_pass, len(parts))
+             for one in part]  # fmt: skip
+    records, strata_px, allocation = made["records"], made["strata_px"], made["allocation"]
+    pixel_ha, size = made["pixel_ha"], made["size"]
     region = np.concatenate([np.full(len(rows), m.stem) for m, (rows, _, _) in
                              zip(maps, found, strict=True)])  # fmt: skip
     xs, ys, crs, lon, lat = [], [], [], [], []
     to_wgs84 = {}  # per CRS (its WKT), once: building one costs more than a map's points
-    for (record, _, _, (transform, wkt)), (rows, cols, _) in zip(firsts, found, strict=True):
+    for record, (transform, wkt), (rows, cols, _) in zip(records, made["grids"], found,
+                                                          strict=True):  # fmt: skip
         x, y = transform * (cols + 0.5, rows + 0.5)
         if wkt not in to_wgs84:
             to_wgs84[wkt] = geo.transformer(CRS.from_user_input(wkt), geo.WGS84)
@@ -458,51 +460,26 @@ def draw_points(
 
 
 def _pick_ranked(
-    maps: list[Path], table: np.ndarray, n_classes: int, ranks: list[np.ndarray],
-    strata_px: np.ndarray, strata_strips: list[np.ndarray], districts: Districts | None,
-    placed: dict[str, MapDistricts] | None = None, threads: int = 1, burns: dict | None = None,
+    maps: Sequence[Path], table: np.ndarray, n_classes: int, every: _Drawn, start: np.ndarray,
+    strata_strips: list[np.ndarray], districts: Districts | None,
+    placed: dict[str, MapDistricts], burns: dict, threads: int = 1,
 ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:  # fmt: skip
-    """Second streaming pass: per map, (rows, cols, stratum) of the pixels whose rank within
-    their stratum (in scan order) was drawn, sorted row-major. A strip that holds no drawn
-    rank (its first pass counts, ``strata_strips``: (S, H) per map, say so) is not read
-    (:func:`_wanted_strips`); a strip that is read is counted again and refused if it changed
-    since. With ``districts`` a read strip's districts are the first pass's, kept in ``burns``
-    (:class:`_KeptBurn`, taken out as they are used), or burned again (:func:`district_burn`)
-    where none was kept. ``threads`` > 1: the maps in shares, each picked in turn in one of up
-    to ``threads`` forked processes (:mod:`emb.forks`), a share started where the first pass's
-    counts of the maps before it put the scan (pixels of each stratum passed, ranks taken);
-    where none can be forked, the strips read by a thread of their own, a few ahead."""
-    wanted = _wanted_strips(ranks, strata_px, strata_strips)
-    drawn = _Drawn(ranks, strata_px)
-    before = np.cumsum([np.zeros(len(ranks), np.int64)] + [s.sum(0) for s in strata_strips],
-                       axis=0)  # fmt: skip
-    workers = forked_workers(threads, len(maps))
-    inner = 1 if workers > 1 else threads  # a worker is one thread: its core is its own
-    parts = shares(range(len(maps)), workers * SHARES_A_WORKER if workers > 1 else 1)
-    placed = {} if placed is None else placed
-    burns = {} if burns is None else burns
-
-    def pick(part: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-        at = parts[part]
-        near = None if districts is None else _StripDistricts(districts, placed, burns,
-                                                              first=False)  # fmt: skip
-        return _pick_in_turn([maps[i] for i in at], table, n_classes, drawn.at(before[at[0]]),
-                             before[at[0]], before[at[-1] + 1], [wanted[i] for i in at],
-                             [strata_strips[i] for i in at], near, inner)  # fmt: skip
-
-    return [found for part in in_parts(pick, len(parts), workers) for found in part]
-
-
-def _pick_in_turn(
-    maps: list[Path], table: np.ndarray, n_classes: int, drawn: _Drawn, start: np.ndarray,
-    end: np.ndarray, wanted: list[np.ndarray], strata_strips: list[np.ndarray],
-    near: _StripDistricts | None, threads: int,
-) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:  # fmt: skip
-    """:func:`_pick_ranked` of ``maps`` in this process, in turn, the scan's pixels of each
-    stratum passed ``start`` before them and ``end`` after them (the first pass's counts),
-    ``drawn`` the ranks not taken at ``start``. A strip is walked in scan order by one compiled
-    loop (:func:`emb.estimation.strata_scan.pick_ranked`) that counts each stratum's pixels and
-    takes those of the drawn ranks."""
+    """Second streaming pass over ``maps`` (all or a part, in turn), the scan having passed
+    ``start`` pixels of each stratum before them (the first pass's counts of the maps before):
+    per map, (rows, cols, stratum) of the pixels whose rank within their stratum (in scan
+    order) was drawn (``every``: all strata's drawn ranks), sorted row-major. A strip that
+    holds no drawn rank (its first pass counts, ``strata_strips``: (S, H) per map, say so) is
+    not read (:func:`_wanted_strips`); a strip that is read is counted again and refused if
+    it changed since. With ``districts`` a read strip's districts are the first pass's, kept in
+    ``burns`` (:class:`_KeptBurn`, taken out as they are used), or burned again
+    (:func:`district_burn`) where none was kept. A strip is walked in scan order by one
+    compiled loop (:func:`emb.estimation.strata_scan.pick_ranked`) that counts each stratum's
+    pixels and takes those of the drawn ranks. ``threads`` > 1: the strips read by a thread of
+    their own, a few ahead."""
+    wanted = _wanted_strips(every.at(start), start, strata_strips)
+    drawn = every.at(start)
+    end = start + np.sum([per_strip.sum(0) for per_strip in strata_strips], axis=0)
+    near = None if districts is None else _StripDistricts(districts, placed, burns, first=False)
     seen = start.copy()  # pixels of each stratum passed so far
     found_at, found_in = np.zeros(drawn.flat.size, np.int64), np.zeros(drawn.flat.size, np.int64)
     out: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
@@ -551,11 +528,12 @@ def _pick_in_turn(
 
 
 def _wanted_strips(
-    ranks: list[np.ndarray], strata_px: np.ndarray, strata_strips: list[np.ndarray]
+    drawn: _Drawn, start: np.ndarray, strata_strips: list[np.ndarray]
 ) -> list[np.ndarray]:
     """Per map, (S,) bool the strips holding a drawn rank, from the first pass's counts (what
-    the second would find before it reads a strip): only those are read."""
-    drawn, seen, out = _Drawn(ranks, strata_px), np.zeros(len(ranks), np.int64), []
+    the second would find before it reads a strip), the scan having passed ``start`` pixels of
+    each stratum before them (``drawn`` as it is there, taken from): only those are read."""
+    seen, out = start.copy(), []
     for per_strip in strata_strips:
         wanted = np.zeros(len(per_strip), bool)
         for i, strip_px in enumerate(per_strip):
@@ -603,3 +581,12 @@ class _Drawn:
         self.taken[hits] = end
         self.next[hits] = np.where(end < self.ends[hits], self.flat[end], ALL_FOUND)
         return self.flat[units], np.repeat(hits, lens)
+
+
+def _file_size(path: Path) -> int:
+    """A map's bytes on disk (its decoding's work, to share the maps out evenly); 1 where it
+    cannot be read (the pass that opens it then says why)."""
+    try:
+        return max(1, path.stat().st_size)
+    except OSError:
+        return 1
