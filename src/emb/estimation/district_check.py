@@ -35,17 +35,20 @@ Every figure lies within 1e-12 relative of each domain's own
 :func:`~emb.estimation.holdout_check.shares_at` (the sums run in another order: not bit for
 bit), every coverage count is the same (``tests/estimation/test_domain_draws.py``,
 ``tests/estimation/test_check_draws.py``); the first draw's estimates, as published, are each
-domain's :func:`~emb.estimation.holdout_check.estimate_at` itself.
+domain's :func:`~emb.estimation.holdout_check.estimate_at` itself. With ``threads`` > 1 the
+draws run in contiguous ranges in forked processes (:func:`drawn_apart`), the same figures to
+the last bit (``tests/estimation/test_district_draws_forked.py``).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
 
+from emb import forks
 from emb.classes import N_L3, ClassMap
 from emb.estimation.design import allocate
 from emb.estimation.estimators import (
@@ -56,6 +59,7 @@ from emb.estimation.estimators import (
     Estimate,
 )
 from emb.estimation.holdout_check import (
+    DrawCounts,
     DrawTallies,
     LevelCheck,
     StratifiedSampler,
@@ -70,6 +74,7 @@ from emb.estimation.settings import AreaSettings
 CELLS = N_L3 * N_L3  # (map L3, CDL L3) cells of one domain
 STREAM = 1  # the draws' seeds: [seed, STREAM, d], apart from the whole check's [seed, d]
 DOMAIN_SHARES = 2**17  # domains x draws x L3 classes estimated at once: 1 MiB arrays, in cache
+Counted = Callable[[int, int, DrawCounts], None]  # a chunk's counts: (level, tally, counts)
 
 
 @dataclass(frozen=True)
@@ -157,12 +162,14 @@ def with_interval(est: AreaEstimates, z: float) -> AreaEstimates:
 
 
 def check_districts(
-    population: TestSplitCounts, cmap: ClassMap, design: AreaSettings, n: int
+    population: TestSplitCounts, cmap: ClassMap, design: AreaSettings, n: int, threads: int = 1
 ) -> DistrictCheck:
     """The check by district at L1, L2 and L3: ``design.draws`` seeded samples of ``n`` units
     (draw d from ``default_rng([design.seed, STREAM, d])``) stratified by district x map class
     at ``design.level``, each domain estimated from its own units, the total as their sum;
-    every interval compared with the CDL's area of the domain (or of all)."""
+    every interval compared with the CDL's area of the domain (or of all). ``threads`` > 1:
+    the draws in contiguous ranges, in up to ``threads`` forked processes
+    (:func:`drawn_apart`), with the same results to the last bit."""
     if population.domains is None:
         raise ValueError("check_districts: expected a population counted per district")
     if design.draws < 1:
@@ -205,19 +212,28 @@ def check_districts(
                          np.array([per[d, lv][0] for d in held]), design.confidence)
         for lv in (1, 2, 3)
     }  # fmt: skip
-    first: dict[tuple[int, int], AreaEstimates] = {}
     at_once = max(1, DOMAIN_SHARES // (len(held) * N_L3))
-    for start in range(0, design.draws, at_once):  # the draws of every domain, in order
-        chunk = range(start, min(start + at_once, design.draws))
-        draw, cell, drawn = draw_runs(sampler, chunk, [design.seed, STREAM])
-        if start == 0:
-            first.update(first_estimates(sampler.cells[cell[draw == 0]], drawn[draw == 0], held,
-                                         per, strata_px.reshape(n_domains, k), strata_l3,
-                                         tables, design))  # fmt: skip
-        for level in (1, 2, 3):
-            shares = estimators[level].shares(draw, cell, drawn, len(chunk))
-            tallies[level][0].add(shares, z)
-            tallies[level][1].add(total_shares(shares, held_px, total_px, z), z)
+
+    zero = sampler.cell_runs(np.random.default_rng([design.seed, STREAM, 0]))  # as published
+
+    def run_part(draws: range, first_of: Sequence[int], counted: Counted) -> dict:
+        """The contiguous draws ``draws``, ``at_once`` at a time, each chunk's counts given to
+        ``counted`` (level, 0 the domains or 1 the total, counts) in draw order; and the first
+        draw's estimates of the domains ``first_of``."""
+        for start in range(draws.start, draws.stop, at_once):
+            chunk = range(start, min(start + at_once, draws.stop))
+            draw, cell, drawn = draw_runs(sampler, chunk, [design.seed, STREAM])
+            for level in (1, 2, 3):
+                shares = estimators[level].shares(draw, cell, drawn, len(chunk))
+                counted(level, 0, tallies[level][0].counted(shares, z))
+                totals = total_shares(shares, held_px, total_px, z)
+                counted(level, 1, tallies[level][1].counted(totals, z))
+        return first_estimates(sampler.cells[zero[0]], zero[1], list(first_of), per,
+                               strata_px.reshape(n_domains, k), strata_l3, tables,
+                               design)  # fmt: skip
+
+    first = drawn_apart(run_part, design.draws, held, threads,
+                        lambda lv, i, c: tallies[lv][i].take(c))  # fmt: skip
     for level in (1, 2, 3):
         first[-1, level] = with_interval(sum_estimates([first[d, level] for d in held]), z)
     coverage = {(d, lv): tallies[lv][0].coverage(i) for i, d in enumerate(held) for lv in (1, 2, 3)}
@@ -234,6 +250,36 @@ def check_districts(
         for d in range(n_domains)
     )  # fmt: skip
     return DistrictCheck(out, checks(-1, whole), units, note)
+
+
+def drawn_apart(
+    run_part: Callable[[range, Sequence[int], Counted], dict], draws: int, held: list[int],
+    threads: int, counted: Counted,
+) -> dict:  # fmt: skip
+    """``run_part(range(draws), held, counted)``: the first draw's estimates of the domains
+    ``held`` it returns, with the draws in contiguous ranges and the domains' first estimates
+    (as costly as the draws at a state's scale) in shares, a range and a share a part, in up to
+    ``threads`` forked processes (:mod:`emb.forks`; here, in turn, where none can be forked). A
+    worker sends its chunks' counts back untallied, and they are given to ``counted`` here in
+    draw order: the half-widths' float sums round as in one process (a worker's partial sums,
+    added here, would not)."""
+    workers = forks.forked_workers(threads, draws)
+    if workers < 2:
+        return run_part(range(draws), held, counted)
+    ranges = forks.shares(range(draws), workers)
+    domains = forks.shares(held, workers)  # fewer than the ranges where fewer domains
+
+    def run_range(part: int) -> tuple[dict, list[tuple[int, int, DrawCounts]]]:
+        found: list[tuple[int, int, DrawCounts]] = []
+        mine = domains[part] if part < len(domains) else []
+        return run_part(ranges[part], mine, lambda *chunk: found.append(chunk)), found
+
+    first = {}
+    for part_first, found in forks.in_parts(run_range, len(ranges), workers):
+        first.update(part_first)
+        for chunk in found:
+            counted(*chunk)
+    return first
 
 
 def first_estimates(

@@ -388,6 +388,11 @@ class DrawTallies:
 
     def add(self, shares: AreaShares, z: float) -> None:
         """Count the draws' area shares, arrays (R, B, K), in draw order."""
+        self.take(self.counted(shares, z))
+
+    def counted(self, shares: AreaShares, z: float) -> DrawCounts:
+        """The draws' area shares (R, B, K) counted, not yet added: what :meth:`add` adds,
+        for draws counted in another process and taken here in draw order."""
         truth = self.truth[:, None, :]
         listed = shares.listed
         value, se, lo, hi = shares.value, shares.se, shares.lo, shares.hi
@@ -404,11 +409,17 @@ class DrawTallies:
             "wald_covered": wald & (value - z * se <= truth) & (truth <= value + z * se),
             "wald_with": wald,
         }
-        for name, hit in found.items():
-            self.counts[name] += hit.sum(1)
-        self.counts["units_reference"] += np.where(listed, shares.units_reference, 0).sum(1)
-        for b in range(widths.shape[1]):  # one draw after another: the sums round as they did
-            self.half_width = self.half_width + widths[:, b]
+        counts = {name: hit.sum(1) for name, hit in found.items()}
+        counts["units_reference"] = np.where(listed, shares.units_reference, 0).sum(1)
+        return DrawCounts(counts, widths)
+
+    def take(self, found: DrawCounts) -> None:
+        """Add draws counted by :meth:`counted` (of these tallies, or of a forked copy), in
+        draw order."""
+        for name, count in found.counts.items():
+            self.counts[name] += count
+        for b in range(found.widths.shape[1]):  # one draw after another: the sums round as they did
+            self.half_width = self.half_width + found.widths[:, b]
 
     def coverage(self, row: int) -> dict[int, ClassCoverage]:
         """Row ``row``'s tallies: every class its CDL holds, ascending."""
@@ -417,6 +428,17 @@ class DrawTallies:
                                     half_width=float(self.half_width[row, cls]))
             for cls in np.flatnonzero(self.cdl_px[row])
         }  # fmt: skip
+
+
+@dataclass(frozen=True)
+class DrawCounts:
+    """Some draws' tallies before they are added: the counts summed over the draws, (R, K)
+    each (integers: any grouping adds them exactly), and each draw's relative half-widths
+    (R, B, K), kept apart because float sums round by their order (:meth:`DrawTallies.take`
+    adds them draw by draw). What a worker process sends back."""
+
+    counts: dict[str, np.ndarray]
+    widths: np.ndarray
 
 
 _COUNTS = ("covered", "with_interval", "exact", "wald_covered", "wald_with", "units_reference")
