@@ -257,7 +257,7 @@ def child_check(files: dict, draws: int, district_draws: int, threads: int) -> d
     checks = check(population, cmap, settings)
     whole_s = time.perf_counter() - start - read_s
     by_district = check_districts(population, cmap, replace(settings, draws=district_draws),
-                                  int(settings.n))  # fmt: skip
+                                  int(settings.n), threads=threads)  # fmt: skip
     end = time.perf_counter()
     return {"s": end - start, "population_s": read_s, "draws_s": whole_s,
             "district_draws_s": end - start - read_s - whole_s, "district_draws": district_draws,

@@ -86,7 +86,8 @@ def two_rounds(
     try:
         for i in range(parts):
             here, there = context.Pipe()
-            worker = context.Process(target=_two_rounds_of, args=(first, second, i, there),
+            ours = [pipe for _, pipe in workers] + [here]  # the worker closes its copies
+            worker = context.Process(target=_two_rounds_of, args=(first, second, i, there, ours),
                                      daemon=True, name=f"emb-part-{i}")  # fmt: skip
             worker.start()
             there.close()  # this process's copy: a dead worker's pipe then ends (EOFError)
@@ -106,10 +107,15 @@ def two_rounds(
 
 
 def _two_rounds_of(
-    first: Callable[[int], A], second: Callable[[int, B], C], index: int, pipe: Connection
-) -> None:
+    first: Callable[[int], A], second: Callable[[int, B], C], index: int, pipe: Connection,
+    ours: list[Connection],
+) -> None:  # fmt: skip
     """A worker of :func:`two_rounds`: its part's first round, then, given ``between``'s
-    result, its second; each answer (ok, value) down ``pipe``."""
+    result, its second; each answer (ok, value) down ``pipe``. ``ours``: the caller's ends of
+    the pipes, copied by the fork, closed here first, so that a pipe ends (EOFError) for its
+    worker when the caller closes it, whatever other workers hold."""
+    for end in ours:
+        end.close()
     outcome = _outcome(first, index)
     pipe.send(outcome)
     if outcome[0]:

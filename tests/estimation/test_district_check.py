@@ -5,6 +5,7 @@ interval method holds, and the stage writes the district rows and the GIS layer.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -15,8 +16,9 @@ from area_population import K, scene
 from test_estimation_stages import stage_args
 from test_holdout_check import CMAP, settings, settings_arg
 
+from emb import forks
 from emb.classes import N_L3
-from emb.estimation import area_estimates
+from emb.estimation import area_estimates, district_check
 from emb.estimation.district_check import allocation, check_districts
 from emb.estimation.district_layer import LAYER
 from emb.estimation.estimates_table import ALL, CHECK, DISTRICT_CHECK
@@ -166,3 +168,32 @@ def test_the_sampler_draws_each_stratum_from_its_own_cells_in_any_order() -> Non
         drawn = sampler.draw(np.random.default_rng(d))
         per = np.bincount(strata.ravel(), weights=drawn.ravel(), minlength=3)
         assert (per == [3, 4, 2]).all() and (drawn <= joint).all() and drawn[0, 1] == 0
+
+
+def test_the_stage_gives_its_threads_to_the_check_by_district(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--threads 2 (two cores): the check by district's draws run in forked workers, and the
+    stage writes the rows it writes with one."""
+    monkeypatch.setattr(forks, "cores", lambda most: min(most, 2))
+    pids = tmp_path / "pids.txt"
+    runs = district_check.draw_runs
+
+    def noted(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202 - draw_runs, its process noted
+        with pids.open("a") as out:
+            out.write(f"{os.getpid()}\n")
+        return runs(*args, **kwargs)
+
+    monkeypatch.setattr(district_check, "draw_runs", noted)
+    districts = write_districts(tmp_path / "counties.geojson")
+    arg = settings_arg(n=200, min_per_class=5, draws=4)
+    arg = arg[:-1] + f', "districts": {{"file": "{districts}", "name": "county"}}}}'
+    written = {}
+    for threads in (1, 2):
+        area_estimates.main([*stage_args(tmp_path, arg), f"--threads={threads}"])
+        written[threads] = (tmp_path / "run.csv").read_text()
+        if threads == 1:
+            assert set(pids.read_text().split()) == {str(os.getpid())}
+            pids.unlink()
+    assert written[2] == written[1]
+    assert str(os.getpid()) not in set(pids.read_text().split())

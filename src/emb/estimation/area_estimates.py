@@ -93,8 +93,10 @@ def main_args(argv: list[str] | None) -> argparse.Namespace:
         help="{run}_districts.gpkg: the districts' estimates (with districts only)",
     )
     p.add_argument("--threads", type=int, default=1,
-                   help="threads of the test split's pass (2: the maps read beside the "
-                   "counting; the rule's threads)")  # fmt: skip
+                   help="cores of the test split's check (the rule's threads): worker "
+                   "processes, each counting shares of the regions, then each drawing a range "
+                   "of the check by district's draws (Linux; elsewhere one process, a reader "
+                   "thread beside the counting)")  # fmt: skip
     args = p.parse_args(argv)  # fmt: skip
     if len(args.indexes) != len(args.labels):
         p.error(f"--labels: expected one per --indexes ({len(args.indexes)}), "
@@ -210,7 +212,8 @@ def main(argv: list[str] | None = None) -> None:
              size.units.tolist())  # fmt: skip
     if districts is not None:
         by_district = check_districts(population, cmap, settings,
-                                      size.total if settings.auto else int(settings.n))  # fmt: skip
+                                      size.total if settings.auto else int(settings.n),
+                                      threads=args.threads)  # fmt: skip
         rows += district_rows(args.run, by_district, cmap, population.pixel_ha, settings, where)
     if args.labelled:
         rows += sample_rows(args, cmap, settings, districts)

@@ -47,8 +47,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--sample-size", type=Path, help="{run}_sample_size.json (with n: auto)")
     p.add_argument("--out-dir", type=Path, required=True, help="results/samples/{run}")
     p.add_argument("--threads", type=int, default=1,
-                   help="threads of the design's passes (2: the maps read beside the counting; "
-                   "the rule's threads)")  # fmt: skip
+                   help="cores of the design's passes (the rule's threads): worker processes, "
+                   "each a share of the maps (Linux; elsewhere a reader thread beside the "
+                   "counting)")  # fmt: skip
     args = p.parse_args(argv)
     settings = parsed_option(p, args.settings)
     try:  # with districts (settings.districts), strata are district x class
