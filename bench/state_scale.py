@@ -33,55 +33,51 @@ that one process (``getrusage(RUSAGE_CHILDREN).ru_maxrss``, interpreter and impo
   compare two trees' designs).
 
 The files are fresh in the page cache for all three (hot reads). Goals: RSS < 2 GiB, design
-and check each within 3x the read. Measured 2026-12-07 at 1,000 regions (this 2-core machine,
-load ~1, one thread): read 3.11 s; check 23.0 s, 7.4x (population pass 15.6 s, 200 draws 0.18 s,
-by district 7.2 s); design 28.1 s, 9.1x; RSS 342 / 373 MiB. The day before: read 2.61 s, check
-51.0 s (pass 20.2 s, by district 30.4 s), design 27.4 s. The design's two per-pixel passes as
-compiled loops (numba, :mod:`emb.estimation.strata_scan`) and its second pass on the first's
-district burns, the same day, loaded (load 5-7), this tree then the one before back to back:
-design CPU 18.4 / 33.4 s (read 3.3 / 3.4 s CPU: 5.6x / 9.7x the read in CPU, 4.1x / 14.0x in
-s), RSS 482 / 364 MiB (numba's compiler); the same points. Its first call loads the compiled
-loops from numba's cache (~0.5 s CPU; ~1.8 s to compile them where there is none).
+and check each within 3x the read. ``--threads`` (default 2, as the rules declare) is the cores
+the check and the design use: worker processes (:mod:`emb.forks`: the check's regions in shares,
+then its draws by district in ranges; the design's maps in one share a worker through both
+passes), on Linux; the read, the yardstick, stays one process. Each part's peak memory is given
+as the largest process's RSS (``rss``) and as its process tree's, sampled (``tree_rss``: the
+sum of RSS, pages a fork shares counted in each process, an upper bound; ``tree_pss``: shared
+pages split), and its CPU time (user + system, the process and its workers) beside its wall
+time.
 
-With ``--threads 2`` the population pass and the design read the maps in a thread of their own,
-a few strips ahead of the counting, and burn the districts there too, so that the counting
-thread runs only the compiled loops (which let go of the GIL); the read, the yardstick, stays in
-one thread. 2026-12-07, this 2-core machine at load 0.6-1.2, 1,000 regions, this tree against
-the one before (burns in the counting thread, the census by runs), alternated: design with 2
-threads 8.5 / 10.2 s against 12.0 / 11.2 s (CPU 14.9 / 17.5 against 18.0 / 17.4 s; read
-2.7-3.6 s: 2.8-3.1x the read), with 1 thread 14.2-15.8 s in both (CPU 16.2-17.9 s, the same);
-population pass with 2 threads 7.8-8.8 s against 9.3-11.6 s (CPU 10.4-11.7 against
-12.5-15.2 s), with 1 thread 9.4-10.2 against 10.8-12.6 s; the check (pass, 200 draws, by
-district 2.5 s) with 2 threads ~11 s, ~3.8x the read. Where the other core is busy (load 3+),
-2 threads give nothing (nor lose: the same CPU). The same points and populations with 1 or 2
-threads. Each part's CPU time (user + system, its whole process) is reported beside its wall
-time: on a loaded machine the ratio of CPU times is the steadier. Default 2, as the rules
-declare since: the whole tree (the draws by district ~2.5 s too), load ~1, 1,000 regions, two
-alternated rounds, 1 / 2 threads: read 3.19, 2.79 s; design 14.45, 13.92 / 9.10, 9.75 s (CPU
-16.8, 15.9 / 15.6, 16.3 s: 3.3x the read with 2); check 12.13, 12.70 / 11.14, 11.31 s
-(population pass 9.40, 10.17 / 8.42, 8.61 s; by district 2.54, 2.40 / 2.47, 2.47 s: 3.8x the
-read with 2). RSS 409-500 MiB.
+MEASURED, 2026-12-07 evening, this 2-core machine (load ~1), 1,000 regions (1.05 Gpx, 100
+districts, a sample of 80,800 units, 200 draws), three rounds alternated with the tree before
+(3f6945a: a reader thread beside the counting), each tree its own read:
 
-The next day (2026-12-07 afternoon) two tries to put both cores on decoding: the design's maps
-worked in a pool of threads, each pass a map a thread, and the check's regions read by two
-reader threads, each counting its own. Under load (3-7) the longest thread's CPU fell (the
-check's reader 9.4-9.8 -> 5.6-7.5 s), but alternated with the tree before on a quiet machine
-(load 0.5-1, 1,000 regions, two rounds each) neither moved: design 9.97, 11.65 s against 10.24,
-11.26; check 12.35, 12.30 against 14.51, 11.57; the same total CPU (design ~17-19 s, check
-~17-20 s). What holds the GIL (rasterio's opens, ~1.2 ms each, most of it PROJ building a CRS;
-the districts' burns, 2.3-4.5 ms a region crossing a district edge) then runs one thread at a
-time, and two burns at once crashed once (GEOS preparing the shared polygons: double free), so
-they were reverted. Kept: count_keys into 4 histograms (1.6 -> 0.6 ms a Mpx). Quiet, this tree
-against the one before, alternated: read 3.62, 2.89 s / 3.76, 4.11 s; design 11.42, 12.05 /
-9.96, 11.36 s; check 13.70, 13.18 / 13.13, 14.52 s (population pass 9.9, 9.6 / 10.1, 10.5 s;
-by district 3.5, 3.3 / 2.7, 3.7 s): 3-4x the read, the machine ~20% slower that hour than the
-morning (the dry run's baseline too). Goal not met. Next: half the CPU is GIL-bound Python and
-PROJ; worker processes over regions (as the regions check's forked readers), not threads. The
-bound measured the same hour: the collection's two halves (500 regions each) run as two 1-thread
-``--measure`` processes side by side against the whole with 2 threads, two rounds: check
-8.0-9.1 s each (population pass 6.2-7.5 s) against 14.3, 14.4 s; design 6.7-6.9 s against
-10.1, 10.6 s; the read 4.27 s. Regions in two processes would bring the design to ~1.6x the
-read and the check, its draws by district (~2.5-3 s) still whole, to ~2.2-2.5x.
+  round | read        | check (x read)      | design (x read)
+        | 3f6945a/this| 3f6945a | this      | 3f6945a | this
+  1     | 5.42 / 4.26 | 19.27   | 10.93 2.6 | 14.58   | 10.92 2.6
+  2     | 4.43 / 4.28 | 18.31   | 10.53 2.5 | 16.35   | 10.74 2.5
+  3     | 4.42 / 4.94 | 18.40   | 12.72 2.6 | 17.49   | 10.96 2.2
+
+(seconds). The check: population pass 7.8-9.6 s against 13.7-15.0 s, draws by district 2.2-2.8
+s against 3.8-4.4 s; CPU 21.2-25.3 s against 24.8-25.2 s. The design: CPU 21.3-22.3 s against
+22.1-24.7 s. This tree is 0.57-0.69x the one before in the check, 0.63-0.75x in the design, and
+within 2.2-2.6x the read; three more rounds an hour before (the same code): check 2.6-3.3x,
+design 2.5-3.0x (the read 3.7-4.9 s: the yardstick moves the most). Memory: the largest process
+385 / 328 MiB, the process tree 817-861 MiB (RSS summed) or 438-548 MiB (PSS), against 430-500
+MiB in one process before.
+
+History. 2026-12-06: check 51.0 s (per-pixel arrays gone, the draws by district 30.4 s), design
+27.4 s, read 2.6 s. 2026-12-07 morning: the design's passes as compiled loops (numba,
+:mod:`emb.estimation.strata_scan`), the check's census too (:mod:`emb.estimation.cell_census`):
+check 23.0 s (7.4x), design 28.1 s (9.1x) in one thread; then a reader thread a few strips
+ahead of the counting (burning the districts there): design 9.1-9.8 s (3.3x), check 11.1-11.3 s
+(3.8x). Threads went no further: what holds the GIL (rasterio's opens, ~1.2 ms each, most of it
+PROJ building a CRS; the district burns, 2.3-4.5 ms a region crossing a district edge) runs one
+thread at a time, and two burns at once crashed once (GEOS preparing shared polygons). Measured
+then: the collection's two halves as two 1-thread processes side by side took check 8.0-9.1 s,
+design 6.7-6.9 s, against 14.3 / 10.1-10.6 s whole, which is the way taken since. What a
+worker still spends, a map (profiled): an open ~1-2 ms (``GTIFF_SRS_SOURCE=GEOKEYS`` would save
+~0.4 ms of it, not taken: it changes how a file's CRS is read), decoding ~1.7 ms, a burn ~3.5 ms
+where a district edge crosses the map, the census or the pick ~2 ms; each process's first
+compiled call ~0.6-0.9 s (numba's set-up, half of it importing scipy.linalg for its BLAS
+check), made once before the fork.
+
+The bench run whole the same hour (``python bench/state_scale.py``): read 4.79 s; check 12.28 s,
+2.56x (population 9.47 s, by district 2.56 s); design 11.84 s, 2.47x; tree RSS 815 / 861 MiB.
 
 Usage: ``python bench/state_scale.py [--regions 1000] [--size 1024] [--test-share 1.0]
 [--draws 200] [--district-draws N] [--distinct 4] [--threads 2] [--json PATH] [--workdir DIR]
@@ -318,7 +314,7 @@ def measure(name: str, files_json: Path, draws: int, district_draws: int, thread
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     figures["rss_mib"] = usage.ru_maxrss / 1024
     figures["tree_rss_mib"] = peaks["rss"] / 2**20
-    figures["tree_pss_mib"] = peaks["pss"] / 2**20
+    figures["tree_pss_mib"] = peaks["pss"] / 2**20 if peaks["pss"] else math.nan  # unsampled
     figures["cpu_s"] = usage.ru_utime + usage.ru_stime  # the process's, imports included
     return figures
 
@@ -334,7 +330,7 @@ def sample_tree(pid: int, peaks: dict, stop: threading.Event) -> None:
     tick = 0
     while not stop.wait(0.05):
         tick += 1
-        full, rss, pss = tick % 10 == 0, 0, 0
+        full, rss, pss = tick % 10 == 1, 0, 0  # the first sample full too: a short part
         try:
             tree = [root, *root.children(recursive=True)]
         except psutil.NoSuchProcess:
@@ -417,10 +413,9 @@ def main() -> None:
     parser.add_argument("--district-draws", type=int, default=None,
                         help="the check by district's draws (default: --draws)")  # fmt: skip
     parser.add_argument("--threads", type=int, default=2,
-                        help="threads of the check's population pass and of the design (2: "
-                        "reads and burns beside the counting, ~1.5x less wall time on 2 free "
-                        "cores, 2026-12-07); the "
-                        "read stays in one")  # fmt: skip
+                        help="cores of the check and the design: worker processes (2: 0.6-0.75x "
+                        "the wall time of one process on 2 free cores, 2026-12-07); the read "
+                        "stays in one")  # fmt: skip
     parser.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     parser.add_argument("--measure", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -57,8 +57,9 @@ rule area_estimates:
         "benchmarks/area_estimates/{run}.tsv"
     conda:
         "../../envs/emb.yaml"
-    # a reader thread decodes, burns the districts beside the compiled counting: 1.1x less wall
-    # time on 2 free cores at 1,000 regions (bench/state_scale.py), the same counts
+    # two worker processes count shares of the regions, then draw the check by district's
+    # draws in two ranges: 0.57-0.69x the wall time of one process and a reader thread on
+    # 2 free cores at 1,000 regions (bench/state_scale.py), the same counts and figures
     threads: 2
     resources:
         mem_mb=4000,
@@ -100,8 +101,9 @@ rule sample_design:
         "benchmarks/sample_design/{run}.tsv"
     conda:
         "../../envs/emb.yaml"
-    # a reader thread decodes, burns the districts beside the compiled passes: 1.5x less wall
-    # time on 2 free cores at 1,000 regions (bench/state_scale.py), the same points
+    # two worker processes, each a share of the maps through both passes: 0.63-0.75x the
+    # wall time of one process and a reader thread on 2 free cores at 1,000 regions
+    # (bench/state_scale.py), the same points
     threads: 2
     resources:
         mem_mb=2000,
