@@ -15,8 +15,10 @@ rank: n units touch at most n strips (a design by district, whose minimums make 
 touches nearly all). The first pass burns the districts per strip, cut to it, and keeps the
 burn as runs for the second; both count a strip per (district near it, map value), each a
 compiled loop over its pixels (:mod:`emb.estimation.strata_scan`): their cost against one read
-of the maps is measured by ``bench/state_scale.py``. With two threads the reads, the burns and
-the kept runs are a reader thread's, the loops (which let go of the GIL) the counting thread's.
+of the maps is measured by ``bench/state_scale.py``. With two threads (cores) each of two
+forked worker processes takes a share of the maps through both passes (:mod:`emb.forks`); where
+none can be forked the reads, the burns and the kept runs are a reader thread's, the loops
+(which let go of the GIL) the counting thread's.
 Memory stays flat in the maps' size but for those counts and runs (a few bytes a row a
 district's edge crosses). The points go out as a CSV to fill in (``reference``), a GeoPackage
 of the same points, and a JSON record of the design beside them, which the estimate needs.
@@ -378,8 +380,11 @@ def draw_points(
     per stratum for these strata's pixels instead (``n: auto``, the recommended size).
     ``districts``: strata are (district, class) pairs instead, district 0 the outside, the
     minimum per pair, the rest by area over all pairs (a district is a pixel's by its centre,
-    :mod:`emb.estimation.districts`). ``threads`` > 1: with districts, the maps are read and
-    decoded by a thread of their own, a few strips ahead of the counting (both passes)."""
+    :mod:`emb.estimation.districts`). ``threads`` > 1: the maps in shares (by file size), each
+    through both passes in one of up to ``threads`` forked processes (:func:`emb.forks.two_rounds`:
+    a share's per-strip counts and burns stay there; the ranks are drawn here and sent, with the
+    pixels of each stratum before the share); where none can be forked, with districts, the
+    maps read and decoded by a thread of their own, a few strips ahead of the counting."""
     maps = [Path(m) for m in maps]
     table, names = level_table(level, cmap), level_names(level, cmap)
     workers = forked_workers(threads, len(maps))
