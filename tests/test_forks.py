@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import time
 
 import pytest
 
@@ -174,3 +175,21 @@ def test_off_linux_two_rounds_run_here(monkeypatch: pytest.MonkeyPatch) -> None:
     got, _ = rounds_in_memory()
     assert [(value, pid, i) for value, pid, i in got] == [(3 + 10 * i, os.getpid(), i)
                                                          for i in range(3)]  # fmt: skip
+
+
+def test_a_worker_still_busy_when_another_fails_is_stopped() -> None:
+    """Part 0 fails while part 1 is still in its first round (a minute's work): the error comes
+    at once and the busy worker is stopped, not waited for."""
+
+    def first(i: int) -> int:
+        if i == 0:
+            raise ValueError("part 0: map 0.tif unreadable")
+        time.sleep(60)
+        return i
+
+    before = {child.pid for child in multiprocessing.active_children()}
+    start = time.monotonic()
+    with pytest.raises(ValueError, match="part 0: map 0.tif unreadable"):
+        two_rounds(first, lambda firsts: None, lambda i, b: i, 2)
+    assert time.monotonic() - start < 20
+    assert {child.pid for child in multiprocessing.active_children()} == before

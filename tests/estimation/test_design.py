@@ -531,3 +531,14 @@ def test_strata_are_district_and_class_pairs_each_given_the_minimum(
             values = np.array([v[0] for v in src.sample(zip(p.x[mine], p.y[mine], strict=True))])
         assert class_map.l3_to_l1[values].tolist() == design.map_class[mine].tolist()
     assert len(set(points_of(design))) == 60
+
+
+def test_the_maps_are_shared_out_by_their_size_on_disk(tmp_path: Path) -> None:
+    """The design's shares weigh a map by its bytes (its decoding's work); one it cannot
+    stat weighs 1, and the pass that opens it says why."""
+    big, small = tmp_path / "big.tif", tmp_path / "small.tif"
+    big.write_bytes(b"x" * 5000)
+    small.write_bytes(b"x" * 10)
+    assert design_module._file_size(big) == 5000
+    assert design_module._file_size(small) == 10
+    assert design_module._file_size(tmp_path / "missing.tif") == 1

@@ -4,16 +4,13 @@ processes do. Below a threshold, or off Linux, threads as before."""
 
 from __future__ import annotations
 
-import multiprocessing
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from typing import TypeVar
 
-from emb.forks import cores, fork_allowed, sendable
+from emb.forks import cores, fork_allowed, in_parts, sendable, shares
 from emb.threads import in_threads
 
 T = TypeVar("T")
-R = TypeVar("R")
 
 # Items from which forking pays: a worker starts in ~20-50 ms (a copy-on-write fork of the
 # parsing process) and checks ~300-500 rows a second.
@@ -29,26 +26,18 @@ def processes() -> int:
 def in_order(
     fn: Callable[[T], dict[str, object]], items: Sequence[T], threads: int
 ) -> Iterator[tuple[T, dict[str, object]]]:
-    """(item, fn(item)) in order: in forked processes for many items on several cores, else
-    in ``threads`` threads (emb.threads.in_threads). ``fn`` returns a dict of plain values,
-    or of exceptions it caught (sent back whole where they pickle, else as RuntimeError with
-    their type and text)."""
+    """(item, fn(item)) in order: in forked processes for many items on several cores
+    (:func:`emb.forks.in_parts`, a few dozen items a part), else in ``threads`` threads
+    (emb.threads.in_threads). ``fn`` returns a dict of plain values, or of exceptions it caught
+    (sent back whole where they pickle, else as RuntimeError with their type and text)."""
     workers = processes()
     if len(items) < FORK_FROM or workers < 2 or not fork_allowed():
         yield from in_threads(fn, items, threads)
         return
-    chunk = max(1, len(items) // (workers * 8))  # a few dozen per task: little pickling overhead
-    context = multiprocessing.get_context("fork")
-    with ProcessPoolExecutor(workers, mp_context=context) as pool:
-        found = pool.map(_Sendable(fn), items, chunksize=chunk)
-        yield from zip(items, found, strict=True)
+    parts = shares(items, workers * 8)  # a few dozen per part: little pickling overhead
 
+    def read(part: int) -> list[dict[str, object]]:
+        return [{key: sendable(value) for key, value in fn(item).items()} for item in parts[part]]
 
-class _Sendable:
-    """``fn`` in a worker, its caught exceptions made safe to send back."""
-
-    def __init__(self, fn: Callable[[T], dict[str, object]]) -> None:
-        self.fn = fn
-
-    def __call__(self, item: T) -> dict[str, object]:
-        return {key: sendable(value) for key, value in self.fn(item).items()}
+    for part, found in zip(parts, in_parts(read, len(parts), workers), strict=True):
+        yield from zip(part, found, strict=True)
